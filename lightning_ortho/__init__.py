@@ -1,0 +1,22 @@
+"""lightning_ortho: auxiliary reflections, online RNN training and fast transforms for PyTorch Lightning."""
+
+from lightning_ortho.nn import (
+    AuxiliaryReflection,
+    HouseholderProduct,
+    NewtonInverseError,
+    SVDLinear,
+    orthogonal_map,
+    reflect,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuxiliaryReflection",
+    "HouseholderProduct",
+    "NewtonInverseError",
+    "SVDLinear",
+    "__version__",
+    "orthogonal_map",
+    "reflect",
+]

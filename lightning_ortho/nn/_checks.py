@@ -1,0 +1,99 @@
+"""Input validation shared by the layers of :mod:`lightning_ortho.nn`.
+
+Shape and dtype checks are free and always on. The finiteness check needs one reduction and, on a GPU,
+a device-to-host synchronisation; :func:`finite_checks` turns it off for code that has been debugged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+_FINITE_CHECKS = True
+
+#: Dtypes whose reflection math is promoted to float32 (see the design notes on mixed precision).
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+@contextlib.contextmanager
+def finite_checks(enabled: bool) -> Iterator[None]:
+    """Turn the NaN/inf checks of every layer in :mod:`lightning_ortho.nn` on or off inside a ``with`` block.
+
+    The checks cost one reduction per call and, on a GPU, a synchronisation. Shape and dtype checks stay on.
+    """
+    global _FINITE_CHECKS
+    previous, _FINITE_CHECKS = _FINITE_CHECKS, bool(enabled)
+    try:
+        yield
+    finally:
+        _FINITE_CHECKS = previous
+
+
+def finite_checks_enabled(tensor: torch.Tensor | None = None) -> bool:
+    """Whether layers currently check their inputs for NaN and inf.
+
+    Skipped while compiling and for tensors inside ``torch.func`` transforms (``vmap`` forbids the
+    data-dependent branch a check needs); the eager call that surrounds such code is still checked.
+    """
+    if not _FINITE_CHECKS or torch.compiler.is_compiling():
+        return False
+    return tensor is None or not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+
+
+def check_features(x: torch.Tensor, features: int, *, name: str, layer: str) -> None:
+    """Raise a clear error unless ``x`` is a floating-point tensor of shape ``(..., features)``.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, or not floating point (integer images must be converted first).
+        ValueError: the trailing dimension is not ``features``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{layer}: {name} must be a torch.Tensor, got {type(x).__name__}.")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{layer}: {name} must be a floating-point tensor, got dtype {x.dtype}. "
+            f"Convert it first, e.g. {name}.float() (integer pixels usually also need scaling to [0, 1])."
+        )
+    if x.dim() == 0 or x.shape[-1] != features:
+        raise ValueError(
+            f"{layer}: {name} must have shape (..., {features}) with features last (batch-first, like "
+            f"torch.nn.Linear); got shape {tuple(x.shape)}."
+        )
+
+
+def check_finite(x: torch.Tensor, *, name: str, layer: str) -> None:
+    """Raise ``ValueError`` if ``x`` holds NaN or inf (unless disabled by :func:`finite_checks`)."""
+    if finite_checks_enabled(x) and not bool(torch.isfinite(x).all()):
+        raise ValueError(
+            f"{layer}: {name} contains NaN or infinite values. Check the data and the layers before this one "
+            f"(a diverged optimizer step is a common cause; try a lower learning rate or gradient clipping)."
+        )
+
+
+def check_parameters_finite(summary: torch.Tensor, tensors: dict[str, torch.Tensor], *, layer: str) -> None:
+    """Cheap finiteness check after the fact: ``summary`` is a small reduction of the output.
+
+    Only when ``summary`` is not finite are the (large) inputs and parameters scanned, to name the culprit.
+    """
+    if not finite_checks_enabled(summary) or bool(torch.isfinite(summary).all()):
+        return
+    for name, tensor in tensors.items():
+        check_finite(tensor, name=name, layer=layer)
+
+
+def compute_dtype(x: torch.Tensor, parameter_dtype: torch.dtype | None, *, layer: str) -> torch.dtype:
+    """The dtype reflection math runs in: float32 for half inputs, else the input's own dtype.
+
+    Raises:
+        TypeError: the input and the layer's parameters have different full-precision dtypes.
+    """
+    if x.dtype in LOW_PRECISION:
+        return parameter_dtype if parameter_dtype not in (None, *LOW_PRECISION) else torch.float32
+    if parameter_dtype is not None and parameter_dtype not in LOW_PRECISION and parameter_dtype != x.dtype:
+        raise TypeError(
+            f"{layer}: input dtype {x.dtype} does not match parameter dtype {parameter_dtype}. "
+            f"Call layer.to({x.dtype}) or convert the input to {parameter_dtype}."
+        )
+    return x.dtype

@@ -1,0 +1,71 @@
+"""Orthogonal maps from ``torch.nn.utils.parametrizations.orthogonal`` behind our ``(..., d)`` interface."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrizations
+
+from lightning_ortho.nn._checks import check_features, compute_dtype
+
+TorchOrthogonalMap = Literal["cayley", "matrix_exp", "householder"]
+
+
+class ParametrizedOrthogonal(nn.Module):
+    """``x -> Q x`` with ``Q`` from PyTorch's own orthogonal parametrisation (not re-implemented here).
+
+    ``"cayley"`` and ``"matrix_exp"`` are the maps of Lezcano-Casado & Martinez-Rubio (2019) and Casado
+    (2019); ``"householder"`` is PyTorch's ``householder_product`` (LAPACK ``orgqr``), kept as a baseline.
+
+    Args:
+        d: feature dimension; inputs ``(..., d)``.
+        orthogonal_map: ``"cayley"``, ``"matrix_exp"`` or ``"householder"``.
+
+    The base weight is initialised ``U(-1/sqrt(d), 1/sqrt(d))`` as in Appendix B.1; PyTorch then starts
+    from the orthogonal factor of that matrix.
+    """
+
+    def __init__(self, d: int, orthogonal_map: TorchOrthogonalMap = "cayley") -> None:
+        super().__init__()
+        if orthogonal_map not in ("cayley", "matrix_exp", "householder"):
+            raise ValueError(
+                f"ParametrizedOrthogonal: orthogonal_map must be 'cayley', 'matrix_exp' or 'householder', got {orthogonal_map!r}."
+            )
+        self.d, self.orthogonal_map = d, orthogonal_map
+        linear = nn.Linear(d, d, bias=False)
+        nn.init.uniform_(linear.weight, -1.0 / math.sqrt(d), 1.0 / math.sqrt(d))
+        self.linear = parametrizations.orthogonal(linear, orthogonal_map=orthogonal_map)
+
+    @classmethod
+    def from_orthogonal(cls, orthogonal: torch.Tensor, orthogonal_map: TorchOrthogonalMap = "cayley") -> "ParametrizedOrthogonal":
+        """The map with ``Q = U`` for an orthogonal ``(d, d)`` ``U`` (through PyTorch's ``right_inverse``)."""
+        layer = cls(orthogonal.shape[0], orthogonal_map).to(device=orthogonal.device, dtype=orthogonal.dtype)
+        return layer.reset_orthogonal_(orthogonal)
+
+    @torch.no_grad()
+    def reset_orthogonal_(self, orthogonal: torch.Tensor) -> "ParametrizedOrthogonal":
+        """Set ``Q = U`` in place. Returns ``self``."""
+        from lightning_ortho.nn.auxiliary import _check_orthogonal
+
+        _check_orthogonal(orthogonal, self.d, "ParametrizedOrthogonal.reset_orthogonal_")
+        self.linear.weight = orthogonal.to(self.linear.parametrizations.weight.original.dtype)
+        return self
+
+    def matrix(self) -> torch.Tensor:
+        """``(d, d)``: the current orthogonal matrix ``Q``."""
+        return self.linear.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., d) -> (..., d)``: ``Q x`` for every row."""
+        check_features(x, self.d, name="x", layer="ParametrizedOrthogonal")
+        dtype = compute_dtype(x, self.linear.parametrizations.weight.original.dtype, layer="ParametrizedOrthogonal")
+        return self.linear(x.to(dtype)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"d={self.d}, orthogonal_map={self.orthogonal_map!r}"
+
+
+
