@@ -7,7 +7,7 @@ a device-to-host synchronisation; :func:`finite_checks` turns it off for code th
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -72,15 +72,19 @@ def check_finite(x: torch.Tensor, *, name: str, layer: str) -> None:
         )
 
 
-def check_parameters_finite(summary: torch.Tensor, tensors: dict[str, torch.Tensor], *, layer: str) -> None:
+def check_parameters_finite(
+    summary: torch.Tensor, tensors: Callable[[], dict[str, torch.Tensor]], *, layer: str
+) -> None:
     """Cheap finiteness check after the fact: ``summary`` is a small reduction of the output.
 
-    Only when ``summary`` is not finite are the (large) inputs and parameters scanned, to name the culprit.
+    Only when ``summary`` is not finite is ``tensors()`` called and each input and parameter scanned, to
+    name the culprit.
     """
     if not finite_checks_enabled(summary) or bool(torch.isfinite(summary).all()):
         return
-    for name, tensor in tensors.items():
+    for name, tensor in tensors().items():
         check_finite(tensor, name=name, layer=layer)
+    raise ValueError(f"{layer}: the computation produced NaN or inf from finite inputs (overflow?).")
 
 
 def compute_dtype(x: torch.Tensor, parameter_dtype: torch.dtype | None, *, layer: str) -> torch.dtype:

@@ -192,7 +192,7 @@ class AuxiliaryReflection(nn.Module):
         with _full_precision(x):
             xc = self._prepare(x, "x")
             y, summary = reflect_with_summary(xc, self.auxiliary(xc))
-            check_parameters_finite(summary.detach(), {"x": x, **dict(self.named_parameters())}, layer="AuxiliaryReflection")
+            check_parameters_finite(summary.detach(), lambda: {"x": x, **dict(self.named_parameters())}, layer="AuxiliaryReflection")
         return y.to(x.dtype)
 
     # ------------------------------------------------------------------ Jacobian and determinant

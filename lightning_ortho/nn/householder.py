@@ -118,7 +118,7 @@ class HouseholderProduct(nn.Module):
             y = self._sequential(xc)
         else:
             y = self._wy_apply(xc)
-        check_parameters_finite(y.detach().sum(-1), {"x": x, "vectors": self.vectors}, layer="HouseholderProduct")
+        check_parameters_finite(y.detach().sum(-1), lambda: {"x": x, "vectors": self.vectors}, layer="HouseholderProduct")
         return y.to(x.dtype)
 
     def _wy_apply(self, x: torch.Tensor) -> torch.Tensor:

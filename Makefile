@@ -1,0 +1,30 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   create .venv, install, train the paper's FCNN on the bundled digits, print validation accuracy
+#   make test   create .venv, install with the test extra, run the default test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-slow bench install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[test]"
+
+demo: install
+	$(BIN)/lightning-ortho fit --config recipes/fcnn_digits.yaml
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+bench: install
+	$(BIN)/python benchmarks/bench_orthogonal.py
+
+clean:
+	rm -rf $(VENV) lightning_logs .pytest_cache *.egg-info

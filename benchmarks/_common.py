@@ -1,0 +1,87 @@
+"""Shared helpers of the benchmark scripts: hardware names, interleaved timing, the JSON result format.
+
+Every script writes ``benchmarks/results/NAME-HARDWARE.json`` with the shape described in design.md:
+``{"benchmark", "hardware", "torch", "date", "command", "rows": [...], "claims": [...]}``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def hardware_name(device: torch.device) -> str:
+    """``cpu2`` (CPU with 2 threads) or a slug of the GPU name such as ``h200``."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device).lower()
+        match = re.search(r"(h100|h200|a100|a10g?|l4|l40s?|v100|t4|rtx ?\d{4}|b200)", name)
+        return (match.group(1) if match else re.sub(r"[^a-z0-9]+", "-", name)).replace(" ", "")
+    return f"cpu{torch.get_num_threads()}"
+
+
+def hardware_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads ({os.cpu_count()} cores visible)"
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], object], device: torch.device, *, min_time: float = 0.2, max_number: int = 1000) -> float:
+    """Seconds per call of ``fn``: repeats it until ``min_time`` has passed (at least once), returns the mean."""
+    number, elapsed = 0, 0.0
+    synchronize(device)
+    start = time.perf_counter()
+    while number < max_number and (number == 0 or elapsed < min_time):
+        fn()
+        number += 1
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+    return elapsed / number
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def command_line() -> str:
+    """The command that is running, with the script path relative to the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(RESULTS.parent.parent)
+    except ValueError:
+        pass
+    return " ".join(["python", script.as_posix(), *sys.argv[1:]])
+
+
+def write_result(name: str, device: torch.device, rows: list[dict], claims: list[dict], *, suffix: str = "") -> Path:
+    """Write the result JSON and return its path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": name,
+        "hardware": hardware_name(device),
+        "hardware_description": hardware_description(device),
+        "torch": torch.__version__.split("+")[0],
+        "date": _dt.date.today().isoformat(),
+        "command": command_line(),
+        "rows": rows,
+        "claims": claims,
+    }
+    path = RESULTS / f"{name}-{hardware_name(device)}{suffix}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path

@@ -1,0 +1,84 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lightning_ortho.nn.reflection as reflection_module
+from lightning_ortho.nn import finite_checks, householder_matrix, reflect
+from tests.helpers import dense_householder
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_reflect_matches_dense_matrix(fused, monkeypatch):
+    monkeypatch.setattr(reflection_module, "FUSED_MIN_NUMEL", 0 if fused else 1 << 30)
+    x = torch.randn(6, 7, dtype=torch.float64)
+    v = torch.randn(6, 7, dtype=torch.float64)
+    expected = torch.stack([dense_householder(v[i]) @ x[i] for i in range(6)])
+    torch.testing.assert_close(reflect(x, v), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_single_vector_broadcasts_over_batch_and_matrix_agrees():
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    v = torch.randn(5, dtype=torch.float64)
+    torch.testing.assert_close(reflect(x, v), x @ dense_householder(v).T)
+    torch.testing.assert_close(householder_matrix(v), dense_householder(v))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_gradients_forward_and_reverse_and_second_order(fused, monkeypatch):
+    monkeypatch.setattr(reflection_module, "FUSED_MIN_NUMEL", 0 if fused else 1 << 30)
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(reflect, (x, v), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(reflect, (x, v))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_torch_func_transforms_match_reference(fused, monkeypatch):
+    monkeypatch.setattr(reflection_module, "FUSED_MIN_NUMEL", 0 if fused else 1 << 30)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    v = torch.randn(3, 6, dtype=torch.float64)
+
+    def reference(x, v):
+        return x - 2 * v * (v * x).sum(-1, keepdim=True) / (v * v).sum(-1, keepdim=True)
+
+    expected = torch.func.vmap(torch.func.jacrev(reference))(x, v)
+    torch.testing.assert_close(torch.func.vmap(torch.func.jacrev(reflect))(x, v), expected)
+    torch.testing.assert_close(torch.func.vmap(torch.func.jacfwd(reflect))(x, v), expected)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_zero_vector_is_identity_with_finite_gradients(fused, monkeypatch):
+    monkeypatch.setattr(reflection_module, "FUSED_MIN_NUMEL", 0 if fused else 1 << 30)
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    v = torch.zeros(3, 5, dtype=torch.float64, requires_grad=True)
+    y = reflect(x, v)
+    assert torch.equal(y, x)
+    y.pow(2).sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(v.grad).all()
+    torch.testing.assert_close(x.grad, 2 * x.detach())
+
+
+def test_bad_inputs_give_clear_errors():
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., 4\)"):
+        reflect(torch.randn(2, 3), torch.randn(4))
+    with pytest.raises(TypeError, match="floating-point"):
+        reflect(torch.ones(2, 3, dtype=torch.long), torch.randn(3))
+    with pytest.raises(ValueError, match="NaN"):
+        reflect(torch.tensor([[float("nan"), 1.0, 2.0]]), torch.randn(3))
+    with finite_checks(False):  # the check can be turned off for speed
+        assert torch.isnan(reflect(torch.tensor([[float("nan"), 1.0, 2.0]]), torch.randn(3))).any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=12),
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=24, max_size=24),
+)
+def test_norm_preserved_and_involution(d, values):
+    data = torch.tensor(values, dtype=torch.float64)
+    x, v = data[:d], data[12 : 12 + d]
+    y = reflect(x, v)
+    scale = 1 + torch.linalg.vector_norm(x)
+    assert abs(torch.linalg.vector_norm(y) - torch.linalg.vector_norm(x)) <= 1e-9 * scale
+    torch.testing.assert_close(reflect(y, v), x, atol=1e-9 * float(scale), rtol=0)
