@@ -17,7 +17,7 @@ from lightning_ortho.nn._checks import (
     compute_dtype,
 )
 from lightning_ortho.nn.newton import DEFAULT_TOLERANCE, NewtonResult, homogeneous_newton
-from lightning_ortho.nn.reflection import reflect_unchecked, reflect_with_summary
+from lightning_ortho.nn.reflection import reflect_linear_with_summary, reflect_unchecked, reflect_with_summary
 from lightning_ortho.nn.resolvent import EigenResolvent, resolvent_terms
 
 LogDetMethod = Literal["auto", "eig", "dense"]
@@ -191,7 +191,10 @@ class AuxiliaryReflection(nn.Module):
         """``(..., d) -> (..., d)``: ``H(n(x)) x``."""
         with _full_precision(x):
             xc = self._prepare(x, "x")
-            y, summary = reflect_with_summary(xc, self.auxiliary(xc))
+            if self.network is None:
+                y, summary = reflect_linear_with_summary(xc, self.auxiliary_weight())
+            else:
+                y, summary = reflect_with_summary(xc, self.network(xc))
             check_parameters_finite(summary.detach(), lambda: {"x": x, **dict(self.named_parameters())}, layer="AuxiliaryReflection")
         return y.to(x.dtype)
 

@@ -10,20 +10,17 @@ from lightning_ortho.nn._checks import check_features, check_parameters_finite
 def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``(...)``: ``a.b`` along the last dimension of two ``(..., d)`` tensors of the same shape.
 
-    A batched ``(1, d) x (d, 1)`` product: several times faster on CPU than ``(a * b).sum(-1)``, which
-    materialises the product.
+    For large inputs a batched ``(1, d) x (d, 1)`` product, which does not materialise ``a * b`` (about 2x
+    faster on CPU at 16384 x 784); for small ones ``vecdot``, which has less per-row overhead.
     """
-    return (a.unsqueeze(-2) @ b.unsqueeze(-1)).squeeze(-1).squeeze(-1)
+    if a.numel() >= 1 << 22:
+        return (a.unsqueeze(-2) @ b.unsqueeze(-1)).squeeze(-1).squeeze(-1)
+    return torch.linalg.vecdot(a, b)
 
 
 def _row_axpy(x: torch.Tensor, scale: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``(..., d)``: ``x + scale * v`` with a per-row ``(...)`` scale, as one fused ``baddbmm`` pass.
-
-    (A broadcast ``x + scale[..., None] * v`` takes two passes and is slower than ``baddbmm`` on CPU.)
-    """
-    d = x.shape[-1]
-    out = torch.baddbmm(x.reshape(-1, 1, d), scale.reshape(-1, 1, 1), v.reshape(-1, 1, d))
-    return out.reshape(x.shape)
+    """``(..., d)``: ``x + scale * v`` with a per-row ``(...)`` scale, in one fused pass."""
+    return torch.addcmul(x, scale.unsqueeze(-1), v)
 
 
 def _coefficients(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -73,14 +70,11 @@ class _Reflection(torch.autograd.Function):
         if torch.is_grad_enabled():  # double backward: keep the coefficients in the graph
             c, k, _ = _coefficients(x, v)
             y = x - c.unsqueeze(-1) * v
-        grad_y = grad_y.contiguous()
         kgv = k * _rowdot(grad_y, v)
         grad_x = _row_axpy(grad_y, -kgv, v) if ctx.needs_input_grad[0] else None
         grad_v = None
         if ctx.needs_input_grad[1]:
-            d = grad_y.shape[-1]
-            scaled = torch.bmm(-c.reshape(-1, 1, 1), grad_y.reshape(-1, 1, d)).reshape(grad_y.shape)  # -c g, one pass
-            grad_v = _row_axpy(scaled, -kgv, y)
+            grad_v = _row_axpy(grad_y * (-c.unsqueeze(-1)), -kgv, y)
         return grad_x, grad_v
 
     @staticmethod
@@ -90,6 +84,63 @@ class _Reflection(torch.autograd.Function):
         dc = k * (_rowdot(v_t, x) + _rowdot(v, x_t)) - c * k * _rowdot(v, v_t)
         y_t = x_t - dc.unsqueeze(-1) * v - c.unsqueeze(-1) * v_t
         return y_t, None, None, None
+
+
+class _LinearReflection(torch.autograd.Function):
+    """``y = H(W x) x`` as one Function: the auxiliary reflection with ``n(x) = W x``, fused.
+
+    Same derivatives as :class:`_Reflection` with ``v = W x`` chained in by hand, so that the input gradient
+    ``g - k (g.v) v + (dL/dv) W`` is accumulated inside the GEMM (``addmm``) instead of in a separate pass:
+
+        dL/dv = -c g - k (g.v) y,   dL/dW = (dL/dv)^T x,   dL/dx = g - k (g.v) v + (dL/dv) W.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, weight):  # noqa: D102
+        v = x @ weight.mT
+        c, k, summary = _coefficients(x, v)
+        return _row_axpy(x, -c, v), v, c, k, summary
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # noqa: D102
+        x, weight = inputs
+        y, v, c, k, summary = output
+        ctx.mark_non_differentiable(v, c, k, summary)
+        ctx.save_for_backward(x, weight, v, y, c, k)
+        ctx.save_for_forward(x, weight, v, c, k)
+
+    @staticmethod
+    def backward(ctx, grad_y, _grad_v, _grad_c, _grad_k, _grad_summary):  # noqa: D102
+        x, weight, v, y, c, k = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: keep every intermediate in the graph
+            v = x @ weight.mT
+            c, k, _ = _coefficients(x, v)
+            y = x - c.unsqueeze(-1) * v
+        d = x.shape[-1]
+        kgv = k * _rowdot(grad_y, v)
+        grad_v = _row_axpy(grad_y * (-c.unsqueeze(-1)), -kgv, y).reshape(-1, d)
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            direct = _row_axpy(grad_y, -kgv, v).reshape(-1, d)
+            grad_x = torch.addmm(direct, grad_v, weight).reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad_v.mT @ x.reshape(-1, d)
+        return grad_x, grad_weight
+
+    @staticmethod
+    def jvp(ctx, x_t, weight_t):  # noqa: D102
+        x, weight, v, c, k = ctx.saved_tensors
+        v_t = torch.zeros_like(v)
+        if x_t is not None:
+            v_t = v_t + x_t @ weight.mT
+        if weight_t is not None:
+            v_t = v_t + x @ weight_t.mT
+        x_t = torch.zeros_like(x) if x_t is None else x_t
+        dc = k * (_rowdot(v_t, x) + _rowdot(v, x_t)) - c * k * _rowdot(v, v_t)
+        y_t = x_t - dc.unsqueeze(-1) * v - c.unsqueeze(-1) * v_t
+        return y_t, None, None, None, None
 
 
 #: Below this many elements the reflection is left to autograd: a custom Function costs ~50 us per call
@@ -114,6 +165,17 @@ def reflect_with_summary(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor
         c, _, summary = _coefficients(x, v)
         return x - c.unsqueeze(-1) * v, summary
     y, _, _, summary = _Reflection.apply(x, v)
+    return y, summary
+
+
+def reflect_linear_with_summary(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(H(W x) x, summary)`` for ``(..., d)`` rows and a ``(d, d)`` ``W``, without validation.
+
+    Large inputs take the fused :class:`_LinearReflection`; small ones plain autograd (same expression).
+    """
+    if x.numel() < FUSED_MIN_NUMEL:
+        return reflect_with_summary(x, x @ weight.mT)
+    y, _, _, _, summary = _LinearReflection.apply(x, weight)
     return y, summary
 
 
