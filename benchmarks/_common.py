@@ -42,17 +42,29 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], object], device: torch.device, *, min_time: float = 0.2, max_number: int = 1000) -> float:
-    """Seconds per call of ``fn``: repeats it until ``min_time`` has passed (at least once), returns the mean."""
-    number, elapsed = 0, 0.0
-    synchronize(device)
-    start = time.perf_counter()
-    while number < max_number and (number == 0 or elapsed < min_time):
-        fn()
-        number += 1
+def time_forward_backward(
+    forward: Callable[[], torch.Tensor],
+    backward: Callable[[torch.Tensor], None],
+    device: torch.device,
+    *,
+    min_time: float = 0.2,
+) -> tuple[float, float]:
+    """Seconds per call of the forward pass and of the backward pass that follows it, timed separately in
+    the same loop (so forward + backward is their sum, never a difference of two noisy numbers)."""
+    number, forward_total, backward_total = 0, 0.0, 0.0
+    while number == 0 or forward_total + backward_total < min_time:
         synchronize(device)
-        elapsed = time.perf_counter() - start
-    return elapsed / number
+        start = time.perf_counter()
+        output = forward()
+        synchronize(device)
+        middle = time.perf_counter()
+        backward(output)
+        synchronize(device)
+        forward_total += middle - start
+        backward_total += time.perf_counter() - middle
+        number += 1
+        del output
+    return forward_total / number, backward_total / number
 
 
 def median(values: list[float]) -> float:

@@ -1,7 +1,7 @@
 """The ``lightning-ortho`` command: LightningCLI over every model and data module of the package.
 
-    lightning-ortho fit --config recipes/fcnn_digits.yaml
-    lightning-ortho fit --config recipes/fcnn_digits.yaml --model.init_args.orthogonal=cayley
+lightning-ortho fit --config recipes/fcnn_digits.yaml
+lightning-ortho fit --config recipes/fcnn_digits.yaml --model.init_args.orthogonal=cayley
 """
 
 from __future__ import annotations

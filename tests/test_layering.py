@@ -25,8 +25,17 @@ def test_math_packages_do_not_import_lightning(package):
     for path in (PACKAGE / package).rglob("*.py") if (PACKAGE / package).exists() else []:
         for module in imported_modules(path):
             root = module.split(".")[0]
-            assert root not in {"pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics"}, f"{path} imports {module}"
-            assert not module.startswith(("lightning_ortho.models", "lightning_ortho.callbacks", "lightning_ortho.datamodules", "lightning_ortho.cli")), f"{path} imports {module}"
+            assert root not in {"pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics"}, (
+                f"{path} imports {module}"
+            )
+            assert not module.startswith(
+                (
+                    "lightning_ortho.models",
+                    "lightning_ortho.callbacks",
+                    "lightning_ortho.datamodules",
+                    "lightning_ortho.cli",
+                )
+            ), f"{path} imports {module}"
 
 
 def test_single_lightning_namespace():

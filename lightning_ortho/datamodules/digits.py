@@ -42,7 +42,9 @@ class DigitsDataModule(pl.LightningDataModule):
         if image_size < 1:
             raise ValueError(f"DigitsDataModule: image_size must be positive, got {image_size}.")
         if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ValueError("DigitsDataModule: val_fraction and test_fraction must be in (0, 1) and sum to less than 1.")
+            raise ValueError(
+                "DigitsDataModule: val_fraction and test_fraction must be in (0, 1) and sum to less than 1."
+            )
         self.save_hyperparameters()
         self.batch_size, self.image_size, self.flatten = batch_size, image_size, flatten
         self.num_workers = num_workers
@@ -63,7 +65,9 @@ class DigitsDataModule(pl.LightningDataModule):
         digits = load_digits()
         images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
         if self.image_size != 8:
-            images = torch.nn.functional.interpolate(images, size=(self.image_size,) * 2, mode="bilinear", align_corners=False)
+            images = torch.nn.functional.interpolate(
+                images, size=(self.image_size,) * 2, mode="bilinear", align_corners=False
+            )
         return images, torch.as_tensor(digits.target, dtype=torch.long)
 
     def setup(self, stage: str | None = None) -> None:

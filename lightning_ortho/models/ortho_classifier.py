@@ -52,7 +52,9 @@ class OrthoClassifier(pl.LightningModule):
         """``(N, in_features) -> (N, num_classes)`` logits (images are flattened)."""
         return self.head(torch.relu(self.features(x.flatten(1))))
 
-    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str, accuracy: torchmetrics.Metric) -> torch.Tensor:
+    def _step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], stage: str, accuracy: torchmetrics.Metric
+    ) -> torch.Tensor:
         inputs, labels = batch
         logits = self(inputs)
         loss = nn.functional.cross_entropy(logits, labels)

@@ -101,3 +101,24 @@ def compute_dtype(x: torch.Tensor, parameter_dtype: torch.dtype | None, *, layer
             f"Call layer.to({x.dtype}) or convert the input to {parameter_dtype}."
         )
     return x.dtype
+
+
+def check_orthogonal(matrix: torch.Tensor, d: int, where: str) -> None:
+    """Raise ``ValueError`` unless ``matrix`` is a floating-point ``(d, d)`` orthogonal matrix.
+
+    The tolerance on ``max |U^T U - I|`` (row sums) is ``max(1e-4, 100 d eps)``, loose enough for float32
+    matrices produced by QR, tight enough to catch a matrix that was never orthogonalised.
+    """
+    if not isinstance(matrix, torch.Tensor) or matrix.shape != (d, d):
+        shape = tuple(matrix.shape) if isinstance(matrix, torch.Tensor) else type(matrix).__name__
+        raise ValueError(f"{where}: expected a ({d}, {d}) orthogonal matrix, got {shape}.")
+    if not matrix.is_floating_point():
+        raise ValueError(f"{where}: the orthogonal matrix must be floating point, got {matrix.dtype}.")
+    eye = torch.eye(d, dtype=matrix.dtype, device=matrix.device)
+    error = float(torch.linalg.matrix_norm(matrix.mT @ matrix - eye, ord=torch.inf))
+    tolerance = max(1e-4, 100 * d * torch.finfo(matrix.dtype).eps)
+    if not error <= tolerance:
+        raise ValueError(
+            f"{where}: the matrix is not orthogonal (max row sum of |U^T U - I| = {error:.2e} > {tolerance:.1e}). "
+            f"Orthogonalise it first, e.g. torch.linalg.qr(U).Q."
+        )

@@ -13,6 +13,7 @@ from torch import nn
 from lightning_ortho.nn._checks import (
     check_features,
     check_finite,
+    check_orthogonal,
     check_parameters_finite,
     compute_dtype,
 )
@@ -91,14 +92,18 @@ class AuxiliaryReflection(nn.Module):
                 "it cannot be combined with a custom network. Pass one or the other."
             )
         if spectral_method not in ("auto", "eigh", "power"):
-            raise ValueError(f"AuxiliaryReflection: spectral_method must be 'auto', 'eigh' or 'power', got {spectral_method!r}.")
+            raise ValueError(
+                f"AuxiliaryReflection: spectral_method must be 'auto', 'eigh' or 'power', got {spectral_method!r}."
+            )
         if not spectral_margin >= 0:
             raise ValueError(f"AuxiliaryReflection: spectral_margin must be >= 0, got {spectral_margin!r}.")
         self.d = d
         self.invertible = invertible
         self.network = network
         self.spectral_margin = float(spectral_margin)
-        self.spectral_method = ("eigh" if d <= EXACT_SPECTRAL_MAX_DIM else "power") if spectral_method == "auto" else spectral_method
+        self.spectral_method = (
+            ("eigh" if d <= EXACT_SPECTRAL_MAX_DIM else "power") if spectral_method == "auto" else spectral_method
+        )
         bound = 1.0 / math.sqrt(d)  # Appendix B.1/B.3: W_ij (or V_ij) ~ U(-1/sqrt(d), 1/sqrt(d)).
         if network is None and not invertible:
             self.weight = nn.Parameter(torch.empty(d, d).uniform_(-bound, bound))
@@ -109,7 +114,7 @@ class AuxiliaryReflection(nn.Module):
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_orthogonal(cls, orthogonal: torch.Tensor) -> "AuxiliaryReflection":
+    def from_orthogonal(cls, orthogonal: torch.Tensor) -> AuxiliaryReflection:
         """The layer with ``W = I - U``, so that ``f(x) = U x`` for every ``x != 0`` (Theorem 1, Lemma 5).
 
         Args:
@@ -120,17 +125,19 @@ class AuxiliaryReflection(nn.Module):
         """
         orthogonal = torch.as_tensor(orthogonal)
         if orthogonal.dim() != 2 or orthogonal.shape[0] != orthogonal.shape[1]:
-            raise ValueError(f"AuxiliaryReflection.from_orthogonal: U must be a square (d, d) matrix, got {tuple(orthogonal.shape)}.")
+            raise ValueError(
+                f"AuxiliaryReflection.from_orthogonal: U must be a square (d, d) matrix, got {tuple(orthogonal.shape)}."
+            )
         layer = cls(orthogonal.shape[0]).to(device=orthogonal.device, dtype=orthogonal.dtype)
         layer.reset_orthogonal_(orthogonal)
         return layer
 
     @torch.no_grad()
-    def reset_orthogonal_(self, orthogonal: torch.Tensor) -> "AuxiliaryReflection":
+    def reset_orthogonal_(self, orthogonal: torch.Tensor) -> AuxiliaryReflection:
         """Set ``W = I - U`` in place so the layer computes ``U x`` (Theorem 1). Returns ``self``."""
         if self.network is not None or self.invertible:
             raise ValueError("AuxiliaryReflection.reset_orthogonal_ needs the plain linear auxiliary map (W = I - U).")
-        _check_orthogonal(orthogonal, self.d, "AuxiliaryReflection.reset_orthogonal_")
+        check_orthogonal(orthogonal, self.d, "AuxiliaryReflection.reset_orthogonal_")
         self.weight.copy_(torch.eye(self.d, dtype=orthogonal.dtype, device=orthogonal.device) - orthogonal)
         return self
 
@@ -147,7 +154,9 @@ class AuxiliaryReflection(nn.Module):
             ValueError: the layer uses a custom network, which has no single ``W``.
         """
         if self.network is not None:
-            raise ValueError("AuxiliaryReflection.auxiliary_weight: this layer uses a custom auxiliary network, not W x.")
+            raise ValueError(
+                "AuxiliaryReflection.auxiliary_weight: this layer uses a custom auxiliary network, not W x."
+            )
         if not self.invertible:
             return self.weight
         gram = self.factor @ self.factor.mT
@@ -195,7 +204,9 @@ class AuxiliaryReflection(nn.Module):
                 y, summary = reflect_linear_with_summary(xc, self.auxiliary_weight())
             else:
                 y, summary = reflect_with_summary(xc, self.network(xc))
-            check_parameters_finite(summary.detach(), lambda: {"x": x, **dict(self.named_parameters())}, layer="AuxiliaryReflection")
+            check_parameters_finite(
+                summary.detach(), lambda: {"x": x, **dict(self.named_parameters())}, layer="AuxiliaryReflection"
+            )
         return y.to(x.dtype)
 
     # ------------------------------------------------------------------ Jacobian and determinant
@@ -248,7 +259,9 @@ class AuxiliaryReflection(nn.Module):
             ``(...)`` log-determinants; ``0`` where ``n(x) = 0`` (there ``f`` is the identity by convention).
         """
         if method not in ("auto", "eig", "dense"):
-            raise ValueError(f"AuxiliaryReflection.log_abs_det_jacobian: method must be 'auto', 'eig' or 'dense', got {method!r}.")
+            raise ValueError(
+                f"AuxiliaryReflection.log_abs_det_jacobian: method must be 'auto', 'eig' or 'dense', got {method!r}."
+            )
         with _full_precision(x):
             xc = self._prepare(x, "x")
             check_finite(xc, name="x", layer="AuxiliaryReflection.log_abs_det_jacobian")
@@ -312,7 +325,9 @@ class AuxiliaryReflection(nn.Module):
             step = self._newton_step()
             result = homogeneous_newton(function, step, yc, tol=tol, max_iter=max_iter)
         if result.x.dtype != y.dtype:
-            result = NewtonResult(result.x.to(y.dtype), result.iterations, result.residual, result.converged, result.tolerance)
+            result = NewtonResult(
+                result.x.to(y.dtype), result.iterations, result.residual, result.converged, result.tolerance
+            )
         return result
 
     def _newton_step(self) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -382,16 +397,3 @@ def _reflection_scalars(x: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor,
     q = torch.where(defined, q, torch.ones_like(q))
     s = torch.where(defined, torch.linalg.vecdot(n, x) / q, torch.zeros_like(q))
     return q, s, defined
-
-
-def _check_orthogonal(matrix: torch.Tensor, d: int, where: str) -> None:
-    if matrix.shape != (d, d):
-        raise ValueError(f"{where}: expected a ({d}, {d}) orthogonal matrix, got shape {tuple(matrix.shape)}.")
-    eye = torch.eye(d, dtype=matrix.dtype, device=matrix.device)
-    error = float(torch.linalg.matrix_norm(matrix.mT @ matrix - eye, ord=torch.inf))
-    tolerance = max(1e-4, 100 * d * torch.finfo(matrix.dtype).eps) if matrix.is_floating_point() else 0.0
-    if not matrix.is_floating_point() or error > tolerance:
-        raise ValueError(
-            f"{where}: the matrix is not orthogonal (max row sum of |U^T U - I| = {error:.2e} > {tolerance:.1e}). "
-            f"Orthogonalise it first, e.g. torch.linalg.qr(U).Q."
-        )

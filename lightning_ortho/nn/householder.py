@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from lightning_ortho.nn._checks import check_features, check_parameters_finite, compute_dtype
+from lightning_ortho.nn._checks import check_features, check_orthogonal, check_parameters_finite, compute_dtype
 from lightning_ortho.nn.reflection import reflect_unchecked
 
 Strategy = Literal["sequential", "wy"]
@@ -52,7 +52,7 @@ class HouseholderProduct(nn.Module):
         self.vectors = nn.Parameter(torch.empty(k, d).uniform_(-bound, bound))
 
     @classmethod
-    def from_orthogonal(cls, orthogonal: torch.Tensor, *, strategy: Strategy = "wy") -> "HouseholderProduct":
+    def from_orthogonal(cls, orthogonal: torch.Tensor, *, strategy: Strategy = "wy") -> HouseholderProduct:
         """``d`` reflections whose product is exactly ``U`` (Householder QR, as the paper initialises them).
 
         Column ``j`` of ``H(v_{j-1}) ... H(v_1) U`` is reflected onto ``e_j`` with ``v_j = c - e_j`` (Lemma 5);
@@ -62,22 +62,22 @@ class HouseholderProduct(nn.Module):
         Raises:
             ValueError: ``U`` is not a square orthogonal matrix.
         """
-        from lightning_ortho.nn.auxiliary import _check_orthogonal
-
         orthogonal = torch.as_tensor(orthogonal)
         if orthogonal.dim() != 2 or orthogonal.shape[0] != orthogonal.shape[1]:
-            raise ValueError(f"HouseholderProduct.from_orthogonal: U must be a square (d, d) matrix, got {tuple(orthogonal.shape)}.")
+            raise ValueError(
+                f"HouseholderProduct.from_orthogonal: U must be a square (d, d) matrix, got {tuple(orthogonal.shape)}."
+            )
         layer = cls(orthogonal.shape[0], strategy=strategy).to(device=orthogonal.device, dtype=orthogonal.dtype)
         return layer.reset_orthogonal_(orthogonal)
 
     @torch.no_grad()
-    def reset_orthogonal_(self, orthogonal: torch.Tensor) -> "HouseholderProduct":
+    def reset_orthogonal_(self, orthogonal: torch.Tensor) -> HouseholderProduct:
         """Set the ``k = d`` vectors in place so that the product equals ``U``. Returns ``self``."""
-        from lightning_ortho.nn.auxiliary import _check_orthogonal
-
-        _check_orthogonal(orthogonal, self.d, "HouseholderProduct.reset_orthogonal_")
+        check_orthogonal(orthogonal, self.d, "HouseholderProduct.reset_orthogonal_")
         if self.k != self.d:
-            raise ValueError(f"HouseholderProduct.reset_orthogonal_: needs k = d = {self.d} reflections, this layer has k = {self.k}.")
+            raise ValueError(
+                f"HouseholderProduct.reset_orthogonal_: needs k = d = {self.d} reflections, this layer has k = {self.k}."
+            )
         vectors = householder_vectors(orthogonal.to(torch.float64)).to(self.vectors.dtype)
         self.vectors.copy_(vectors)
         return self
@@ -118,7 +118,9 @@ class HouseholderProduct(nn.Module):
             y = self._sequential(xc)
         else:
             y = self._wy_apply(xc)
-        check_parameters_finite(y.detach().sum(-1), lambda: {"x": x, "vectors": self.vectors}, layer="HouseholderProduct")
+        check_parameters_finite(
+            y.detach().sum(-1), lambda: {"x": x, "vectors": self.vectors}, layer="HouseholderProduct"
+        )
         return y.to(x.dtype)
 
     def _wy_apply(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,7 +128,9 @@ class HouseholderProduct(nn.Module):
         unit, s = self._wy_factors(x.dtype)
         # Flops: factored k B (2d + k); materialised k d (k + 2d) + 2 B d^2. Take the cheaper one.
         if 2 * rows * self.d * self.d + self.k * self.d * (self.k + 2 * self.d) < self.k * rows * (2 * self.d + self.k):
-            q = torch.eye(self.d, dtype=x.dtype, device=x.device) - unit.mT @ torch.linalg.solve_triangular(s, unit, upper=True)
+            q = torch.eye(self.d, dtype=x.dtype, device=x.device) - unit.mT @ torch.linalg.solve_triangular(
+                s, unit, upper=True
+            )
             return x @ q.mT
         # y = Q x  =>  rows: Y = X Q^T = X - (X U^T) S^{-T} U.
         flat = x.reshape(-1, self.d)

@@ -14,7 +14,7 @@ DEFAULT_TOLERANCE = {torch.float64: 1e-11, torch.float32: 1e-5}
 class NewtonInverseError(RuntimeError):
     """Newton's method did not reach the tolerance for some samples; carries the :class:`NewtonResult`."""
 
-    def __init__(self, message: str, result: "NewtonResult") -> None:
+    def __init__(self, message: str, result: NewtonResult) -> None:
         super().__init__(message)
         self.result = result
 
@@ -125,4 +125,6 @@ def homogeneous_newton(
     x = torch.where(nonzero.unsqueeze(-1), x * norms, torch.zeros_like(x))
     converged = residual <= tol
     batch = shape[:-1]
-    return NewtonResult(x.reshape(shape), iterations.reshape(batch), residual.reshape(batch), converged.reshape(batch), tol)
+    return NewtonResult(
+        x.reshape(shape), iterations.reshape(batch), residual.reshape(batch), converged.reshape(batch), tol
+    )

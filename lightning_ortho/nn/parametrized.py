@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from lightning_ortho.nn._checks import check_features, compute_dtype
+from lightning_ortho.nn._checks import check_features, check_orthogonal, compute_dtype
 
 TorchOrthogonalMap = Literal["cayley", "matrix_exp", "householder"]
 
@@ -40,17 +40,17 @@ class ParametrizedOrthogonal(nn.Module):
         self.linear = parametrizations.orthogonal(linear, orthogonal_map=orthogonal_map)
 
     @classmethod
-    def from_orthogonal(cls, orthogonal: torch.Tensor, orthogonal_map: TorchOrthogonalMap = "cayley") -> "ParametrizedOrthogonal":
+    def from_orthogonal(
+        cls, orthogonal: torch.Tensor, orthogonal_map: TorchOrthogonalMap = "cayley"
+    ) -> ParametrizedOrthogonal:
         """The map with ``Q = U`` for an orthogonal ``(d, d)`` ``U`` (through PyTorch's ``right_inverse``)."""
         layer = cls(orthogonal.shape[0], orthogonal_map).to(device=orthogonal.device, dtype=orthogonal.dtype)
         return layer.reset_orthogonal_(orthogonal)
 
     @torch.no_grad()
-    def reset_orthogonal_(self, orthogonal: torch.Tensor) -> "ParametrizedOrthogonal":
+    def reset_orthogonal_(self, orthogonal: torch.Tensor) -> ParametrizedOrthogonal:
         """Set ``Q = U`` in place. Returns ``self``."""
-        from lightning_ortho.nn.auxiliary import _check_orthogonal
-
-        _check_orthogonal(orthogonal, self.d, "ParametrizedOrthogonal.reset_orthogonal_")
+        check_orthogonal(orthogonal, self.d, "ParametrizedOrthogonal.reset_orthogonal_")
         self.linear.weight = orthogonal.to(self.linear.parametrizations.weight.original.dtype)
         return self
 
@@ -66,6 +66,3 @@ class ParametrizedOrthogonal(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d={self.d}, orthogonal_map={self.orthogonal_map!r}"
-
-
-

@@ -210,6 +210,8 @@ def reflect(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def householder_matrix(v: torch.Tensor) -> torch.Tensor:
     """Dense ``H(v)`` as a ``(..., d, d)`` matrix, for tests and small problems (``H(0) := I``)."""
-    check_features(v, v.shape[-1] if isinstance(v, torch.Tensor) and v.dim() else -1, name="v", layer="householder_matrix")
+    check_features(
+        v, v.shape[-1] if isinstance(v, torch.Tensor) and v.dim() else -1, name="v", layer="householder_matrix"
+    )
     eye = torch.eye(v.shape[-1], dtype=v.dtype, device=v.device)
     return reflect_unchecked(eye.expand(*v.shape[:-1], -1, -1), v.unsqueeze(-2)).transpose(-1, -2)

@@ -105,7 +105,9 @@ class _ResolventTerms(torch.autograd.Function):
         left_scaled = left / diagonal  # rows of P^T z expressed before P^{-T}:  z = P^{-T} left_scaled
         right_scaled = right / diagonal  # y = P right_scaled
 
-        grad_s = g1 * (-2.0 * (eigenvalues / diagonal).sum(-1)) + g2 * 2.0 * (left_scaled * eigenvalues * right_scaled).sum(-1)
+        grad_s = g1 * (-2.0 * (eigenvalues / diagonal).sum(-1)) + g2 * 2.0 * (
+            left_scaled * eigenvalues * right_scaled
+        ).sum(-1)
         grad_a = real(g2.unsqueeze(-1) * right_scaled @ vectors.mT)
         grad_b = real(g2.unsqueeze(-1) * left_scaled @ vectors_inverse)
 

@@ -35,8 +35,24 @@ def test_quick_benchmark_writes_schema(tmp_path, monkeypatch):
 def test_claims_are_computed_from_rows():
     bench = load("bench_orthogonal")
     rows = [
-        {"d": 784, "batch": 1024, "method": "linear", "forward_ms": 10, "both_ms": 30, "forward_ratio_to_linear": 1, "both_ratio_to_linear": 1},
-        {"d": 784, "batch": 1024, "method": "aux", "forward_ms": 12, "both_ms": 42, "forward_ratio_to_linear": 1.2, "both_ratio_to_linear": 1.4},
+        {
+            "d": 784,
+            "batch": 1024,
+            "method": "linear",
+            "forward_ms": 10,
+            "both_ms": 30,
+            "forward_ratio_to_linear": 1,
+            "both_ratio_to_linear": 1,
+        },
+        {
+            "d": 784,
+            "batch": 1024,
+            "method": "aux",
+            "forward_ms": 12,
+            "both_ms": 42,
+            "forward_ratio_to_linear": 1.2,
+            "both_ratio_to_linear": 1.4,
+        },
         {"d": 784, "batch": 1024, "method": "householder_sequential", "forward_ms": 100, "both_ms": 400},
         {"d": 784, "batch": 1024, "method": "householder_wy", "forward_ms": 20, "both_ms": 100},
         {"d": 784, "batch": 1024, "method": "cayley", "forward_ms": 20, "both_ms": 84},

@@ -217,7 +217,9 @@ def test_newton_failure_is_detected_never_silent():
     ok = result.converged
     torch.testing.assert_close(layer(result.x[ok]), y[ok], rtol=1e-9, atol=1e-9)
     # ... and every row reported as failed really is not
-    failed_residual = torch.linalg.vector_norm(layer(result.x[~ok]) - y[~ok], dim=-1) / torch.linalg.vector_norm(y[~ok], dim=-1)
+    failed_residual = torch.linalg.vector_norm(layer(result.x[~ok]) - y[~ok], dim=-1) / torch.linalg.vector_norm(
+        y[~ok], dim=-1
+    )
     assert (failed_residual > result.tolerance).all()
     with pytest.raises(NewtonInverseError, match="did not converge") as info:
         layer.inverse(y, max_iter=30)

@@ -18,7 +18,9 @@ def test_matches_dense_u_sigma_vt(method, shape):
     x = torch.randn(5, in_features, dtype=torch.float64)
     expected = x @ (u @ sigma @ vt).T + layer.bias.detach()
     torch.testing.assert_close(layer(x), expected)
-    torch.testing.assert_close(torch.linalg.svdvals(u @ sigma @ vt), layer.singular_values.detach().sort(descending=True).values)
+    torch.testing.assert_close(
+        torch.linalg.svdvals(u @ sigma @ vt), layer.singular_values.detach().sort(descending=True).values
+    )
 
 
 def test_aux_layers_and_initial_singular_values():

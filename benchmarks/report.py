@@ -1,0 +1,92 @@
+"""Render the README's benchmark tables from benchmarks/results/*.json.
+
+    python benchmarks/report.py            # rewrite the marked sections of README.md
+    python benchmarks/report.py --print    # print the markdown instead
+
+A section is delimited by ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` where NAME is the benchmark.
+Files ending in ``-quick.json`` (smoke runs) are ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+ORTHOGONAL_COLUMNS = ("aux", "householder_wy", "householder_sequential", "torch_householder", "cayley", "matrix_exp")
+
+
+def _fmt_ratio(row: dict | None) -> str:
+    if row is None:
+        return ""
+    if "skipped" in row:
+        return "skipped"
+    return f"{row['both_ratio_to_linear']:.2f}x"
+
+
+def render_bench_orthogonal(data: dict) -> str:
+    rows = data["rows"]
+    index = {(r["d"], r["batch"], r["method"]): r for r in rows}
+    keys = sorted({(r["d"], r["batch"]) for r in rows})
+    lines = [
+        f"**{data['hardware']}** ({data.get('hardware_description', '')}), torch {data['torch']}, {data['date']}: "
+        f"`{data['command']}`. Forward+backward time of nn.Linear, and of each map as a multiple of it "
+        "(best of interleaved rounds; lower is better).",
+        "",
+        "| d | B | nn.Linear | " + " | ".join(ORTHOGONAL_COLUMNS) + " |",
+        "|---:|---:|---:|" + "---:|" * len(ORTHOGONAL_COLUMNS),
+    ]
+    for d, b in keys:
+        linear = index.get((d, b, "linear"))
+        cells = [f"{linear['both_ms']:.2f} ms" if linear else ""]
+        cells += [_fmt_ratio(index.get((d, b, m))) for m in ORTHOGONAL_COLUMNS]
+        lines.append(f"| {d} | {b} | " + " | ".join(cells) + " |")
+    skipped = sorted({r["skipped"] for r in rows if "skipped" in r})
+    if skipped:
+        lines += ["", "Skipped: " + "; ".join(skipped) + "."]
+    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
+    for claim in data["claims"]:
+        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+RENDERERS = {"bench_orthogonal": render_bench_orthogonal}
+
+
+def sections() -> dict[str, str]:
+    out: dict[str, list[str]] = {}
+    for path in sorted(RESULTS.glob("*.json")):
+        if path.stem.endswith("-quick"):
+            continue
+        data = json.loads(path.read_text())
+        renderer = RENDERERS.get(data["benchmark"])
+        if renderer:
+            out.setdefault(data["benchmark"], []).append(renderer(data))
+    return {name: "\n\n".join(parts) for name, parts in out.items()}
+
+
+def update_readme(readme: Path = ROOT / "README.md") -> None:
+    text = readme.read_text()
+    for name, body in sections().items():
+        pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", re.S)
+        text = pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+    readme.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--print", action="store_true")
+    args = parser.parse_args()
+    if args.print:
+        for name, body in sections().items():
+            print(f"## {name}\n\n{body}\n")
+    else:
+        update_readme()
+
+
+if __name__ == "__main__":
+    main()
