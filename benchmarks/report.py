@@ -72,8 +72,8 @@ def sections() -> dict[str, str]:
 def update_readme(readme: Path = ROOT / "README.md") -> None:
     text = readme.read_text()
     for name, body in sections().items():
-        pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", re.S)
-        text = pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+        pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S)
+        text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
     readme.write_text(text)
 
 

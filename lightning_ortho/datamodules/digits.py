@@ -12,8 +12,8 @@ class DigitsDataModule(pl.LightningDataModule):
 
     Pixels (0..16) are scaled to [0, 1] and, optionally, resized bilinearly to ``image_size`` (28 gives
     MNIST-shaped 784-dimensional inputs of real handwriting, for timing runs at the paper's ``d``), then
-    standardised with the training split's mean and standard deviation (recorded in ``hparams`` via
-    ``mean``/``std`` attributes so a checkpoint knows its data).
+    standardised with the training split's mean and standard deviation (``mean``/``std``, saved in the
+    data module's ``state_dict`` and therefore in checkpoints).
 
     Args:
         batch_size: samples per batch.
