@@ -9,7 +9,6 @@ BIN := $(VENV)/bin
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
 install: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[test]"
