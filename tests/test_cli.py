@@ -10,13 +10,17 @@ from lightning_ortho.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+DIGITS = ROOT / "recipes" / "fcnn_digits.yaml"
+
+
+def fit(recipe: Path, root: Path, *overrides: str):
+    """``lightning-ortho fit --config RECIPE OVERRIDES...`` in process, logs under ``root``."""
+    return run_cli(["fit", "--config", str(recipe), f"--trainer.default_root_dir={root}", *overrides])
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
 def test_every_recipe_fast_dev_run_in_process(recipe, tmp_path):
-    cli = run_cli(
-        ["fit", "--config", str(recipe), "--trainer.fast_dev_run=true", f"--trainer.default_root_dir={tmp_path}"]
-    )
+    cli = fit(recipe, tmp_path, "--trainer.fast_dev_run=true")
     assert cli.trainer.state.finished
     assert "val_acc" in cli.trainer.callback_metrics
 
@@ -24,65 +28,31 @@ def test_every_recipe_fast_dev_run_in_process(recipe, tmp_path):
 def test_console_script_runs_recipe_and_prints_accuracy(tmp_path):
     script = shutil.which("lightning-ortho", path=str(Path(sys.executable).parent)) or shutil.which("lightning-ortho")
     assert script, "the lightning-ortho console script is not installed (pip install -e .)"
-    result = subprocess.run(
-        [
-            script,
-            "fit",
-            "--config",
-            str(ROOT / "recipes" / "fcnn_digits.yaml"),
-            "--trainer.fast_dev_run=true",
-            "--model.init_args.orthogonal=householder",
-            f"--trainer.default_root_dir={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "120"},
-    )
+    command = [script, "fit", "--config", str(DIGITS), "--trainer.fast_dev_run=true"]
+    command += ["--model.init_args.orthogonal=householder", f"--trainer.default_root_dir={tmp_path}"]
+    env = {**os.environ, "COLUMNS": "120"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "validation accuracy:" in result.stdout
 
 
 def test_progress_bar_can_be_turned_off(tmp_path):
-    cli = run_cli(
-        [
-            "fit",
-            "--config",
-            str(ROOT / "recipes" / "fcnn_digits.yaml"),
-            "--trainer.fast_dev_run=true",
-            "--trainer.enable_progress_bar=false",
-            f"--trainer.default_root_dir={tmp_path}",
-        ]
-    )
+    cli = fit(DIGITS, tmp_path, "--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false")
     assert cli.trainer.progress_bar_callback is None
 
 
 def test_data_sizes_are_linked_into_the_model(tmp_path):
-    cli = run_cli(
-        [
-            "fit",
-            "--config",
-            str(ROOT / "recipes" / "fcnn_digits.yaml"),
-            "--trainer.fast_dev_run=true",
-            "--data.init_args.image_size=12",
-            f"--trainer.default_root_dir={tmp_path}",
-        ]
-    )
+    cli = fit(DIGITS, tmp_path, "--trainer.fast_dev_run=true", "--data.init_args.image_size=12")
     assert cli.model.hparams.in_features == 144
 
 
 def test_demo_recipe_reaches_the_readme_accuracy(tmp_path):
     # README: `make demo` ends with validation accuracy 0.978 (8 epochs, seed 0); allow BLAS-level drift.
-    cli = run_cli(
-        [
-            "fit",
-            "--config",
-            str(ROOT / "recipes" / "fcnn_digits.yaml"),
-            "--trainer.enable_progress_bar=false",
-            "--trainer.logger=false",
-            "--trainer.enable_checkpointing=false",
-            f"--trainer.default_root_dir={tmp_path}",
-        ]
+    cli = fit(
+        DIGITS,
+        tmp_path,
+        "--trainer.enable_progress_bar=false",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
     )
     assert float(cli.trainer.callback_metrics["val_acc"]) >= 0.95
