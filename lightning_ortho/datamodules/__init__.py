@@ -1,5 +1,21 @@
-"""LightningDataModules. The embedded default (scikit-learn's digits) needs no download."""
+"""LightningDataModules. The embedded default (scikit-learn's digits) needs no download; MNIST and CIFAR-10
+come through torchvision from a local root (``download=True`` where there is a network)."""
 
+from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
+from lightning_ortho.datamodules.cifar10 import CIFAR10DataModule
 from lightning_ortho.datamodules.digits import DigitsDataModule
+from lightning_ortho.datamodules.images import DatasetNotFoundError, ImageDataModule, NormalizedImages
+from lightning_ortho.datamodules.mnist import MNISTDataModule
+from lightning_ortho.datamodules.sequential import ImageSequences, SequentialImageDataModule
 
-__all__ = ["DigitsDataModule"]
+__all__ = [
+    "CIFAR10DataModule",
+    "DatasetNotFoundError",
+    "DigitsDataModule",
+    "EpochSeededRandomSampler",
+    "ImageDataModule",
+    "ImageSequences",
+    "MNISTDataModule",
+    "NormalizedImages",
+    "SequentialImageDataModule",
+]

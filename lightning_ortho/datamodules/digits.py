@@ -6,6 +6,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
+
 
 class DigitsDataModule(pl.LightningDataModule):
     """The 1,797 real 8x8 digits of ``sklearn.datasets.load_digits``: the embedded default of every demo.
@@ -20,7 +22,9 @@ class DigitsDataModule(pl.LightningDataModule):
         image_size: side of the square images (8 = original).
         flatten: yield ``(N, image_size**2)`` vectors (for fully connected models) instead of ``(N, 1, H, W)``.
         val_fraction, test_fraction: split sizes; the split is a fixed permutation from ``seed``.
-        seed: seed of the split (independent of the global seed, so every run sees the same split).
+        seed: seed of the split and of the per-epoch shuffling (independent of the global seed, so every run
+            sees the same split and a resumed run the same batches).
+        shuffle: shuffle the training batches.
         num_workers: DataLoader workers (the data lives in memory; 0 is fastest here).
 
     Batches are ``(inputs, labels)`` with ``labels`` int64 in ``0..9``.
@@ -36,6 +40,7 @@ class DigitsDataModule(pl.LightningDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         seed: int = 0,
+        shuffle: bool = True,
         num_workers: int = 0,
     ) -> None:
         super().__init__()
@@ -46,7 +51,11 @@ class DigitsDataModule(pl.LightningDataModule):
                 "DigitsDataModule: val_fraction and test_fraction must be in (0, 1) and sum to less than 1."
             )
         self.save_hyperparameters()
+        # Attributes, not self.hparams, drive the behaviour: when a data module is nested inside another one
+        # (SequentialImageDataModule), LightningCLI hands the outer module's config to every
+        # save_hyperparameters() call it instantiates, so hparams may not be this module's own.
         self.batch_size, self.image_size, self.flatten = batch_size, image_size, flatten
+        self.val_fraction, self.test_fraction, self.seed, self.shuffle = val_fraction, test_fraction, seed, shuffle
         self.num_workers = num_workers
         self._splits: dict[str, TensorDataset] | None = None
 
@@ -56,8 +65,9 @@ class DigitsDataModule(pl.LightningDataModule):
         return self.image_size**2
 
     @property
-    def input_shape(self) -> tuple[int, ...]:
-        return (self.num_features,) if self.flatten else (1, self.image_size, self.image_size)
+    def image_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of one image (before flattening)."""
+        return (1, self.image_size, self.image_size)
 
     def _images(self) -> tuple[torch.Tensor, torch.Tensor]:
         from sklearn.datasets import load_digits
@@ -75,8 +85,8 @@ class DigitsDataModule(pl.LightningDataModule):
             return
         images, labels = self._images()
         n = len(labels)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.hparams.seed))
-        n_val, n_test = round(n * self.hparams.val_fraction), round(n * self.hparams.test_fraction)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        n_val, n_test = round(n * self.val_fraction), round(n * self.test_fraction)
         index = {"test": order[:n_test], "val": order[n_test : n_test + n_val], "train": order[n_test + n_val :]}
         train = images[index["train"]]
         self.mean, self.std = float(train.mean()), float(train.std())
@@ -91,17 +101,19 @@ class DigitsDataModule(pl.LightningDataModule):
         assert self._splits is not None
         return self._splits[name]
 
-    def _loader(self, name: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.split(name), batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers)
+    def _loader(self, name: str, shuffle: bool = False) -> DataLoader:
+        data = self.split(name)
+        sampler = EpochSeededRandomSampler(len(data), self.seed) if shuffle else None
+        return DataLoader(data, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        return self._loader("train", shuffle=self.shuffle)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
+        return self._loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+        return self._loader("test")
 
     def state_dict(self) -> dict[str, float]:
         """Normalisation statistics, saved in checkpoints."""

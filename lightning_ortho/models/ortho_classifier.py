@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import time
-
-import pytorch_lightning as pl
 import torch
-import torchmetrics
 from torch import nn
 
+from lightning_ortho.models.classification import ClassifierModule
 from lightning_ortho.nn import SVDLinear
 from lightning_ortho.nn.orthogonal import OrthogonalMethod
 
 
-class OrthoClassifier(pl.LightningModule):
+class OrthoClassifier(ClassifierModule):
     """``depth`` SVD layers ``U Sigma V^T`` of width ``in_features`` with ReLU between, then a linear layer.
 
     Args:
@@ -21,7 +18,7 @@ class OrthoClassifier(pl.LightningModule):
         num_classes: output classes.
         depth: number of SVD layers (3 in the paper).
         orthogonal: map for ``U`` and ``V``: ``"aux"`` (one auxiliary reflection each), ``"householder"``
-            (``d`` reflections), ``"cayley"``, ``"matrix_exp"`` or ``"torch_householder"``.
+            (``d`` reflections, compact WY), ``"cayley"``, ``"matrix_exp"`` or ``"torch_householder"``.
         lr: Adam learning rate (PyTorch defaults otherwise, as in the paper).
 
     Logs ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``, ``test_acc`` and ``epoch_time`` (seconds).
@@ -35,7 +32,7 @@ class OrthoClassifier(pl.LightningModule):
         orthogonal: OrthogonalMethod = "aux",
         lr: float = 1e-3,
     ) -> None:
-        super().__init__()
+        super().__init__(num_classes)
         self.save_hyperparameters()
         layers: list[nn.Module] = []
         for i in range(depth):
@@ -44,40 +41,10 @@ class OrthoClassifier(pl.LightningModule):
                 layers.append(nn.ReLU())
         self.features = nn.Sequential(*layers)
         self.head = nn.Linear(in_features, num_classes)
-        metric = lambda: torchmetrics.classification.MulticlassAccuracy(num_classes=num_classes, average="micro")  # noqa: E731
-        self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
-        self._epoch_start = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(N, in_features) -> (N, num_classes)`` logits (images are flattened)."""
+        """``(N, in_features)`` (or images, flattened) ``-> (N, num_classes)`` logits."""
         return self.head(torch.relu(self.features(x.flatten(1))))
-
-    def _step(
-        self, batch: tuple[torch.Tensor, torch.Tensor], stage: str, accuracy: torchmetrics.Metric
-    ) -> torch.Tensor:
-        inputs, labels = batch
-        logits = self(inputs)
-        loss = nn.functional.cross_entropy(logits, labels)
-        accuracy(logits, labels)
-        on_step = stage == "train"
-        self.log(f"{stage}_loss", loss, on_step=on_step, on_epoch=True, prog_bar=stage != "test", sync_dist=not on_step)
-        self.log(f"{stage}_acc", accuracy, on_step=False, on_epoch=True, prog_bar=stage != "train")
-        return loss
-
-    def training_step(self, batch, batch_idx):  # noqa: D102
-        return self._step(batch, "train", self.train_acc)
-
-    def validation_step(self, batch, batch_idx):  # noqa: D102
-        self._step(batch, "val", self.val_acc)
-
-    def test_step(self, batch, batch_idx):  # noqa: D102
-        self._step(batch, "test", self.test_acc)
-
-    def on_train_epoch_start(self) -> None:
-        self._epoch_start = time.perf_counter()
-
-    def on_train_epoch_end(self) -> None:
-        self.log("epoch_time", time.perf_counter() - self._epoch_start, sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -50,6 +52,18 @@ class HouseholderProduct(nn.Module):
         self.d, self.k, self.strategy = d, k, strategy
         bound = 1.0 / math.sqrt(d)  # Appendix B.1 initialisation
         self.vectors = nn.Parameter(torch.empty(k, d).uniform_(-bound, bound))
+        self._cached_matrix: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def cached(self) -> Iterator[None]:
+        """Inside the block, ``Q`` is built once (with autograd) and every call is ``x Q^T``, like
+        ``torch.nn.utils.parametrize.cached()`` for PyTorch's parametrisations: for an RNN that applies the
+        same ``Q`` at every time step."""
+        self._cached_matrix = self.matrix()
+        try:
+            yield
+        finally:
+            self._cached_matrix = None
 
     @classmethod
     def from_orthogonal(cls, orthogonal: torch.Tensor, *, strategy: Strategy = "wy") -> HouseholderProduct:
@@ -114,7 +128,9 @@ class HouseholderProduct(nn.Module):
         check_features(x, self.d, name="x", layer="HouseholderProduct")
         dtype = compute_dtype(x, self.vectors.dtype, layer="HouseholderProduct")
         xc = x.to(dtype)
-        if self.strategy == "sequential":
+        if self._cached_matrix is not None:
+            y = xc @ self._cached_matrix.to(dtype).mT
+        elif self.strategy == "sequential":
             y = self._sequential(xc)
         else:
             y = self._wy_apply(xc)

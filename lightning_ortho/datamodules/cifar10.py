@@ -1,0 +1,78 @@
+"""CIFAR-10 through ``torchvision.datasets.CIFAR10`` from a local root."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from lightning_ortho.datamodules.images import DatasetNotFoundError, ImageDataModule, missing_dataset_message
+
+CIFAR10_FILES = ("data_batch_1", "...", "data_batch_5", "test_batch", "batches.meta")
+
+
+class CIFAR10DataModule(ImageDataModule):
+    """CIFAR-10 (50,000 + 10,000 32x32 colour images, 10 classes) read by torchvision from
+    ``root/cifar-10-batches-py``.
+
+    Args:
+        root: folder holding ``cifar-10-batches-py/`` (torchvision's layout).
+        download: let torchvision download and unpack the archive into ``root`` (needs internet).
+        verify_checksums: check the files' MD5 sums as torchvision does (turn off only for hand-made subsets).
+        batch_size, val_size, seed, flatten, shuffle, num_workers, mean, std: see :class:`ImageDataModule`
+            (default statistics are CIFAR-10's per-channel mean and standard deviation).
+
+    Raises:
+        DatasetNotFoundError: the files are missing (or corrupted) and ``download`` is false.
+    """
+
+    image_shape = (3, 32, 32)
+
+    def __init__(
+        self,
+        root: str = "data",
+        download: bool = False,
+        batch_size: int = 128,
+        val_size: int = 5000,
+        seed: int = 0,
+        flatten: bool = True,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        mean: Sequence[float] = (0.4914, 0.4822, 0.4465),
+        std: Sequence[float] = (0.2470, 0.2435, 0.2616),
+        verify_checksums: bool = True,
+    ) -> None:
+        super().__init__(root, download, batch_size, val_size, seed, flatten, shuffle, num_workers, mean, std)
+        self.verify_checksums = verify_checksums
+
+    def _load(self):
+        from torchvision.datasets import CIFAR10
+
+        cls = CIFAR10
+        if not self.verify_checksums:
+
+            class CIFAR10WithoutChecksums(CIFAR10):
+                # torchvision's check_integrity(path, md5=None) checks that the file exists; parsing is unchanged.
+                train_list = [[name, None] for name, _ in CIFAR10.train_list]
+                test_list = [[name, None] for name, _ in CIFAR10.test_list]
+                meta = {**CIFAR10.meta, "md5": None}
+
+            cls = CIFAR10WithoutChecksums
+        try:
+            train = cls(self.root, train=True, download=self.download)
+            test = cls(self.root, train=False, download=self.download)
+        except RuntimeError as error:
+            if "not found" not in str(error).lower():
+                raise
+            folder = str(Path(self.root) / "cifar-10-batches-py")
+            raise DatasetNotFoundError(
+                missing_dataset_message("CIFAR-10", folder, CIFAR10_FILES, "--data.init_args.download=true")
+            ) from error
+        as_images = lambda data: torch.as_tensor(data).permute(0, 3, 1, 2).contiguous()  # noqa: E731
+        return (
+            as_images(train.data),
+            torch.as_tensor(train.targets),
+            as_images(test.data),
+            torch.as_tensor(test.targets),
+        )

@@ -1,0 +1,130 @@
+"""Shared machinery of the image data modules: in-memory uint8 images, fixed-seed splits, normalisation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset's files are missing and cannot be downloaded; the message says where and what to do."""
+
+
+class NormalizedImages(Dataset):
+    """``(image, label)`` pairs from uint8 ``(N, C, H, W)`` images, scaled to [0, 1] then standardised.
+
+    Items are ``(C, H, W)`` float32 images, or ``(C*H*W,)`` vectors with ``flatten=True``; labels int64.
+    """
+
+    def __init__(
+        self, images: torch.Tensor, labels: torch.Tensor, mean: Sequence[float], std: Sequence[float], flatten: bool
+    ) -> None:
+        if images.dim() != 4:
+            raise ValueError(f"NormalizedImages: images must be (N, C, H, W), got {tuple(images.shape)}.")
+        self.images, self.labels, self.flatten = images, labels.long(), flatten
+        channels = images.shape[1]
+        self.mean = torch.as_tensor(mean, dtype=torch.float32).reshape(-1, 1, 1).expand(channels, 1, 1)
+        self.std = torch.as_tensor(std, dtype=torch.float32).reshape(-1, 1, 1).expand(channels, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = self.images[index].float().div_(255.0).sub_(self.mean).div_(self.std)
+        return (image.flatten() if self.flatten else image), self.labels[index]
+
+
+class ImageDataModule(pl.LightningDataModule):
+    """Base of the image data modules: subclasses provide ``_load() -> (train_images, train_labels,
+    test_images, test_labels)`` as uint8 ``(N, C, H, W)`` tensors and the class attributes below.
+
+    The validation set is a fixed-seed ``val_size`` sample of the training set; the test set is the official
+    one. Normalisation ``mean``/``std`` are constructor arguments, so they are recorded in the hyperparameters
+    and every checkpoint knows its data. Training batches are shuffled by :class:`EpochSeededRandomSampler`
+    (reproducible across resumes) unless ``shuffle=False``.
+    """
+
+    num_classes = 10
+    image_shape: tuple[int, int, int] = (1, 1, 1)
+
+    def __init__(
+        self,
+        root: str = "data",
+        download: bool = False,
+        batch_size: int = 64,
+        val_size: int = 5000,
+        seed: int = 0,
+        flatten: bool = True,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        mean: Sequence[float] = (0.0,),
+        std: Sequence[float] = (1.0,),
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        # Attributes, not self.hparams, drive the behaviour (see DigitsDataModule: nested modules may be handed
+        # another module's hparams by LightningCLI).
+        self.root, self.download, self.batch_size, self.flatten = root, download, batch_size, flatten
+        self.val_size, self.seed, self.shuffle, self.num_workers = val_size, seed, shuffle, num_workers
+        self.mean, self.std = tuple(mean), tuple(std)
+        self._splits: dict[str, Dataset] | None = None
+
+    @property
+    def num_features(self) -> int:
+        """Input dimension of a flattened image."""
+        c, h, w = self.image_shape
+        return c * h * w
+
+    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def prepare_data(self) -> None:
+        if self.download:
+            self._load()  # downloads once, on the main process only
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._splits is not None:
+            return
+        train_x, train_y, test_x, test_y = self._load()
+        n = len(train_y)
+        val_size = min(self.val_size, n // 5)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        val_idx, train_idx = order[:val_size], order[val_size:]
+        make = lambda x, y: NormalizedImages(x, y, self.mean, self.std, self.flatten)  # noqa: E731
+        self._splits = {
+            "train": make(train_x[train_idx], train_y[train_idx]),
+            "val": make(train_x[val_idx], train_y[val_idx]),
+            "test": make(test_x, test_y),
+        }
+
+    def split(self, name: str) -> Dataset:
+        """The ``"train"``, ``"val"`` or ``"test"`` dataset (runs :meth:`setup` if needed)."""
+        self.setup()
+        assert self._splits is not None
+        return self._splits[name]
+
+    def train_dataloader(self) -> DataLoader:
+        data = self.split("train")
+        sampler = EpochSeededRandomSampler(len(data), self.seed) if self.shuffle else None
+        return DataLoader(data, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.split("val"), batch_size=self.batch_size, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.split("test"), batch_size=self.batch_size, num_workers=self.num_workers)
+
+
+def missing_dataset_message(name: str, folder: str, files: Sequence[str], flag_hint: str) -> str:
+    return (
+        f"{name} was not found in {folder} (expected {', '.join(files)}).\n"
+        f"  - On a machine with internet: add {flag_hint} (torchvision downloads it into that folder), or copy the\n"
+        f"    files there yourself and point --data.init_args.root at the parent folder.\n"
+        f"  - No network? Run the same model on the embedded handwritten digits instead (bundled with\n"
+        f"    scikit-learn, no download): lightning-ortho fit --config recipes/fcnn_digits.yaml (or rnn_digits.yaml)."
+    )

@@ -1,0 +1,65 @@
+"""MNIST through ``torchvision.datasets.MNIST`` from a local root."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from lightning_ortho.datamodules.images import DatasetNotFoundError, ImageDataModule, missing_dataset_message
+
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+class MNISTDataModule(ImageDataModule):
+    """MNIST (60,000 + 10,000 handwritten 28x28 digits) read by torchvision from ``root/MNIST/raw``.
+
+    Args:
+        root: folder holding ``MNIST/raw/*-ubyte`` (torchvision's layout).
+        download: let torchvision download the files into ``root`` (needs internet).
+        batch_size, val_size, seed, flatten, shuffle, num_workers: see :class:`ImageDataModule`; the validation
+            set is 5,000 training images chosen by ``seed``.
+        mean, std: normalisation (defaults: the usual MNIST statistics 0.1307, 0.3081).
+
+    Raises:
+        DatasetNotFoundError: the files are missing and ``download`` is false; the message gives the expected
+            path, how to get the files, and the embedded-digits recipe to run instead.
+    """
+
+    image_shape = (1, 28, 28)
+
+    def __init__(
+        self,
+        root: str = "data",
+        download: bool = False,
+        batch_size: int = 128,
+        val_size: int = 5000,
+        seed: int = 0,
+        flatten: bool = True,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        mean: Sequence[float] = (0.1307,),
+        std: Sequence[float] = (0.3081,),
+    ) -> None:
+        super().__init__(root, download, batch_size, val_size, seed, flatten, shuffle, num_workers, mean, std)
+
+    def _load(self):
+        from torchvision.datasets import MNIST
+
+        try:
+            train = MNIST(self.root, train=True, download=self.download)
+            test = MNIST(self.root, train=False, download=self.download)
+        except RuntimeError as error:
+            if "not found" not in str(error).lower():
+                raise
+            folder = str(Path(self.root) / "MNIST" / "raw")
+            raise DatasetNotFoundError(
+                missing_dataset_message("MNIST", folder, MNIST_FILES, "--data.init_args.download=true")
+            ) from error
+        return (
+            train.data.unsqueeze(1),
+            torch.as_tensor(train.targets),
+            test.data.unsqueeze(1),
+            torch.as_tensor(test.targets),
+        )

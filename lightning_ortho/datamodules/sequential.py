@@ -1,0 +1,127 @@
+"""Images read as sequences: pixel-by-pixel (sequential / permuted MNIST) or row-by-row."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
+
+
+class ImageSequences(Dataset):
+    """Wraps an ``(image, label)`` dataset; items become ``(sequence (L, F), label)``.
+
+    ``mode="pixel"``: ``L = H W`` steps of ``F = C`` values (raster order); ``mode="row"``: ``L = H`` steps of
+    ``F = C W``. ``permutation`` (a ``(L,)`` index tensor) reorders the steps.
+    """
+
+    def __init__(
+        self, images: Dataset, image_shape: tuple[int, int, int], mode: str, permutation: torch.Tensor | None
+    ) -> None:
+        self.images, self.image_shape, self.mode, self.permutation = images, image_shape, mode, permutation
+
+    def __len__(self) -> int:
+        return len(self.images)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image, label = self.images[index]
+        c, h, w = self.image_shape
+        image = image.reshape(c, h, w)
+        sequence = image.reshape(c, h * w).T if self.mode == "pixel" else image.permute(1, 0, 2).reshape(h, c * w)
+        if self.permutation is not None:
+            sequence = sequence[self.permutation]
+        return sequence, label
+
+
+class SequentialImageDataModule(pl.LightningDataModule):
+    """Any image data module read as sequences: the pixel-MNIST and permuted-MNIST tasks of Arjovsky et al.
+    (2016) and the RNN experiment of "One Reflection Suffice" (section 3.2).
+
+    Args:
+        images: an image data module with ``image_shape``, ``num_classes`` and ``split(name)``
+            (:class:`~lightning_ortho.datamodules.MNISTDataModule`, ``DigitsDataModule``, ...).
+        mode: ``"pixel"`` (one pixel per step; 784 steps for MNIST) or ``"row"`` (one row per step).
+        permute: apply a fixed random permutation of the time steps (permuted MNIST).
+        permutation_seed: seed of that permutation. It is drawn from this seed alone, so it is the same in
+            every process and after a resume; it is also saved in the data module's ``state_dict``.
+        batch_size: overrides the wrapped module's batch size when given.
+
+    Batches are ``(x (B, L, F), labels (B,))``; ``num_features`` is ``F`` (the per-step input size).
+    """
+
+    def __init__(
+        self,
+        images: pl.LightningDataModule,
+        mode: Literal["pixel", "row"] = "pixel",
+        permute: bool = False,
+        permutation_seed: int = 0,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+    ) -> None:
+        super().__init__()
+        if mode not in ("pixel", "row"):
+            raise ValueError(f"SequentialImageDataModule: mode must be 'pixel' or 'row', got {mode!r}.")
+        for attribute in ("image_shape", "split", "num_classes"):
+            if not hasattr(images, attribute):
+                raise TypeError(
+                    f"SequentialImageDataModule: the wrapped data module {type(images).__name__} has no `{attribute}`; "
+                    "wrap an image data module such as MNISTDataModule or DigitsDataModule."
+                )
+        self.save_hyperparameters(ignore=["images"])
+        self.images, self.mode, self.permute, self.shuffle = images, mode, permute, shuffle
+        self.permutation_seed = permutation_seed
+        self.batch_size = batch_size or getattr(images, "batch_size", 64)
+        self.permutation = (
+            torch.randperm(self.sequence_length, generator=torch.Generator().manual_seed(permutation_seed))
+            if permute
+            else None
+        )
+
+    @property
+    def num_classes(self) -> int:
+        return self.images.num_classes
+
+    @property
+    def sequence_length(self) -> int:
+        c, h, w = self.images.image_shape
+        return h * w if self.mode == "pixel" else h
+
+    @property
+    def num_features(self) -> int:
+        """Values per time step."""
+        c, h, w = self.images.image_shape
+        return c if self.mode == "pixel" else c * w
+
+    def prepare_data(self) -> None:
+        self.images.prepare_data()
+
+    def setup(self, stage: str | None = None) -> None:
+        self.images.setup(stage)
+
+    def split(self, name: str) -> Dataset:
+        return ImageSequences(self.images.split(name), self.images.image_shape, self.mode, self.permutation)
+
+    def train_dataloader(self) -> DataLoader:
+        data = self.split("train")
+        sampler = EpochSeededRandomSampler(len(data), self.permutation_seed) if self.shuffle else None
+        return DataLoader(data, batch_size=self.batch_size, sampler=sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.split("val"), batch_size=self.batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.split("test"), batch_size=self.batch_size)
+
+    def state_dict(self) -> dict:
+        return {"permutation": self.permutation}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("permutation")
+        if saved is not None and self.permutation is not None and not torch.equal(saved, self.permutation):
+            raise ValueError(
+                "SequentialImageDataModule: the checkpoint was trained on a different pixel permutation "
+                "(permutation_seed differs); resume with the same permutation_seed."
+            )

@@ -1,0 +1,50 @@
+"""What every classifier of the package shares: cross-entropy, torchmetrics accuracy, epoch wall time."""
+
+from __future__ import annotations
+
+import time
+
+import pytorch_lightning as pl
+import torch
+import torchmetrics
+from torch import nn
+
+
+class ClassifierModule(pl.LightningModule):
+    """Base LightningModule for classification: subclasses implement ``forward(x) -> logits``.
+
+    Logs ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``, ``test_loss``, ``test_acc`` (torchmetrics,
+    reduced across processes under DDP) and ``epoch_time``, the wall time of each training epoch in seconds.
+    """
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        metric = lambda: torchmetrics.classification.MulticlassAccuracy(num_classes=num_classes, average="micro")  # noqa: E731
+        self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
+        self._epoch_start = 0.0
+
+    def shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
+        inputs, labels = batch
+        logits = self(inputs)
+        loss = nn.functional.cross_entropy(logits.float(), labels)
+        accuracy = getattr(self, f"{stage}_acc")
+        accuracy(logits, labels)
+        on_step = stage == "train"
+        self.log(f"{stage}_loss", loss, on_step=on_step, on_epoch=True, prog_bar=stage != "test", sync_dist=not on_step)
+        self.log(f"{stage}_acc", accuracy, on_step=False, on_epoch=True, prog_bar=stage != "train")
+        return loss
+
+    def training_step(self, batch, batch_idx):  # noqa: D102
+        return self.shared_step(batch, "train")
+
+    def validation_step(self, batch, batch_idx):  # noqa: D102
+        self.shared_step(batch, "val")
+
+    def test_step(self, batch, batch_idx):  # noqa: D102
+        self.shared_step(batch, "test")
+
+    def on_train_epoch_start(self) -> None:
+        self._epoch_start = time.perf_counter()
+
+    def on_train_epoch_end(self) -> None:
+        self.log("epoch_time", time.perf_counter() - self._epoch_start, sync_dist=True)

@@ -1,0 +1,197 @@
+"""Recurrent networks whose transition matrix is orthogonal(-like): ``h_t = sigma(U h_{t-1} + V x_t; b)``.
+
+The transition ``U`` is any map of :func:`~lightning_ortho.nn.orthogonal_map` (one auxiliary reflection,
+``k`` Householder reflections, Cayley, matrix exponential), as in section 3.2 / Appendix B.2 of
+"One Reflection Suffice" and the expRNN setting it follows (Lezcano-Casado & Martinez-Rubio 2019).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from lightning_ortho.nn._checks import check_features, check_finite
+from lightning_ortho.nn.orthogonal import OrthogonalMethod, orthogonal_map
+
+Nonlinearity = Literal["modrelu", "tanh"]
+
+
+def modrelu(z: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``sign(z) relu(|z| + b)`` (Arjovsky et al. 2016, real case): keeps the sign, thresholds the magnitude."""
+    return torch.sign(z) * torch.relu(torch.abs(z) + bias)
+
+
+def cayley_initial_orthogonal(d: int, *, generator: torch.Generator | None = None, dtype=torch.float32) -> torch.Tensor:
+    """``(d, d)`` orthogonal matrix of the "Cayley initialisation" (Helfrich et al. 2018, used by expRNN).
+
+    The skew-symmetric ``A`` has 2x2 blocks ``[[0, s], [-s, 0]]`` with ``s = -sqrt((1 - cos t) / (1 + cos t))``,
+    ``t ~ U(0, pi/2)``; its Cayley transform ``(I + A)^{-1} (I - A)`` is block-diagonal with 2x2 rotations by
+    ``theta = 2 atan(s)``, built here directly (the same matrix without a solve; a test checks it against the
+    transform). For odd ``d`` the last diagonal entry is 1.
+    """
+    angles = torch.empty(d // 2, dtype=torch.float64).uniform_(0.0, math.pi / 2, generator=generator)
+    # tan(theta / 2) = s  =>  the Cayley transform of the block rotates by theta = 2 atan(s) = -t.
+    theta = 2 * torch.atan(-torch.sqrt((1 - torch.cos(angles)) / (1 + torch.cos(angles))))
+    u = torch.eye(d, dtype=torch.float64)
+    idx = torch.arange(d // 2) * 2
+    u[idx, idx] = torch.cos(theta)
+    u[idx + 1, idx + 1] = torch.cos(theta)
+    u[idx, idx + 1] = -torch.sin(theta)
+    u[idx + 1, idx] = torch.sin(theta)
+    return u.to(dtype)
+
+
+class OrthogonalRNNCell(nn.Module):
+    """One step ``h' = sigma(U h + V x; b)`` with an orthogonal(-like) transition ``U``.
+
+    Args:
+        input_size, hidden_size: sizes of ``x`` and ``h``.
+        transition: the map for ``U`` (see :func:`orthogonal_map`): ``"aux"`` (one auxiliary reflection),
+            ``"householder"`` (``reflections`` normal reflections, default ``hidden_size``), ``"cayley"``,
+            ``"matrix_exp"``.
+        reflections: number of normal reflections for ``transition="householder"``.
+        nonlinearity: ``"modrelu"`` (``sign(z) relu(|z| + b)``, bias init U(-0.01, 0.01)) or ``"tanh"``
+            (``tanh(z + b)``, bias init 0).
+        **map_kwargs: passed to :func:`orthogonal_map`.
+
+    ``V`` is initialised Kaiming-normal (as in expRNN). Every parameter lives in this module, so the step is a
+    pure function of ``(parameters, x, h)``: ``torch.func.functional_call(cell, params, (x, h))`` works, and
+    so do ``torch.func.jvp``/``vjp`` through it (online training differentiates the cell this way).
+
+    Shapes: ``x`` ``(B, input_size)``, ``h`` ``(B, hidden_size)`` -> ``(B, hidden_size)``.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        *,
+        transition: OrthogonalMethod = "aux",
+        reflections: int | None = None,
+        nonlinearity: Nonlinearity = "modrelu",
+        **map_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if nonlinearity not in ("modrelu", "tanh"):
+            raise ValueError(f"OrthogonalRNNCell: nonlinearity must be 'modrelu' or 'tanh', got {nonlinearity!r}.")
+        if reflections is not None:
+            if transition != "householder":
+                raise ValueError("OrthogonalRNNCell: `reflections` only applies to transition='householder'.")
+            map_kwargs["k"] = reflections
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.transition_kind, self.nonlinearity = transition, nonlinearity
+        self.transition = orthogonal_map(hidden_size, transition, **map_kwargs)
+        self.input_kernel = nn.Linear(input_size, hidden_size, bias=False)
+        nn.init.kaiming_normal_(self.input_kernel.weight, nonlinearity="relu")
+        bias = torch.empty(hidden_size).uniform_(-0.01, 0.01) if nonlinearity == "modrelu" else torch.zeros(hidden_size)
+        self.bias = nn.Parameter(bias)
+
+    @torch.no_grad()
+    def reset_transition_(self, orthogonal: torch.Tensor) -> bool:
+        """Make ``U`` equal the orthogonal ``(hidden, hidden)`` matrix (Appendix B.2: every map starts from the
+        same ``U``; normal reflections through QR, the auxiliary reflection through ``W = I - U``).
+
+        Returns ``False`` (and leaves ``U`` unchanged) when the map cannot represent ``U`` exactly, e.g. fewer
+        than ``hidden_size`` normal reflections.
+        """
+        reset = getattr(self.transition, "reset_orthogonal_", None)
+        if reset is None or getattr(self.transition, "k", self.hidden_size) != self.hidden_size:
+            return False
+        if getattr(self.transition, "invertible", False) or getattr(self.transition, "network", None) is not None:
+            return False
+        reset(orthogonal.to(next(self.transition.parameters()).dtype))
+        return True
+
+    def preactivation(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``U h + V x`` (before the nonlinearity)."""
+        return self.transition(h) + self.input_kernel(x)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        z = self.preactivation(x, h)
+        if self.nonlinearity == "modrelu":
+            return modrelu(z, self.bias)
+        return torch.tanh(z + self.bias)
+
+    def extra_repr(self) -> str:
+        return f"input_size={self.input_size}, hidden_size={self.hidden_size}, nonlinearity={self.nonlinearity!r}"
+
+
+class OrthogonalRNN(nn.Module):
+    """An :class:`OrthogonalRNNCell` unrolled over a sequence, with a learned non-zero initial state.
+
+    ``h_0`` is a parameter initialised ``U(-sqrt(3 / (2 H)), sqrt(3 / (2 H)))`` as suggested by Arjovsky et al.
+    (2016) and used by the paper for every map (Appendix B.2: ``h_0 = 0`` made auxiliary reflections divide
+    by zero in the authors' code; here ``H(0) := I`` so it would not, but the initialisation is kept).
+
+    Args: as :class:`OrthogonalRNNCell`, plus ``initial_orthogonal``: ``"cayley"`` (all maps start from the
+    same Cayley-initialised ``U`` when they can represent it) or ``"default"`` (each map's own init).
+
+    Shapes: ``x`` ``(B, T, input_size)`` (batch-first) -> ``(outputs (B, T, H), h_T (B, H))``.
+
+    Raises:
+        ValueError: ``x`` is not ``(B, T, input_size)`` or holds NaN/inf.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        *,
+        transition: OrthogonalMethod = "aux",
+        reflections: int | None = None,
+        nonlinearity: Nonlinearity = "modrelu",
+        initial_orthogonal: Literal["cayley", "default"] = "cayley",
+        **map_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.cell = OrthogonalRNNCell(
+            input_size,
+            hidden_size,
+            transition=transition,
+            reflections=reflections,
+            nonlinearity=nonlinearity,
+            **map_kwargs,
+        )
+        bound = math.sqrt(3.0 / (2.0 * hidden_size))
+        self.initial_state = nn.Parameter(torch.empty(hidden_size).uniform_(-bound, bound))
+        self.cayley_initialised = False
+        if initial_orthogonal == "cayley":
+            self.cayley_initialised = self.cell.reset_transition_(cayley_initial_orthogonal(hidden_size))
+        elif initial_orthogonal != "default":
+            raise ValueError(
+                f"OrthogonalRNN: initial_orthogonal must be 'cayley' or 'default', got {initial_orthogonal!r}."
+            )
+
+    @property
+    def hidden_size(self) -> int:
+        return self.cell.hidden_size
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dim() != 3:
+            raise ValueError(
+                f"OrthogonalRNN: x must be (batch, time, {self.cell.input_size}), got shape {tuple(x.shape)}."
+            )
+        check_features(x, self.cell.input_size, name="x", layer="OrthogonalRNN")
+        check_finite(x, name="x", layer="OrthogonalRNN")
+        h = self.initial_state.expand(x.shape[0], -1) if h0 is None else h0
+        outputs = []
+        with self.transition_cached():
+            for t in range(x.shape[1]):
+                h = self.cell(x[:, t], h)
+                outputs.append(h)
+        return torch.stack(outputs, dim=1), h
+
+    def transition_cached(self) -> contextlib.AbstractContextManager:
+        """Build a matrix transition (Householder, Cayley, matrix exponential) once per sequence instead of
+        once per step, as expRNN does; the auxiliary reflection has no matrix to cache."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(parametrize.cached())
+        cached = getattr(self.cell.transition, "cached", None)
+        if callable(cached):
+            stack.enter_context(cached())
+        return stack
