@@ -5,8 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lightning_ortho.cli import run_cli
+from tests.datasets_on_disk import write_cifar10, write_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -18,11 +20,28 @@ def fit(recipe: Path, root: Path, *overrides: str):
     return run_cli(["fit", "--config", str(recipe), f"--trainer.default_root_dir={root}", *overrides])
 
 
+def data_overrides(recipe: Path, root: Path) -> list[str]:
+    """Point a recipe's MNIST/CIFAR-10 data module (possibly nested) at tiny files in the real formats."""
+    config = yaml.safe_load(recipe.read_text())["data"]
+    key = "--data.init_args"
+    if config["class_path"].endswith("SequentialImageDataModule"):
+        config, key = config["init_args"]["images"], key + ".images.init_args"
+    name = config["class_path"].rsplit(".", 1)[-1]
+    if name == "MNISTDataModule":
+        write_mnist(root)
+        return [f"{key}.root={root}"]
+    if name == "CIFAR10DataModule":
+        write_cifar10(root)
+        return [f"{key}.root={root}", f"{key}.verify_checksums=false"]
+    return []
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
 def test_every_recipe_fast_dev_run_in_process(recipe, tmp_path):
-    cli = fit(recipe, tmp_path, "--trainer.fast_dev_run=true")
+    cli = fit(recipe, tmp_path, "--trainer.fast_dev_run=true", *data_overrides(recipe, tmp_path / "data"))
     assert cli.trainer.state.finished
     assert "val_acc" in cli.trainer.callback_metrics
+    assert "train_loss_step" in cli.trainer.callback_metrics
 
 
 def test_console_script_runs_recipe_and_prints_accuracy(tmp_path):

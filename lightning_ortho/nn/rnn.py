@@ -26,7 +26,9 @@ def modrelu(z: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return torch.sign(z) * torch.relu(torch.abs(z) + bias)
 
 
-def cayley_initial_orthogonal(d: int, *, generator: torch.Generator | None = None, dtype=torch.float32) -> torch.Tensor:
+def cayley_initial_orthogonal(
+    d: int, *, generator: torch.Generator | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """``(d, d)`` orthogonal matrix of the "Cayley initialisation" (Helfrich et al. 2018, used by expRNN).
 
     The skew-symmetric ``A`` has 2x2 blocks ``[[0, s], [-s, 0]]`` with ``s = -sqrt((1 - cos t) / (1 + cos t))``,
@@ -43,7 +45,7 @@ def cayley_initial_orthogonal(d: int, *, generator: torch.Generator | None = Non
     u[idx + 1, idx + 1] = torch.cos(theta)
     u[idx, idx + 1] = -torch.sin(theta)
     u[idx + 1, idx] = torch.sin(theta)
-    return u.to(dtype)
+    return u.to(dtype or torch.get_default_dtype())
 
 
 class OrthogonalRNNCell(nn.Module):
@@ -85,11 +87,11 @@ class OrthogonalRNNCell(nn.Module):
             map_kwargs["k"] = reflections
         self.input_size, self.hidden_size = input_size, hidden_size
         self.transition_kind, self.nonlinearity = transition, nonlinearity
-        self.transition = orthogonal_map(hidden_size, transition, **map_kwargs)
         self.input_kernel = nn.Linear(input_size, hidden_size, bias=False)
         nn.init.kaiming_normal_(self.input_kernel.weight, nonlinearity="relu")
         bias = torch.empty(hidden_size).uniform_(-0.01, 0.01) if nonlinearity == "modrelu" else torch.zeros(hidden_size)
         self.bias = nn.Parameter(bias)
+        self.transition = orthogonal_map(hidden_size, transition, **map_kwargs)  # after V and b: see OrthogonalRNN
 
     @torch.no_grad()
     def reset_transition_(self, orthogonal: torch.Tensor) -> bool:
@@ -149,23 +151,17 @@ class OrthogonalRNN(nn.Module):
         **map_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.cell = OrthogonalRNNCell(
-            input_size,
-            hidden_size,
-            transition=transition,
-            reflections=reflections,
-            nonlinearity=nonlinearity,
-            **map_kwargs,
-        )
+        if initial_orthogonal not in ("cayley", "default"):
+            raise ValueError(f"OrthogonalRNN: initial_orthogonal must be 'cayley' or 'default', got {initial_orthogonal!r}.")
+        # Random draws in a fixed order (U, h0, then the cell's V and b before its map's own parameters), so one
+        # seed gives every transition map the same U, h0, V and b: runs that differ only in the map compare fairly.
+        initial = cayley_initial_orthogonal(hidden_size) if initial_orthogonal == "cayley" else None
         bound = math.sqrt(3.0 / (2.0 * hidden_size))
         self.initial_state = nn.Parameter(torch.empty(hidden_size).uniform_(-bound, bound))
-        self.cayley_initialised = False
-        if initial_orthogonal == "cayley":
-            self.cayley_initialised = self.cell.reset_transition_(cayley_initial_orthogonal(hidden_size))
-        elif initial_orthogonal != "default":
-            raise ValueError(
-                f"OrthogonalRNN: initial_orthogonal must be 'cayley' or 'default', got {initial_orthogonal!r}."
-            )
+        self.cell = OrthogonalRNNCell(
+            input_size, hidden_size, transition=transition, reflections=reflections, nonlinearity=nonlinearity, **map_kwargs
+        )
+        self.cayley_initialised = initial is not None and self.cell.reset_transition_(initial)
 
     @property
     def hidden_size(self) -> int:
