@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule, SequentialImageDataModule
+from tests.datasets_on_disk import write_mnist
+
+
+def test_pixel_sequences_follow_raster_order():
+    images = DigitsDataModule(flatten=False)
+    seq = SequentialImageDataModule(images, mode="pixel")
+    x, y = seq.split("val")[3]
+    image, label = images.split("val")[3]
+    assert x.shape == (64, 1) and seq.num_features == 1 and seq.sequence_length == 64
+    torch.testing.assert_close(x[:, 0], image.flatten())
+    assert y == label
+
+
+def test_row_sequences_and_flattened_inner_module():
+    images = DigitsDataModule(flatten=True)  # flat vectors are reshaped with image_shape
+    seq = SequentialImageDataModule(images, mode="row")
+    x, _ = seq.split("train")[0]
+    image, _ = images.split("train")[0]
+    assert x.shape == (8, 8) and seq.num_features == 8
+    torch.testing.assert_close(x, image.reshape(8, 8))
+
+
+def test_permutation_is_fixed_recorded_and_shared(tmp_path):
+    write_mnist(tmp_path, n_train=30, n_test=10)
+    a = SequentialImageDataModule(
+        MNISTDataModule(root=str(tmp_path), flatten=False, val_size=5), permute=True, permutation_seed=7
+    )
+    b = SequentialImageDataModule(
+        MNISTDataModule(root=str(tmp_path), flatten=False, val_size=5), permute=True, permutation_seed=7
+    )
+    assert torch.equal(a.permutation, b.permutation)  # drawn from the seed alone: same in every process
+    assert sorted(a.permutation.tolist()) == list(range(784)) and not torch.equal(a.permutation, torch.arange(784))
+    x, _ = a.split("test")[0]
+    image, _ = a.images.split("test")[0]
+    torch.testing.assert_close(x[:, 0], image.flatten()[a.permutation])
+    b.load_state_dict(a.state_dict())  # same permutation: accepted
+    other = SequentialImageDataModule(
+        MNISTDataModule(root=str(tmp_path), flatten=False), permute=True, permutation_seed=8
+    )
+    with pytest.raises(ValueError, match="permutation_seed"):
+        other.load_state_dict(a.state_dict())
+
+
+def test_batches_and_shuffling_are_epoch_seeded():
+    seq = SequentialImageDataModule(DigitsDataModule(flatten=False, batch_size=16))
+    loader = seq.train_dataloader()
+    first = next(iter(loader))[1]
+    assert next(iter(loader))[1].equal(first)  # same epoch, same order, whatever the global RNG did
+    loader.sampler.set_epoch(1)
+    assert not next(iter(loader))[1].equal(first)
+    assert next(iter(loader))[0].shape == (16, 64, 1)
+
+
+def test_wrapping_a_non_image_module_is_a_clear_error():
+    import pytorch_lightning as pl
+
+    with pytest.raises(TypeError, match="image data module"):
+        SequentialImageDataModule(pl.LightningDataModule())
+    with pytest.raises(ValueError, match="mode"):
+        SequentialImageDataModule(DigitsDataModule(), mode="column")
