@@ -1,5 +1,7 @@
 """Multi-process training (DDP, spawned on CPU), exact checkpoint/resume, and bf16 mixed precision."""
 
+import socket
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -50,8 +52,17 @@ def same_global_batches(data, per_rank_batch: int, world_size: int = 2):
     return DataLoader(dataset, batch_sampler=batches)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.mark.parametrize("name", BUILDERS)
-def test_ddp_two_processes_match_one_process_on_the_same_global_batch(name, tmp_path):
+def test_ddp_two_processes_match_one_process_on_the_same_global_batch(name, tmp_path, monkeypatch):
+    # Lightning caches its rendezvous port in MASTER_PORT; a fresh one per test avoids reusing a port that
+    # the previous test's process group may still hold.
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     # Two processes with batch 16 each against one process whose batches of 32 are exactly the union of the
     # two ranks' batches: DDP averages the two ranks' mean-loss gradients, so the updates must agree.
     pl.seed_everything(0)
