@@ -1,0 +1,119 @@
+"""Shared machinery of the reproduction scripts: train with Lightning, record validation error per epoch
+and cumulative training time, aggregate over seeds, plot like the paper's Figures 3 and 4."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytorch_lightning as pl
+
+
+class EpochRecorder(pl.Callback):
+    """Validation error (%) after each training epoch and the cumulative training wall time (validation excluded)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self._train_seconds = 0.0
+        self._start = 0.0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._start = time.perf_counter()
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        # Lightning validates at the end of the training epoch, before on_train_epoch_end: stop the clock here.
+        if not trainer.sanity_checking:
+            self._last_epoch_seconds = time.perf_counter() - self._start
+            self._train_seconds += self._last_epoch_seconds
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or "val_acc" not in trainer.callback_metrics:
+            return
+        self.rows.append(
+            {
+                "epoch": trainer.current_epoch + 1,
+                "val_error": 100.0 * (1.0 - float(trainer.callback_metrics["val_acc"])),
+                "val_loss": float(trainer.callback_metrics["val_loss"]),
+                "train_seconds": self._train_seconds,
+                "epoch_seconds": getattr(self, "_last_epoch_seconds", float("nan")),
+            }
+        )
+
+
+def train_once(
+    build: Callable[[], tuple[pl.LightningModule, pl.LightningDataModule]], seed: int, epochs: int, **trainer_kwargs
+) -> list[dict]:
+    """Seed, build (model, data), fit for ``epochs``; the per-epoch rows of :class:`EpochRecorder`."""
+    pl.seed_everything(seed, verbose=False)
+    model, data = build()
+    recorder = EpochRecorder()
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[recorder],
+        **trainer_kwargs,
+    )
+    trainer.fit(model, data)
+    return recorder.rows
+
+
+def aggregate(rows: list[dict], key: str = "method") -> dict[str, list[dict]]:
+    """Mean and standard deviation over seeds, per method and epoch."""
+    out: dict[str, list[dict]] = {}
+    for method in sorted({r[key] for r in rows}):
+        mine = [r for r in rows if r[key] == method]
+        curve = []
+        for epoch in sorted({r["epoch"] for r in mine}):
+            at = [r for r in mine if r["epoch"] == epoch]
+            errors = [r["val_error"] for r in at]
+            seconds = [r["train_seconds"] for r in at]
+            curve.append(
+                {
+                    "epoch": epoch,
+                    "seeds": len(at),
+                    "val_error_mean": statistics.fmean(errors),
+                    "val_error_std": statistics.pstdev(errors) if len(errors) > 1 else 0.0,
+                    "train_seconds_mean": statistics.fmean(seconds),
+                    "epoch_seconds_mean": statistics.fmean(r["epoch_seconds"] for r in at),
+                }
+            )
+        out[method] = curve
+    return out
+
+
+def plot_curves(curves: dict[str, list[dict]], path: Path, title: str, time_axis: bool = True) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    panels = 2 if time_axis else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
+    for method, curve in curves.items():
+        mean = [c["val_error_mean"] for c in curve]
+        std = [c["val_error_std"] for c in curve]
+        low = [m - s for m, s in zip(mean, std, strict=True)]
+        high = [m + s for m, s in zip(mean, std, strict=True)]
+        xs = [[c["epoch"] for c in curve]] + ([[c["train_seconds_mean"] for c in curve]] if time_axis else [])
+        for ax, x in zip(axes[0], xs, strict=True):
+            ax.plot(x, mean, marker=".", label=method)
+            ax.fill_between(x, low, high, alpha=0.2)
+    axes[0][0].set(xlabel="epoch", ylabel="validation error (%)", title=title)
+    if time_axis:
+        axes[0][1].set(xlabel="training time (s)", ylabel="validation error (%)", xscale="log", title=title + " (time)")
+    for ax in axes[0]:
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
