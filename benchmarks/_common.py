@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -78,7 +79,7 @@ def command_line() -> str:
         script = script.relative_to(RESULTS.parent.parent)
     except ValueError:
         pass
-    return " ".join(["python", script.as_posix(), *sys.argv[1:]])
+    return shlex.join(["python", script.as_posix(), *sys.argv[1:]])
 
 
 def write_result(name: str, device: torch.device, rows: list[dict], claims: list[dict], *, suffix: str = "") -> Path:

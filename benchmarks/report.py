@@ -54,7 +54,37 @@ def render_bench_orthogonal(data: dict) -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {"bench_orthogonal": render_bench_orthogonal}
+def render_reproduction(data: dict) -> str:
+    setup = data.get("setup", {})
+    setup_text = ", ".join(f"{k} {v}" for k, v in setup.items())
+    lines = [
+        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` ({setup_text}).",
+        "",
+        "| run | final validation error (%) | mean over seeds of the best epoch (%) | seconds per training epoch |",
+        "|---|---:|---:|---:|",
+    ]
+    for method, curve in sorted(data["curves"].items(), key=lambda kv: kv[1][-1]["val_error_mean"]):
+        final = curve[-1]
+        best = [
+            min(r["val_error"] for r in data["rows"] if r["method"] == method and r["seed"] == s)
+            for s in sorted({r["seed"] for r in data["rows"] if r["method"] == method})
+        ]
+        per_epoch = sum(c["epoch_seconds_mean"] for c in curve) / len(curve)
+        lines.append(
+            f"| {method} | {final['val_error_mean']:.2f} ± {final['val_error_std']:.2f} ({final['seeds']} seeds) "
+            f"| {sum(best) / len(best):.2f} | {per_epoch:.2f} |"
+        )
+    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
+    for claim in data["claims"]:
+        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+RENDERERS = {
+    "bench_orthogonal": render_bench_orthogonal,
+    "reproduce_fcnn": render_reproduction,
+    "reproduce_rnn": render_reproduction,
+}
 
 
 def sections() -> dict[str, str]:

@@ -98,7 +98,7 @@ def claims_from(curves: dict[str, list[dict]]) -> list[dict]:
     aux, one, full = final[names[0]], final[names[1]], final[names[2]]
     return [
         {
-            "claim": "1 auxiliary reflection ~ H normal reflections: |final val error difference| <= 2 points",
+            "claim": "1 auxiliary reflection ~ H normal reflections: final val error difference within 2 points (figure = aux - H)",
             "figure": round(aux - full, 2),
             "holds": abs(aux - full) <= 2.0,
         },

@@ -152,14 +152,21 @@ class OrthogonalRNN(nn.Module):
     ) -> None:
         super().__init__()
         if initial_orthogonal not in ("cayley", "default"):
-            raise ValueError(f"OrthogonalRNN: initial_orthogonal must be 'cayley' or 'default', got {initial_orthogonal!r}.")
+            raise ValueError(
+                f"OrthogonalRNN: initial_orthogonal must be 'cayley' or 'default', got {initial_orthogonal!r}."
+            )
         # Random draws in a fixed order (U, h0, then the cell's V and b before its map's own parameters), so one
         # seed gives every transition map the same U, h0, V and b: runs that differ only in the map compare fairly.
         initial = cayley_initial_orthogonal(hidden_size) if initial_orthogonal == "cayley" else None
         bound = math.sqrt(3.0 / (2.0 * hidden_size))
         self.initial_state = nn.Parameter(torch.empty(hidden_size).uniform_(-bound, bound))
         self.cell = OrthogonalRNNCell(
-            input_size, hidden_size, transition=transition, reflections=reflections, nonlinearity=nonlinearity, **map_kwargs
+            input_size,
+            hidden_size,
+            transition=transition,
+            reflections=reflections,
+            nonlinearity=nonlinearity,
+            **map_kwargs,
         )
         self.cayley_initialised = initial is not None and self.cell.reset_transition_(initial)
 
