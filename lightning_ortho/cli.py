@@ -75,8 +75,19 @@ def run_cli(args: list[str] | None = None) -> OrthoCLI:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``lightning-ortho`` console script."""
-    run_cli(args)
+    """Entry point of the ``lightning-ortho`` console script.
+
+    A missing dataset ends the command with its message and exit status 2, not a traceback.
+    """
+    from lightning_ortho.datamodules import DatasetNotFoundError
+
+    try:
+        run_cli(args)
+    except DatasetNotFoundError as error:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[bold red]Dataset not found.[/bold red] {error}", highlight=False, soft_wrap=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

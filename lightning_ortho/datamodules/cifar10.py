@@ -67,7 +67,7 @@ class CIFAR10DataModule(ImageDataModule):
                 raise
             folder = str(Path(self.root) / "cifar-10-batches-py")
             raise DatasetNotFoundError(
-                missing_dataset_message("CIFAR-10", folder, CIFAR10_FILES, "--data.init_args.download=true")
+                missing_dataset_message("CIFAR-10", folder, CIFAR10_FILES)
             ) from error
         as_images = lambda data: torch.as_tensor(data).permute(0, 3, 1, 2).contiguous()  # noqa: E731
         return (

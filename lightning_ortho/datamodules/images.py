@@ -120,11 +120,13 @@ class ImageDataModule(pl.LightningDataModule):
         return DataLoader(self.split("test"), batch_size=self.batch_size, num_workers=self.num_workers)
 
 
-def missing_dataset_message(name: str, folder: str, files: Sequence[str], flag_hint: str) -> str:
+def missing_dataset_message(name: str, folder: str, files: Sequence[str]) -> str:
+    """The one error a user sees when a dataset is missing: where, how to get it, what to run instead."""
     return (
         f"{name} was not found in {folder} (expected {', '.join(files)}).\n"
-        f"  - On a machine with internet: add {flag_hint} (torchvision downloads it into that folder), or copy the\n"
-        f"    files there yourself and point --data.init_args.root at the parent folder.\n"
+        f"  - On a machine with internet: set download=true on the data module (torchvision downloads the files):\n"
+        f"    --data.init_args.download=true, or --data.init_args.images.init_args.download=true when it is wrapped\n"
+        f"    by SequentialImageDataModule. Or copy the files there yourself and point `root` at the parent folder.\n"
         f"  - No network? Run the same model on the embedded handwritten digits instead (bundled with\n"
         f"    scikit-learn, no download): lightning-ortho fit --config recipes/fcnn_digits.yaml (or rnn_digits.yaml)."
     )

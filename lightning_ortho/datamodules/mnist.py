@@ -55,7 +55,7 @@ class MNISTDataModule(ImageDataModule):
                 raise
             folder = str(Path(self.root) / "MNIST" / "raw")
             raise DatasetNotFoundError(
-                missing_dataset_message("MNIST", folder, MNIST_FILES, "--data.init_args.download=true")
+                missing_dataset_message("MNIST", folder, MNIST_FILES)
             ) from error
         return (
             train.data.unsqueeze(1),
