@@ -80,7 +80,10 @@ def test_demo_recipe_reaches_the_readme_accuracy(tmp_path):
 def test_missing_dataset_ends_the_command_with_one_clear_message(tmp_path):
     script = shutil.which("lightning-ortho", path=str(Path(sys.executable).parent)) or shutil.which("lightning-ortho")
     command = [script, "fit", "--config", str(ROOT / "recipes" / "rnn_pixel_mnist.yaml")]
-    command += [f"--data.init_args.images.init_args.root={tmp_path / 'empty'}", f"--trainer.default_root_dir={tmp_path}"]
+    command += [
+        f"--data.init_args.images.init_args.root={tmp_path / 'empty'}",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 2
     assert "MNIST was not found" in result.stderr and str(tmp_path / "empty" / "MNIST" / "raw") in result.stderr

@@ -66,9 +66,7 @@ class CIFAR10DataModule(ImageDataModule):
             if "not found" not in str(error).lower():
                 raise
             folder = str(Path(self.root) / "cifar-10-batches-py")
-            raise DatasetNotFoundError(
-                missing_dataset_message("CIFAR-10", folder, CIFAR10_FILES)
-            ) from error
+            raise DatasetNotFoundError(missing_dataset_message("CIFAR-10", folder, CIFAR10_FILES)) from error
         as_images = lambda data: torch.as_tensor(data).permute(0, 3, 1, 2).contiguous()  # noqa: E731
         return (
             as_images(train.data),

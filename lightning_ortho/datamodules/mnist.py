@@ -54,9 +54,7 @@ class MNISTDataModule(ImageDataModule):
             if "not found" not in str(error).lower():
                 raise
             folder = str(Path(self.root) / "MNIST" / "raw")
-            raise DatasetNotFoundError(
-                missing_dataset_message("MNIST", folder, MNIST_FILES)
-            ) from error
+            raise DatasetNotFoundError(missing_dataset_message("MNIST", folder, MNIST_FILES)) from error
         return (
             train.data.unsqueeze(1),
             torch.as_tensor(train.targets),

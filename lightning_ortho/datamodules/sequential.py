@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Literal
 
 import pytorch_lightning as pl
@@ -9,6 +10,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
+
+
+def describe_module(module: object) -> dict:
+    """``{"class_path", "init_args"}`` of a module whose constructor arguments are stored as attributes."""
+    parameters = inspect.signature(type(module).__init__).parameters
+    init_args = {name: getattr(module, name) for name in parameters if name != "self" and hasattr(module, name)}
+    return {"class_path": f"{type(module).__module__}.{type(module).__qualname__}", "init_args": init_args}
 
 
 class ImageSequences(Dataset):
@@ -71,6 +79,9 @@ class SequentialImageDataModule(pl.LightningDataModule):
                     "wrap an image data module such as MNISTDataModule or DigitsDataModule."
                 )
         self.save_hyperparameters(ignore=["images"])
+        # Record the wrapped module too (class and constructor arguments, read back from its attributes), so a
+        # checkpoint knows its data: which images, which normalisation, which split.
+        self.hparams["images"] = describe_module(images)
         self.images, self.mode, self.permute, self.shuffle = images, mode, permute, shuffle
         self.permutation_seed = permutation_seed
         self.batch_size = batch_size or getattr(images, "batch_size", 64)

@@ -62,3 +62,13 @@ def test_wrapping_a_non_image_module_is_a_clear_error():
         SequentialImageDataModule(pl.LightningDataModule())
     with pytest.raises(ValueError, match="mode"):
         SequentialImageDataModule(DigitsDataModule(), mode="column")
+
+
+def test_hyperparameters_record_the_wrapped_images(tmp_path):
+    write_mnist(tmp_path, n_train=30, n_test=10)
+    inner = MNISTDataModule(root=str(tmp_path), flatten=False, val_size=5, seed=3)
+    recorded = SequentialImageDataModule(inner, permute=True).hparams["images"]
+    assert recorded["class_path"] == "lightning_ortho.datamodules.mnist.MNISTDataModule"
+    args = recorded["init_args"]
+    assert args["root"] == str(tmp_path) and args["seed"] == 3 and args["val_size"] == 5
+    assert tuple(args["mean"]) == (0.1307,) and tuple(args["std"]) == (0.3081,)
