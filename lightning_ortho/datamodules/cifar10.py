@@ -62,11 +62,15 @@ class CIFAR10DataModule(ImageDataModule):
         try:
             train = cls(self.root, train=True, download=self.download)
             test = cls(self.root, train=False, download=self.download)
-        except RuntimeError as error:
-            if "not found" not in str(error).lower():
+        except (RuntimeError, OSError) as error:
+            # A failed download (no network) is as much a missing dataset as absent files.
+            if not self.download and "not found" not in str(error).lower():
                 raise
             folder = str(Path(self.root) / "cifar-10-batches-py")
-            raise DatasetNotFoundError(missing_dataset_message("CIFAR-10", folder, CIFAR10_FILES)) from error
+            attempted = f"\n  (the download was attempted and failed: {error})" if self.download else ""
+            raise DatasetNotFoundError(
+                missing_dataset_message("CIFAR-10", folder, CIFAR10_FILES) + attempted
+            ) from error
         as_images = lambda data: torch.as_tensor(data).permute(0, 3, 1, 2).contiguous()  # noqa: E731
         return (
             as_images(train.data),

@@ -50,11 +50,13 @@ class MNISTDataModule(ImageDataModule):
         try:
             train = MNIST(self.root, train=True, download=self.download)
             test = MNIST(self.root, train=False, download=self.download)
-        except RuntimeError as error:
-            if "not found" not in str(error).lower():
+        except (RuntimeError, OSError) as error:
+            # A failed download (no network) is as much a missing dataset as absent files.
+            if not self.download and "not found" not in str(error).lower():
                 raise
             folder = str(Path(self.root) / "MNIST" / "raw")
-            raise DatasetNotFoundError(missing_dataset_message("MNIST", folder, MNIST_FILES)) from error
+            attempted = f"\n  (the download was attempted and failed: {error})" if self.download else ""
+            raise DatasetNotFoundError(missing_dataset_message("MNIST", folder, MNIST_FILES) + attempted) from error
         return (
             train.data.unsqueeze(1),
             torch.as_tensor(train.targets),

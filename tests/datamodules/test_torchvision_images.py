@@ -34,3 +34,15 @@ def test_missing_dataset_error_says_where_and_what_to_do(module, folder, tmp_pat
     message = str(info.value)
     assert str(tmp_path / "nowhere" / folder) in message
     assert "download=true" in message and "recipes/fcnn_digits.yaml" in message
+
+
+@pytest.mark.parametrize("module,dataset", [(MNISTDataModule, "MNIST"), (CIFAR10DataModule, "CIFAR10")])
+def test_failed_download_is_reported_as_missing_dataset(module, dataset, tmp_path, monkeypatch):
+    import torchvision.datasets
+
+    def no_network(self):
+        raise RuntimeError("Error downloading: <urlopen error [Errno -3] Temporary failure in name resolution>")
+
+    monkeypatch.setattr(getattr(torchvision.datasets, dataset), "download", no_network)
+    with pytest.raises(DatasetNotFoundError, match="download was attempted and failed"):
+        module(root=str(tmp_path), download=True).setup()
