@@ -59,6 +59,8 @@ class OrthoCLI(LightningCLI):
         console.print(table)
         if "val_acc" in metrics:
             console.print(f"validation accuracy: {metrics['val_acc']:.4f}")
+        if "val_bpd" in metrics:
+            console.print(f"validation bits/dim: {metrics['val_bpd']:.4f}")
 
 
 def run_cli(args: list[str] | None = None) -> OrthoCLI:

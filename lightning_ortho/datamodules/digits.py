@@ -25,6 +25,8 @@ class DigitsDataModule(pl.LightningDataModule):
         seed: seed of the split and of the per-epoch shuffling (independent of the global seed, so every run
             sees the same split and a resumed run the same batches).
         shuffle: shuffle the training batches.
+        standardize: standardise with the training split's statistics. ``False`` keeps pixels in [0, 1] as
+            ``k / 16`` (what a normalizing flow needs for dequantisation, with 17 levels; use ``image_size=8``).
         num_workers: DataLoader workers (the data lives in memory; 0 is fastest here).
 
     Batches are ``(inputs, labels)`` with ``labels`` int64 in ``0..9``.
@@ -42,6 +44,7 @@ class DigitsDataModule(pl.LightningDataModule):
         seed: int = 0,
         shuffle: bool = True,
         num_workers: int = 0,
+        standardize: bool = True,
     ) -> None:
         super().__init__()
         if image_size < 1:
@@ -56,7 +59,7 @@ class DigitsDataModule(pl.LightningDataModule):
         # save_hyperparameters() call it instantiates, so hparams may not be this module's own.
         self.batch_size, self.image_size, self.flatten = batch_size, image_size, flatten
         self.val_fraction, self.test_fraction, self.seed, self.shuffle = val_fraction, test_fraction, seed, shuffle
-        self.num_workers = num_workers
+        self.num_workers, self.standardize = num_workers, standardize
         self._splits: dict[str, TensorDataset] | None = None
 
     @property
@@ -90,7 +93,8 @@ class DigitsDataModule(pl.LightningDataModule):
         index = {"test": order[:n_test], "val": order[n_test : n_test + n_val], "train": order[n_test + n_val :]}
         train = images[index["train"]]
         self.mean, self.std = float(train.mean()), float(train.std())
-        images = (images - self.mean) / self.std
+        if self.standardize:
+            images = (images - self.mean) / self.std
         if self.flatten:
             images = images.flatten(1)
         self._splits = {name: TensorDataset(images[i], labels[i]) for name, i in index.items()}

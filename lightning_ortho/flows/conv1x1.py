@@ -1,0 +1,160 @@
+"""Invertible 1x1 convolutions: dense, LU, Householder (Hoogeboom et al. 2019) and auxiliary reflections."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from lightning_ortho.flows.base import FlowLayer, check_images
+from lightning_ortho.nn import AuxiliaryReflection, HouseholderProduct
+from lightning_ortho.nn.newton import NewtonResult
+
+Conv1x1Kind = Literal["plain", "lu", "householder", "aux", "aux_invertible"]
+CONV1X1_KINDS: tuple[str, ...] = ("plain", "lu", "householder", "aux", "aux_invertible")
+
+
+def _random_orthogonal(channels: int) -> torch.Tensor:
+    q, r = torch.linalg.qr(torch.randn(channels, channels, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).float()
+
+
+def to_rows(x: torch.Tensor) -> torch.Tensor:
+    """``(N, C, H, W) -> (N H W, C)``: one row per pixel."""
+    return x.permute(0, 2, 3, 1).reshape(-1, x.shape[1])
+
+
+def from_rows(rows: torch.Tensor, like: torch.Size) -> torch.Tensor:
+    """Inverse of :func:`to_rows` for an output shaped ``like`` ``(N, C, H, W)``."""
+    n, c, h, w = like
+    return rows.reshape(n, h, w, c).permute(0, 3, 1, 2)
+
+
+class Invertible1x1Conv(FlowLayer):
+    """``z_{:, i, j} = g(x_{:, i, j})`` for every pixel, with ``g`` one of:
+
+    * ``"plain"``: ``W x`` with a dense ``W`` (Kingma & Dhariwal 2018); ``log|det| = H W log|det W|`` by ``slogdet``.
+    * ``"lu"``: ``W = P L (U + diag(s))`` with fixed ``P`` (Kingma & Dhariwal 2018); ``log|det| = H W sum log|s|``.
+    * ``"householder"``: ``Q x`` with ``Q`` a product of ``C`` reflections (Hoogeboom et al. 2019, without the
+      triangular factor, as the paper's experiment); ``log|det| = 0``.
+    * ``"aux"``: ``H(W x) x`` with an unconstrained ``W = I - Q`` at init (Lemma 5), so it starts as ``Q x``;
+      ``log|det|`` from Lemma 1 summed over pixels (one eigendecomposition of ``W``, O(C^2) per pixel); the
+      inverse by batched Newton (raises :class:`~lightning_ortho.nn.NewtonInverseError` on failure).
+    * ``"aux_invertible"``: ``H(W Q x) Q x`` with ``W = I + V V^T / (2 sigma_max)`` (Theorem 2; ``V = I`` at init)
+      and a fixed symmetric orthogonal ``Q`` (Appendix B.3): provably invertible.
+
+    All start from a random orthogonal map (``torch.linalg.qr`` of a Gaussian), like Glow.
+    Shapes: ``(N, C, H, W) -> (N, C, H, W)``, log-det ``(N,)``.
+    """
+
+    def __init__(self, channels: int, kind: Conv1x1Kind = "lu") -> None:
+        super().__init__()
+        if kind not in CONV1X1_KINDS:
+            raise ValueError(f"Invertible1x1Conv: kind must be one of {', '.join(CONV1X1_KINDS)}, got {kind!r}.")
+        self.channels, self.kind = channels, kind
+        q = _random_orthogonal(channels)
+        if kind == "plain":
+            self.weight = nn.Parameter(q)
+        elif kind == "lu":
+            p, lower, upper = torch.linalg.lu(q)
+            s = torch.diagonal(upper)
+            self.register_buffer("permutation", p)
+            self.register_buffer("sign_s", torch.sign(s))
+            self.register_buffer("lower_mask", torch.tril(torch.ones(channels, channels), -1))
+            self.lower = nn.Parameter(lower * self.lower_mask)
+            self.upper = nn.Parameter(torch.triu(upper, 1))
+            self.log_s = nn.Parameter(torch.log(torch.abs(s)))
+        elif kind == "householder":
+            self.householder = HouseholderProduct.from_orthogonal(q)
+        elif kind == "aux":
+            self.reflection = AuxiliaryReflection.from_orthogonal(q)
+        else:
+            # A fixed symmetric orthogonal Q = I - 2 P P^T (Appendix B.3 uses Q = Q^T), P an orthonormal basis of a
+            # random C//2-dimensional subspace. Stored as the raw basis and orthonormalised in the working dtype,
+            # so Q is orthogonal to machine precision in float32 and float64 alike. And V = I.
+            self.register_buffer("fixed_basis", torch.randn(channels, channels // 2))
+            self.reflection = AuxiliaryReflection(channels, invertible=True)
+            with torch.no_grad():
+                self.reflection.factor.copy_(torch.eye(channels))
+
+    # ----------------------------------------------------------------- dense kinds
+
+    def fixed_orthogonal(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``(C, C)``: the fixed symmetric orthogonal ``Q`` of ``aux_invertible``."""
+        basis = self.fixed_basis.to(dtype or self.fixed_basis.dtype)
+        eye = torch.eye(self.channels, dtype=basis.dtype, device=basis.device)
+        if basis.shape[1] == 0:
+            return eye
+        p = torch.linalg.qr(basis).Q
+        return eye - 2.0 * p @ p.T
+
+    def matrix(self) -> torch.Tensor:
+        """``(C, C)``: the matrix of the linear kinds (``plain``, ``lu``, ``householder``)."""
+        if self.kind == "plain":
+            return self.weight
+        if self.kind == "lu":
+            eye = torch.eye(self.channels, device=self.log_s.device, dtype=self.log_s.dtype)
+            lower = self.lower * self.lower_mask + eye
+            upper = torch.triu(self.upper, 1) + torch.diag(self.sign_s * torch.exp(self.log_s))
+            return self.permutation @ lower @ upper
+        if self.kind == "householder":
+            return self.householder.matrix()
+        raise ValueError(f"Invertible1x1Conv: kind {self.kind!r} is not linear; it has no matrix.")
+
+    def _log_abs_det_matrix(self, like: torch.Tensor) -> torch.Tensor:
+        if self.kind == "plain":
+            return torch.linalg.slogdet(self.weight)[1]
+        if self.kind == "lu":
+            return self.log_s.sum()
+        return like.new_zeros(())  # householder: orthogonal
+
+    # ----------------------------------------------------------------- FlowLayer
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_images(x, self.channels, "Invertible1x1Conv")
+        pixels = x.shape[2] * x.shape[3]
+        if self.kind in ("plain", "lu", "householder"):
+            w = self.matrix().to(x.dtype)
+            y = torch.einsum("oc,nchw->nohw", w, x)
+            return y, (pixels * self._log_abs_det_matrix(x).to(x.dtype)).expand(x.shape[0])
+        rows = to_rows(x)
+        if self.kind == "aux_invertible":
+            rows = rows @ self.fixed_orthogonal(x.dtype)  # Q = Q^T
+        y_rows = self.reflection(rows)
+        log_abs_det = self.reflection.log_abs_det_jacobian(rows).reshape(x.shape[0], pixels).sum(1)
+        return from_rows(y_rows, x.shape), log_abs_det
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        return self.inverse_with_result(y)[0]
+
+    def inverse_with_result(
+        self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50, raise_on_failure: bool = True
+    ) -> tuple[torch.Tensor, NewtonResult | None]:
+        """``(x, result)``: the inverse and, for the auxiliary kinds, the per-pixel :class:`NewtonResult`
+        (iterations, residual, converged). With ``raise_on_failure=False`` a failed pixel is flagged in
+        ``result.converged`` instead of raising."""
+        check_images(y, self.channels, "Invertible1x1Conv.inverse")
+        if self.kind in ("plain", "lu"):
+            w = self.matrix().to(y.dtype)
+            return torch.einsum("oc,nchw->nohw", torch.linalg.inv(w), y), None
+        if self.kind == "householder":
+            return torch.einsum("co,nchw->nohw", self.matrix().to(y.dtype), y), None
+        result = self.reflection.newton_inverse(to_rows(y), tol=tol, max_iter=max_iter)
+        if raise_on_failure:
+            result.raise_if_failed(f"Invertible1x1Conv({self.kind!r})")
+        rows = result.x
+        if self.kind == "aux_invertible":
+            rows = rows @ self.fixed_orthogonal(y.dtype)  # Q^{-1} = Q^T = Q
+        return from_rows(rows, y.shape), result
+
+    def invertibility_margin(self) -> float:
+        """Theorem 2's ``3/2 lambda_min(W) - lambda_max(W)`` for ``aux_invertible`` (positive: invertible)."""
+        if self.kind != "aux_invertible":
+            raise ValueError(
+                "Invertible1x1Conv.invertibility_margin: only kind='aux_invertible' is covered by Theorem 2."
+            )
+        return self.reflection.invertibility_margin()
+
+    def extra_repr(self) -> str:
+        return f"channels={self.channels}, kind={self.kind!r}"

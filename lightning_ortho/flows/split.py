@@ -1,0 +1,54 @@
+"""Multi-scale split (Dinh et al. 2017) with a learned conditional prior, as in Glow."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lightning_ortho.flows.base import check_images
+from lightning_ortho.flows.coupling import ZeroConv2d
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def gaussian_log_prob(z: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """``(N,)``: ``sum log N(z; mean, exp(log_std)^2)`` over all but the batch dimension."""
+    return (-0.5 * (LOG_2PI + 2 * log_std + (z - mean) ** 2 * torch.exp(-2 * log_std))).flatten(1).sum(1)
+
+
+class Split(nn.Module):
+    """Factor out half the channels: ``x -> (z_keep, z_out)`` with ``z_out ~ N(mean(z_keep), exp(log_std(z_keep)))``.
+
+    ``forward(x) -> (z_keep, z_out, log_prob)`` where ``log_prob = log p(z_out | z_keep)`` per sample is the
+    factored-out variables' contribution to the likelihood. ``inverse(z_keep, z_out=None, temperature=1)``
+    puts them back; without ``z_out`` it samples from the prior with its standard deviation scaled by
+    ``temperature``. The prior network is zero-initialised (standard normal at the start).
+    """
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        if channels < 2:
+            raise ValueError(f"Split: needs at least 2 channels, got {channels}.")
+        self.channels = channels
+        self.keep = channels - channels // 2
+        self.prior = ZeroConv2d(self.keep, 2 * (channels // 2))
+
+    def _prior(self, z_keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.prior(z_keep)
+        return h[:, 0::2], h[:, 1::2]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        check_images(x, self.channels, "Split")
+        z_keep, z_out = x[:, : self.keep], x[:, self.keep :]
+        mean, log_std = self._prior(z_keep)
+        return z_keep, z_out, gaussian_log_prob(z_out, mean, log_std)
+
+    def inverse(
+        self, z_keep: torch.Tensor, z_out: torch.Tensor | None = None, temperature: float = 1.0
+    ) -> torch.Tensor:
+        if z_out is None:
+            mean, log_std = self._prior(z_keep)
+            z_out = mean + torch.exp(log_std) * temperature * torch.randn_like(mean)
+        return torch.cat([z_keep, z_out], dim=1)

@@ -1,0 +1,29 @@
+"""Space-to-depth: each 2x2 spatial block becomes 4 channels (Dinh et al. 2017)."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_ortho.flows.base import FlowLayer, check_images
+
+
+class Squeeze(FlowLayer):
+    """``(N, C, H, W) -> (N, 4C, H/2, W/2)``, a permutation of the entries: ``log|det| = 0``.
+
+    Raises:
+        ValueError: ``H`` or ``W`` is odd.
+    """
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_images(x, None, "Squeeze")
+        n, c, h, w = x.shape
+        if h % 2 or w % 2:
+            raise ValueError(f"Squeeze: height and width must be even, got {h}x{w}; pad or resize the images.")
+        y = x.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(n, 4 * c, h // 2, w // 2)
+        return y, x.new_zeros(n)
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        check_images(y, None, "Squeeze.inverse")
+        n, c4, h, w = y.shape
+        c = c4 // 4
+        return y.reshape(n, c, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3).reshape(n, c, 2 * h, 2 * w)

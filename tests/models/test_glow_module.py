@@ -1,0 +1,61 @@
+import pytorch_lightning as pl
+import torch
+
+from lightning_ortho.datamodules import DigitsDataModule
+from lightning_ortho.models import GlowModule
+
+
+def small_glow(conv1x1: str) -> GlowModule:
+    return GlowModule(
+        image_size=8, levels=3, steps=2, hidden_channels=16, conv1x1=conv1x1, num_levels=17, warmup_steps=5
+    )
+
+
+def test_training_lowers_bits_per_dim_and_writes_image_grids(tmp_path):
+    pl.seed_everything(0)
+    model = small_glow("aux_invertible")
+    data = DigitsDataModule(batch_size=64, flatten=False, standardize=False)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=50.0,
+    )
+    before = trainer.validate(model, data, verbose=False)[0]["val_bpd"]
+    trainer.fit(model, data)
+    metrics = trainer.callback_metrics
+    assert float(metrics["val_bpd"]) < before - 0.5
+    assert float(metrics["min_invertibility_margin"]) > 0
+    assert float(metrics["val_newton_failures"]) == 0 and float(metrics["val_reconstruction_error"]) < 1e-3
+    images = sorted(p.name for p in (tmp_path / "images").glob("*.png"))
+    assert "samples-epoch001.png" in images and "reconstructions-epoch001.png" in images
+
+
+def test_warmup_schedule():
+    model = small_glow("lu")
+    config = model.configure_optimizers()
+    schedule = config["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(7):
+        lrs.append(config["optimizer"].param_groups[0]["lr"])
+        config["optimizer"].step()
+        schedule.step()
+    assert lrs[0] == model.hparams.lr / 5 and lrs[4] == lrs[6] == model.hparams.lr
+
+
+def test_standardised_data_is_refused_with_a_clear_message(tmp_path):
+    model = small_glow("lu")
+    data = DigitsDataModule(batch_size=16, flatten=False)  # standardised: values outside [0, 1]
+    trainer = pl.Trainer(
+        fast_dev_run=True, default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False
+    )
+    try:
+        trainer.fit(model, data)
+    except ValueError as error:
+        assert "standardisation" in str(error)
+    else:
+        raise AssertionError("standardised images must be refused")
+    assert torch.isfinite(next(model.parameters())).all()
