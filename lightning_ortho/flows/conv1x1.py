@@ -148,6 +148,23 @@ class Invertible1x1Conv(FlowLayer):
             rows = rows @ self.fixed_orthogonal(y.dtype)  # Q^{-1} = Q^T = Q
         return from_rows(rows, y.shape), result
 
+    @torch.no_grad()
+    def jacobian_sign_flips(self, x: torch.Tensor) -> float:
+        """Fraction of the pixels of ``x`` where ``sign det J`` differs from the majority sign (aux kinds).
+
+        ``det J`` is continuous on the unit sphere (where ``W x != 0``), so a nonzero fraction means it
+        vanishes somewhere: Theorem 4's sufficient condition for invertibility fails, and Newton may return a
+        different preimage. ``0.0`` is necessary, not sufficient, for invertibility. Linear kinds return 0.
+        """
+        if self.kind not in ("aux", "aux_invertible"):
+            return 0.0
+        rows = to_rows(x)
+        if self.kind == "aux_invertible":
+            rows = rows @ self.fixed_orthogonal(x.dtype)
+        signs = torch.sign(torch.linalg.det(self.reflection.jacobian(rows)))
+        positive = float((signs > 0).float().mean())
+        return min(positive, 1.0 - positive)
+
     def invertibility_margin(self) -> float:
         """Theorem 2's ``3/2 lambda_min(W) - lambda_max(W)`` for ``aux_invertible`` (positive: invertible)."""
         if self.kind != "aux_invertible":

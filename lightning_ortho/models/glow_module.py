@@ -27,8 +27,10 @@ class GlowModule(pl.LightningModule):
 
     Logs ``train_bpd``, ``val_bpd`` (the loss is bits/dim), ``val_reconstruction_error`` (max |x - f^-1(f(x))|
     on the first validation batch; for the auxiliary kinds the inverse is Newton's method),
-    ``val_newton_failures`` (batches whose inverse did not converge) and, for ``aux_invertible``, the smallest
-    Theorem 2 margin. Sample and reconstruction grids go to ``<log_dir>/images/`` as PNG and to the logger when it
+    ``val_newton_failures`` (batches whose inverse did not converge), for the auxiliary kinds
+    ``aux_jacobian_sign_flips`` (fraction of pixels whose Jacobian determinant has the minority sign in the
+    worst layer: nonzero means that layer is not invertible on this data), and for ``aux_invertible`` the
+    smallest Theorem 2 margin. Sample and reconstruction grids go to ``<log_dir>/images/`` as PNG and to the logger when it
     takes images (TensorBoard). Gradient clipping: the Trainer's ``gradient_clip_val``.
     """
 
@@ -82,6 +84,8 @@ class GlowModule(pl.LightningModule):
         failures, error = 0.0, float("nan")
         images = self._first_val_batch
         y = dequantize(images, self.hparams.num_levels, noise=torch.full_like(images, 0.5))
+        if self.hparams.conv1x1 in ("aux", "aux_invertible"):
+            self.log("aux_jacobian_sign_flips", self._jacobian_sign_flips(y), sync_dist=True)
         try:
             error = float((self.glow.reconstruct(y) - y).abs().max())
         except NewtonInverseError as exc:  # report, do not stop training
@@ -92,6 +96,24 @@ class GlowModule(pl.LightningModule):
         self.log("val_reconstruction_error", error, sync_dist=True)  # NaN where the inverse failed
         # trainer.log_dir broadcasts under DDP: read it on every process, outside the rank-zero-only part.
         self._save_grids(images, y, Path(self.trainer.log_dir or self.trainer.default_root_dir) / "images")
+
+    @torch.no_grad()
+    def _jacobian_sign_flips(self, y: torch.Tensor) -> float:
+        """Largest fraction, over the auxiliary 1x1 convolutions, of pixels whose Jacobian determinant has the
+        minority sign (see :meth:`Invertible1x1Conv.jacobian_sign_flips`): nonzero means a layer is not
+        provably invertible on this data and reconstructions may fail."""
+        inputs: dict[Invertible1x1Conv, torch.Tensor] = {}
+        hooks = [
+            m.register_forward_hook(lambda mod, args, out: inputs.__setitem__(mod, args[0]))
+            for m in self.glow.modules()
+            if isinstance(m, Invertible1x1Conv)
+        ]
+        try:
+            self.glow.encode(y)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return max(layer.jacobian_sign_flips(x) for layer, x in inputs.items())
 
     @rank_zero_only
     def _save_grids(self, images: torch.Tensor, y: torch.Tensor, folder: Path) -> None:

@@ -126,3 +126,17 @@ def test_aux_invertible_stays_provably_invertible_after_training_steps():
     assert layer.invertibility_margin() > 0
     y, _ = layer(x)
     torch.testing.assert_close(layer.inverse(y), x, rtol=1e-4, atol=1e-4)
+
+
+def test_jacobian_sign_flips_detect_a_non_injective_aux_layer():
+    torch.manual_seed(3)
+    layer = Invertible1x1Conv(4, "aux").double()
+    x = torch.randn(64, 4, 4, 4, dtype=DTYPE)
+    assert layer.jacobian_sign_flips(x) == 0.0  # W = I - Q: f = Q x, det J = det Q everywhere
+    with torch.no_grad():
+        layer.reflection.weight.copy_(3 * torch.randn(4, 4, dtype=DTYPE))  # a generic W: not invertible
+    flips = layer.jacobian_sign_flips(x)
+    assert 0.0 < flips <= 0.5
+    signs = torch.sign(torch.linalg.det(layer.reflection.jacobian(x.permute(0, 2, 3, 1).reshape(-1, 4))))
+    assert flips == min(float((signs > 0).float().mean()), float((signs < 0).float().mean()))
+    assert Invertible1x1Conv(4, "lu").jacobian_sign_flips(x.float()) == 0.0
