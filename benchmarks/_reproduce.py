@@ -29,23 +29,31 @@ class EpochRecorder(pl.Callback):
             self._train_seconds += self._last_epoch_seconds
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or "val_acc" not in trainer.callback_metrics:
+        metrics = trainer.callback_metrics
+        if trainer.sanity_checking or not ({"val_acc", "val_bpd"} & set(metrics)):
             return
-        self.rows.append(
-            {
-                "epoch": trainer.current_epoch + 1,
-                "val_error": 100.0 * (1.0 - float(trainer.callback_metrics["val_acc"])),
-                "val_loss": float(trainer.callback_metrics["val_loss"]),
-                "train_seconds": self._train_seconds,
-                "epoch_seconds": getattr(self, "_last_epoch_seconds", float("nan")),
-            }
-        )
+        row = {
+            "epoch": trainer.current_epoch + 1,
+            "train_seconds": self._train_seconds,
+            "epoch_seconds": getattr(self, "_last_epoch_seconds", float("nan")),
+        }
+        if "val_acc" in metrics:
+            row["val_error"] = 100.0 * (1.0 - float(metrics["val_acc"]))
+            row["val_loss"] = float(metrics["val_loss"])
+        if "val_bpd" in metrics:
+            row["val_bpd"] = float(metrics["val_bpd"])
+        self.rows.append(row)
 
 
 def train_once(
-    build: Callable[[], tuple[pl.LightningModule, pl.LightningDataModule]], seed: int, epochs: int, **trainer_kwargs
-) -> list[dict]:
-    """Seed, build (model, data), fit for ``epochs``; the per-epoch rows of :class:`EpochRecorder`."""
+    build: Callable[[], tuple[pl.LightningModule, pl.LightningDataModule]],
+    seed: int,
+    epochs: int,
+    return_model: bool = False,
+    **trainer_kwargs,
+):
+    """Seed, build (model, data), fit for ``epochs``; the per-epoch rows of :class:`EpochRecorder`
+    (and the trained model and data module with ``return_model=True``)."""
     pl.seed_everything(seed, verbose=False)
     model, data = build()
     recorder = EpochRecorder()
@@ -62,18 +70,19 @@ def train_once(
         **trainer_kwargs,
     )
     trainer.fit(model, data)
-    return recorder.rows
+    return (recorder.rows, model, data) if return_model else recorder.rows
 
 
-def aggregate(rows: list[dict], key: str = "method") -> dict[str, list[dict]]:
-    """Mean and standard deviation over seeds, per method and epoch."""
+def aggregate(rows: list[dict], key: str = "method", metric: str = "val_error") -> dict[str, list[dict]]:
+    """Mean and standard deviation of ``metric`` over seeds, per method and epoch (keys keep the
+    ``val_error_*`` names for every metric, so the plots and tables read them the same way)."""
     out: dict[str, list[dict]] = {}
     for method in sorted({r[key] for r in rows}):
         mine = [r for r in rows if r[key] == method]
         curve = []
         for epoch in sorted({r["epoch"] for r in mine}):
             at = [r for r in mine if r["epoch"] == epoch]
-            errors = [r["val_error"] for r in at]
+            errors = [r[metric] for r in at]
             seconds = [r["train_seconds"] for r in at]
             curve.append(
                 {
@@ -89,7 +98,14 @@ def aggregate(rows: list[dict], key: str = "method") -> dict[str, list[dict]]:
     return out
 
 
-def plot_curves(curves: dict[str, list[dict]], path: Path, title: str, time_axis: bool = True) -> None:
+def plot_curves(
+    curves: dict[str, list[dict]],
+    path: Path,
+    title: str,
+    time_axis: bool = True,
+    ylabel: str = "validation error (%)",
+    log_y: bool = True,
+) -> None:
     try:
         import matplotlib
 
@@ -108,11 +124,12 @@ def plot_curves(curves: dict[str, list[dict]], path: Path, title: str, time_axis
         for ax, x in zip(axes[0], xs, strict=True):
             ax.plot(x, mean, marker=".", label=method)
             ax.fill_between(x, low, high, alpha=0.2)
-    axes[0][0].set(xlabel="epoch", ylabel="validation error (%)", title=title)
+    axes[0][0].set(xlabel="epoch", ylabel=ylabel, title=title)
     if time_axis:
-        axes[0][1].set(xlabel="training time (s)", ylabel="validation error (%)", xscale="log", title=title + " (time)")
+        axes[0][1].set(xlabel="training time (s)", ylabel=ylabel, xscale="log", title=title + " (time)")
     for ax in axes[0]:
-        ax.set_yscale("log")
+        if log_y:
+            ax.set_yscale("log")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -119,7 +119,7 @@ def claims_from(rows: list[dict]) -> list[dict]:
     index = {(r["channels"], r["kind"]): r for r in rows}
     claims = []
     top = max(r["channels"] for r in rows)
-    aux, slow, lu = index[(top, "aux")], index[(top, "aux (per-pixel slogdet)")], index[(top, "lu")]
+    aux, slow = index[(top, "aux")], index[(top, "aux (per-pixel slogdet)")]
     speedup = slow["forward_logdet_ms"] / aux["forward_logdet_ms"]
     claims.append(
         {

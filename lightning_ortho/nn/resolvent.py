@@ -86,26 +86,27 @@ class _ResolventTerms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, s, a, b, resolvent: EigenResolvent):  # noqa: D102
         diagonal = resolvent.diagonal(s)
+        inverse = diagonal.reciprocal()  # one complex division, then only multiplications (much cheaper)
         left, right = resolvent.project_left(a), resolvent.project_right(b)
         logabsdet = torch.log(diagonal.abs()).sum(-1)
-        quadratic = resolvent._real((left * right / diagonal).sum(-1))
+        quadratic = resolvent._real((left * right * inverse).sum(-1))
         ctx.resolvent = resolvent
-        ctx.save_for_backward(s, diagonal, left, right)
+        ctx.save_for_backward(s, inverse, left, right)
         return logabsdet.to(weight.dtype), quadratic.to(weight.dtype)
 
     @staticmethod
     def backward(ctx, grad_logabsdet, grad_quadratic):  # noqa: D102
         resolvent: EigenResolvent = ctx.resolvent
-        s, diagonal, left, right = ctx.saved_tensors
+        s, inverse, left, right = ctx.saved_tensors
         eigenvalues, vectors, vectors_inverse = resolvent.eigenvalues, resolvent.vectors, resolvent.vectors_inverse
         cast, real = resolvent._cast, resolvent._real
-        g1 = cast(grad_logabsdet) if grad_logabsdet is not None else torch.zeros_like(diagonal[..., 0])
-        g2 = cast(grad_quadratic) if grad_quadratic is not None else torch.zeros_like(diagonal[..., 0])
+        g1 = cast(grad_logabsdet) if grad_logabsdet is not None else torch.zeros_like(inverse[..., 0])
+        g2 = cast(grad_quadratic) if grad_quadratic is not None else torch.zeros_like(inverse[..., 0])
         cs = cast(s)
-        left_scaled = left / diagonal  # rows of P^T z expressed before P^{-T}:  z = P^{-T} left_scaled
-        right_scaled = right / diagonal  # y = P right_scaled
+        left_scaled = left * inverse  # rows of P^T z expressed before P^{-T}:  z = P^{-T} left_scaled
+        right_scaled = right * inverse  # y = P right_scaled
 
-        grad_s = g1 * (-2.0 * (eigenvalues / diagonal).sum(-1)) + g2 * 2.0 * (
+        grad_s = g1 * (-2.0 * (eigenvalues * inverse).sum(-1)) + g2 * 2.0 * (
             left_scaled * eigenvalues * right_scaled
         ).sum(-1)
         grad_a = real(g2.unsqueeze(-1) * right_scaled @ vectors.mT)
@@ -114,7 +115,7 @@ class _ResolventTerms(torch.autograd.Function):
         # -2 s A^{-T} summed over rows = P^{-T} diag(sum_b -2 g1 s / D) P^T ;
         # 2 s z y^T summed over rows = P^{-T} (sum_b 2 g2 s left_scaled^T right_scaled) P^T.
         flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-        weights_det = flat((-2.0 * g1 * cs).unsqueeze(-1) / diagonal).sum(0)
+        weights_det = flat((-2.0 * g1 * cs).unsqueeze(-1) * inverse).sum(0)
         core = torch.diag_embed(weights_det) + flat((2.0 * g2 * cs).unsqueeze(-1) * left_scaled).mT @ flat(right_scaled)
         grad_weight = real(vectors_inverse.mT @ core @ vectors.mT)
         dtype = resolvent.real_dtype
