@@ -57,22 +57,61 @@ def render_bench_orthogonal(data: dict) -> str:
 def render_reproduction(data: dict) -> str:
     setup = data.get("setup", {})
     setup_text = ", ".join(f"{k} {v}" for k, v in setup.items())
+    bpd = data["benchmark"] in ("reproduce_glow", "peer_normflows")
+    metric, label = ("val_bpd", "validation bits/dim") if bpd else ("val_error", "validation error (%)")
     lines = [
         f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` ({setup_text}).",
         "",
-        "| run | final validation error (%) | mean over seeds of the best epoch (%) | seconds per training epoch |",
+        f"| run | final {label} | mean over seeds of the best epoch | seconds per training epoch |",
         "|---|---:|---:|---:|",
     ]
     for method, curve in sorted(data["curves"].items(), key=lambda kv: kv[1][-1]["val_error_mean"]):
         final = curve[-1]
         best = [
-            min(r["val_error"] for r in data["rows"] if r["method"] == method and r["seed"] == s)
+            min(r[metric] for r in data["rows"] if r["method"] == method and r["seed"] == s)
             for s in sorted({r["seed"] for r in data["rows"] if r["method"] == method})
         ]
         per_epoch = sum(c["epoch_seconds_mean"] for c in curve) / len(curve)
+        digits = 3 if bpd else 2
         lines.append(
-            f"| {method} | {final['val_error_mean']:.2f} ± {final['val_error_std']:.2f} ({final['seeds']} seeds) "
-            f"| {sum(best) / len(best):.2f} | {per_epoch:.2f} |"
+            f"| {method} | {final['val_error_mean']:.{digits}f} ± {final['val_error_std']:.{digits}f} ({final['seeds']} seeds) "
+            f"| {sum(best) / len(best):.{digits}f} | {per_epoch:.2f} |"
+        )
+    if data.get("inversions"):
+        lines += [
+            "",
+            "| kind | seeds whose validation set reconstructs (max error < 1e-3, Newton converged) | pixels with minority Jacobian sign (worst layer, mean over seeds) |",
+            "|---|---:|---:|",
+        ]
+        for kind in sorted({i["method"] for i in data["inversions"]}):
+            mine = [i for i in data["inversions"] if i["method"] == kind]
+            good = sum(1 for i in mine if not i["newton_failures"] and i["reconstruction_max_error"] <= 1e-3)
+            flips = sum(i["jacobian_sign_flips"] for i in mine) / len(mine)
+            lines.append(f"| {kind} | {good} of {len(mine)} | {100 * flips:.2f}% |")
+    if not data["claims"]:
+        return "\n".join(lines)
+    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
+    for claim in data["claims"]:
+        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+def render_bench_flows(data: dict) -> str:
+    lines = [
+        f"**{data['hardware']}** ({data.get('hardware_description', '')}), torch {data['torch']}, {data['date']}: "
+        f"`{data['command']}`. One 1x1 convolution on 32 images of 16x16 pixels (best of 5 interleaved rounds).",
+        "",
+        "| c | kind | forward + log-det (ms) | backward (ms) | inverse (ms) | Newton iterations mean / max | failed pixels |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        newton = (
+            f"{row['newton_iterations_mean']:.1f} / {row['newton_iterations_max']}" if "newton_failures" in row else ""
+        )
+        inverse = f"{row['inverse_ms']:.2f}" if "inverse_ms" in row else ""
+        lines.append(
+            f"| {row['channels']} | {row['kind']} | {row['forward_logdet_ms']:.2f} | {row['backward_ms']:.2f} | {inverse} "
+            f"| {newton} | {row.get('newton_failures', '')} |"
         )
     lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
     for claim in data["claims"]:
@@ -81,6 +120,9 @@ def render_reproduction(data: dict) -> str:
 
 
 RENDERERS = {
+    "bench_flows": render_bench_flows,
+    "reproduce_glow": render_reproduction,
+    "peer_normflows": render_reproduction,
     "bench_orthogonal": render_bench_orthogonal,
     "reproduce_fcnn": render_reproduction,
     "reproduce_rnn": render_reproduction,

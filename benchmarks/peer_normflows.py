@@ -1,0 +1,151 @@
+"""The Glow of reproduce_glow.py's budget, built with the public `normflows` library, as a peer.
+
+    python benchmarks/peer_normflows.py            # 3 seeds x 10 epochs on the embedded digits
+    python benchmarks/peer_normflows.py --quick
+
+`normflows` is installed only for this script, into benchmarks/.peers (git-ignored), with
+`pip install --no-deps --target benchmarks/.peers normflows==1.7.3`; the script does that on first use.
+Model: normflows.MultiscaleFlow with L = 3 levels of K = 4 GlowBlocks (affine coupling with sigmoid scale,
+LU 1x1 convolution, ActNorm; hidden 32 channels) and GlowBase priors, trained with Adam (lr 1e-3, 50 warm-up
+steps, gradient clipping 50) on the same dequantised digits (17 levels), batch 64. Bits/dim are computed
+with the same formula as lightning_ortho (lightning_ortho.flows.bits_per_dim). Note that normflows' split
+priors are unconditional per level, where ours condition on the kept half (Glow's learned prior).
+
+Writes benchmarks/results/peer_normflows-HARDWARE.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+PEERS = HERE / ".peers"
+sys.path.insert(0, str(HERE))
+from _common import write_result  # noqa: E402
+from _reproduce import aggregate  # noqa: E402
+
+from lightning_ortho.datamodules import DigitsDataModule  # noqa: E402
+from lightning_ortho.flows import bits_per_dim, dequantize  # noqa: E402
+
+
+def import_normflows():
+    if not (PEERS / "normflows").exists():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(PEERS),
+                "normflows==1.7.3",
+            ],
+            check=True,
+        )
+    sys.path.insert(0, str(PEERS))
+    import normflows
+
+    return normflows
+
+
+def build(nf, levels: int, steps: int, hidden: int, channels: int = 1, size: int = 8):
+    q0, merges, flows = [], [], []
+    for i in range(levels):
+        flows_ = [
+            nf.flows.GlowBlock(channels * 2 ** (levels + 1 - i), hidden, split_mode="channel", scale=True)
+            for _ in range(steps)
+        ]
+        flows_ += [nf.flows.Squeeze()]
+        flows.append(flows_)
+        if i > 0:
+            merges.append(nf.flows.Merge())
+            shape = (channels * 2 ** (levels - i), size // 2 ** (levels - i), size // 2 ** (levels - i))
+        else:
+            shape = (channels * 2 ** (levels + 1), size // 2**levels, size // 2**levels)
+        q0.append(nf.distributions.GlowBase(shape))
+    return nf.MultiscaleFlow(q0, flows, merges, class_cond=False)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.epochs, args.seeds = 1, 1
+    nf = import_normflows()
+    data = DigitsDataModule(batch_size=64, flatten=False, standardize=False)
+    train, val = data.split("train").tensors[0], data.split("val").tensors[0]
+    rows = []
+    for seed in range(args.seeds):
+        torch.manual_seed(seed)
+        model = build(nf, levels=3, steps=1 if args.quick else 4, hidden=8 if args.quick else 32)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 50))
+        seconds = 0.0
+        generator = torch.Generator().manual_seed(seed)
+        for epoch in range(1, args.epochs + 1):
+            model.train()
+            start = time.perf_counter()
+            order = torch.randperm(len(train), generator=generator)
+            batches = list(order.split(64))[: 2 if args.quick else None]
+            for index in batches:
+                y = dequantize(train[index], 17)
+                loss = bits_per_dim(model.log_prob(y, None), 64, 17).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 50.0)
+                optimizer.step()
+                schedule.step()
+            epoch_seconds = time.perf_counter() - start
+            seconds += epoch_seconds
+            model.eval()
+            with torch.no_grad():
+                bpd = torch.cat(
+                    [bits_per_dim(model.log_prob(dequantize(b, 17), None), 64, 17) for b in val.split(256)]
+                ).mean()
+            rows.append(
+                {
+                    "method": "normflows (LU, unconditional split priors)",
+                    "seed": seed,
+                    "epoch": epoch,
+                    "val_bpd": float(bpd),
+                    "train_seconds": seconds,
+                    "epoch_seconds": epoch_seconds,
+                }
+            )
+            print(
+                f"normflows seed {seed} epoch {epoch:2d}: val bits/dim {float(bpd):.4f}  train {seconds:7.2f} s",
+                flush=True,
+            )
+    curves = aggregate(rows, metric="val_bpd")
+    path = write_result("peer_normflows", torch.device("cpu"), rows, [], suffix="-quick" if args.quick else "")
+    import json
+
+    payload = json.loads(path.read_text())
+    payload["curves"] = curves
+    payload["setup"] = {
+        "library": "normflows 1.7.3",
+        "levels": 3,
+        "steps": 4,
+        "hidden_channels": 32,
+        "epochs": args.epochs,
+        "seeds": args.seeds,
+        "batch_size": 64,
+        "optimizer": "Adam lr 1e-3, 50 warm-up steps, clip 50",
+    }
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    main()
