@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_ortho.datamodules.images import DatasetNotFoundError, ImageDataModule, missing_dataset_message
+from lightning_ortho.datamodules.images import ImageDataModule
 
 CIFAR10_FILES = ("data_batch_1", "...", "data_batch_5", "test_batch", "batches.meta")
 
@@ -59,18 +59,8 @@ class CIFAR10DataModule(ImageDataModule):
                 meta = {**CIFAR10.meta, "md5": None}
 
             cls = CIFAR10WithoutChecksums
-        try:
-            train = cls(self.root, train=True, download=self.download)
-            test = cls(self.root, train=False, download=self.download)
-        except (RuntimeError, OSError) as error:
-            # A failed download (no network) is as much a missing dataset as absent files.
-            if not self.download and "not found" not in str(error).lower():
-                raise
-            folder = str(Path(self.root) / "cifar-10-batches-py")
-            attempted = f"\n  (the download was attempted and failed: {error})" if self.download else ""
-            raise DatasetNotFoundError(
-                missing_dataset_message("CIFAR-10", folder, CIFAR10_FILES) + attempted
-            ) from error
+        folder = str(Path(self.root) / "cifar-10-batches-py")
+        train, test = self._open_torchvision(cls, "CIFAR-10", folder, CIFAR10_FILES)
         as_images = lambda data: torch.as_tensor(data).permute(0, 3, 1, 2).contiguous()  # noqa: E731
         return (
             as_images(train.data),

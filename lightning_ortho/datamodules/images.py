@@ -83,6 +83,18 @@ class ImageDataModule(pl.LightningDataModule):
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def _open_torchvision(self, dataset_class: type, name: str, folder: str, files: Sequence[str]) -> tuple:
+        """``(train, test)`` torchvision datasets from ``root``; missing files, or a download that fails for lack
+        of network, become one :class:`DatasetNotFoundError` saying where the files go and what to do."""
+        try:
+            train = dataset_class(self.root, train=True, download=self.download)
+            return train, dataset_class(self.root, train=False, download=self.download)
+        except (RuntimeError, OSError) as error:
+            if not self.download and "not found" not in str(error).lower():
+                raise
+            attempted = f"\n  (the download was attempted and failed: {error})" if self.download else ""
+            raise DatasetNotFoundError(missing_dataset_message(name, folder, files) + attempted) from error
+
     def prepare_data(self) -> None:
         if self.download:
             self._load()  # downloads once, on the main process only

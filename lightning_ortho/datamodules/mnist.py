@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_ortho.datamodules.images import DatasetNotFoundError, ImageDataModule, missing_dataset_message
+from lightning_ortho.datamodules.images import ImageDataModule
 
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -47,16 +47,8 @@ class MNISTDataModule(ImageDataModule):
     def _load(self):
         from torchvision.datasets import MNIST
 
-        try:
-            train = MNIST(self.root, train=True, download=self.download)
-            test = MNIST(self.root, train=False, download=self.download)
-        except (RuntimeError, OSError) as error:
-            # A failed download (no network) is as much a missing dataset as absent files.
-            if not self.download and "not found" not in str(error).lower():
-                raise
-            folder = str(Path(self.root) / "MNIST" / "raw")
-            attempted = f"\n  (the download was attempted and failed: {error})" if self.download else ""
-            raise DatasetNotFoundError(missing_dataset_message("MNIST", folder, MNIST_FILES) + attempted) from error
+        folder = str(Path(self.root) / "MNIST" / "raw")
+        train, test = self._open_torchvision(MNIST, "MNIST", folder, MNIST_FILES)
         return (
             train.data.unsqueeze(1),
             torch.as_tensor(train.targets),
