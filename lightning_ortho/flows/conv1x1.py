@@ -121,8 +121,8 @@ class Invertible1x1Conv(FlowLayer):
         rows = to_rows(x)
         if self.kind == "aux_invertible":
             rows = rows @ self.fixed_orthogonal(x.dtype)  # Q = Q^T
-        y_rows = self.reflection(rows)
-        log_abs_det = self.reflection.log_abs_det_jacobian(rows).reshape(x.shape[0], pixels).sum(1)
+        y_rows, log_abs_det = self.reflection.forward_and_log_abs_det(rows)
+        log_abs_det = log_abs_det.reshape(x.shape[0], pixels).sum(1)
         return from_rows(y_rows, x.shape), log_abs_det
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:

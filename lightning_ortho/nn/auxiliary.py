@@ -272,9 +272,34 @@ class AuxiliaryReflection(nn.Module):
                     return self._log_abs_det_eig(xc, weight, resolvent).to(x.dtype)
             return self._log_abs_det_dense(xc).to(x.dtype)
 
-    def _log_abs_det_eig(self, x: torch.Tensor, weight: torch.Tensor, resolvent: EigenResolvent) -> torch.Tensor:
-        u = x @ weight.mT
-        v = x @ weight
+    def forward_and_log_abs_det(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(f(x), log|det J(x)|)`` with ``W`` built once and ``u = W x`` shared by both (what a flow layer
+        needs on every step; cheaper than calling :meth:`forward` and :meth:`log_abs_det_jacobian`).
+
+        Shapes: ``(..., d) -> ((..., d), (...))``. Raises as :meth:`forward`.
+        """
+        if self.network is not None:
+            return self(x), self.log_abs_det_jacobian(x)
+        with _full_precision(x):
+            xc = self._prepare(x, "x")
+            weight = self.auxiliary_weight()
+            u = xc @ weight.mT
+            y, summary = reflect_with_summary(xc, u)
+            check_parameters_finite(
+                summary.detach(), lambda: {"x": x, **dict(self.named_parameters())}, layer="AuxiliaryReflection"
+            )
+            resolvent = EigenResolvent(weight, symmetric=self.invertible)
+            if resolvent.reliable:
+                log_det = self._log_abs_det_eig(xc, weight, resolvent, u=u)
+            else:
+                log_det = self._log_abs_det_dense(xc)
+        return y.to(x.dtype), log_det.to(x.dtype)
+
+    def _log_abs_det_eig(
+        self, x: torch.Tensor, weight: torch.Tensor, resolvent: EigenResolvent, u: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        u = x @ weight.mT if u is None else u
+        v = u if self.invertible else x @ weight  # v = W^T x equals u for the symmetric Theorem-2 W
         q, s, defined = _reflection_scalars(x, u)
         log_det_a, quadratic = resolvent_terms(weight, s, v, u, resolvent)
         value = log_det_a + torch.log(torch.abs(1.0 + 2.0 * quadratic / q))

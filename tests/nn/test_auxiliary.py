@@ -302,3 +302,14 @@ def test_mixed_precision_runs_reflection_in_float32():
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), layer(x.bfloat16().float()), rtol=1e-2, atol=1e-2)
     assert torch.isfinite(y.float()).all()
+
+
+@pytest.mark.parametrize("make", [plain, invertible], ids=["plain", "theorem2"])
+def test_forward_and_log_det_together_equal_the_separate_calls(make):
+    layer = make(6)
+    x = torch.randn(2, 7, 6, dtype=DTYPE, requires_grad=True)
+    y, log_det = layer.forward_and_log_abs_det(x)
+    torch.testing.assert_close(y, layer(x))
+    torch.testing.assert_close(log_det, layer.log_abs_det_jacobian(x))
+    xr = x[0, :3].detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, *p: layer.forward_and_log_abs_det(x), (xr, *layer.parameters()))
