@@ -82,10 +82,6 @@ class EigenResolvent:
         """``(..., d)``: ``(I - 2 s W)^{-1} b`` row by row, O(d^2) per row."""
         return self.back_project(self.project_right(b) / self.diagonal(s))
 
-    def solve_transpose(self, s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """``(..., d)``: ``(I - 2 s W)^{-T} a`` row by row, O(d^2) per row."""
-        return self.back_project_transpose(self.project_left(a) / self.diagonal(s))
-
 
 def _interleaved_columns(matrix: torch.Tensor) -> torch.Tensor:
     """``(d, 2d)`` real matrix with columns ``Re M[:, 0], Im M[:, 0], Re M[:, 1], ...``: ``a @ it`` is ``a @ M``
