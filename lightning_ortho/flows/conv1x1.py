@@ -20,15 +20,14 @@ def _random_orthogonal(channels: int) -> torch.Tensor:
     return (q * torch.sign(torch.diagonal(r))).float()
 
 
+def to_columns(x: torch.Tensor) -> torch.Tensor:
+    """``(N, C, H, W) -> (N, C, H W)``: one column per pixel, a view (no copy) of a contiguous image."""
+    return x.reshape(x.shape[0], x.shape[1], -1)
+
+
 def to_rows(x: torch.Tensor) -> torch.Tensor:
     """``(N, C, H, W) -> (N H W, C)``: one row per pixel."""
     return x.permute(0, 2, 3, 1).reshape(-1, x.shape[1])
-
-
-def from_rows(rows: torch.Tensor, like: torch.Size) -> torch.Tensor:
-    """Inverse of :func:`to_rows` for an output shaped ``like`` ``(N, C, H, W)``."""
-    n, c, h, w = like
-    return rows.reshape(n, h, w, c).permute(0, 3, 1, 2)
 
 
 class Invertible1x1Conv(FlowLayer):
@@ -53,6 +52,7 @@ class Invertible1x1Conv(FlowLayer):
         if kind not in CONV1X1_KINDS:
             raise ValueError(f"Invertible1x1Conv: kind must be one of {', '.join(CONV1X1_KINDS)}, got {kind!r}.")
         self.channels, self.kind = channels, kind
+        self._fixed_orthogonal_cache: tuple[tuple, torch.Tensor] | None = None
         q = _random_orthogonal(channels)
         if kind == "plain":
             self.weight = nn.Parameter(q)
@@ -81,8 +81,15 @@ class Invertible1x1Conv(FlowLayer):
     # ----------------------------------------------------------------- dense kinds
 
     def fixed_orthogonal(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """``(C, C)``: the fixed symmetric orthogonal ``Q`` of ``aux_invertible``."""
-        basis = self.fixed_basis.to(dtype or self.fixed_basis.dtype)
+        """``(C, C)``: the fixed symmetric orthogonal ``Q`` of ``aux_invertible`` (cached per dtype and device)."""
+        dtype = dtype or self.fixed_basis.dtype
+        key = (dtype, self.fixed_basis.device, self.fixed_basis._version, self.fixed_basis.data_ptr())
+        if self._fixed_orthogonal_cache is None or self._fixed_orthogonal_cache[0] != key:
+            self._fixed_orthogonal_cache = (key, self._compute_fixed_orthogonal(dtype))
+        return self._fixed_orthogonal_cache[1]
+
+    def _compute_fixed_orthogonal(self, dtype: torch.dtype) -> torch.Tensor:
+        basis = self.fixed_basis.to(dtype)
         eye = torch.eye(self.channels, dtype=basis.dtype, device=basis.device)
         if basis.shape[1] == 0:
             return eye
@@ -114,16 +121,14 @@ class Invertible1x1Conv(FlowLayer):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_images(x, self.channels, "Invertible1x1Conv")
         pixels = x.shape[2] * x.shape[3]
+        columns = to_columns(x)
         if self.kind in ("plain", "lu", "householder"):
-            w = self.matrix().to(x.dtype)
-            y = torch.einsum("oc,nchw->nohw", w, x)
-            return y, (pixels * self._log_abs_det_matrix(x).to(x.dtype)).expand(x.shape[0])
-        rows = to_rows(x)
-        if self.kind == "aux_invertible":
-            rows = rows @ self.fixed_orthogonal(x.dtype)  # Q = Q^T
-        y_rows, log_abs_det = self.reflection.forward_and_log_abs_det(rows)
-        log_abs_det = log_abs_det.reshape(x.shape[0], pixels).sum(1)
-        return from_rows(y_rows, x.shape), log_abs_det
+            # A batched (C, C) x (C, H W) product: about twice as fast on CPU as einsum or conv2d here.
+            y = self.matrix().to(x.dtype) @ columns
+            return y.reshape(x.shape), (pixels * self._log_abs_det_matrix(x).to(x.dtype)).expand(x.shape[0])
+        rotation = self.fixed_orthogonal(x.dtype) if self.kind == "aux_invertible" else None
+        y, log_abs_det = self.reflection.forward_and_log_abs_det_columns(columns, rotation=rotation)
+        return y.reshape(x.shape), log_abs_det.sum(-1)
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
         return self.inverse_with_result(y)[0]
@@ -135,18 +140,16 @@ class Invertible1x1Conv(FlowLayer):
         (iterations, residual, converged). With ``raise_on_failure=False`` a failed pixel is flagged in
         ``result.converged`` instead of raising."""
         check_images(y, self.channels, "Invertible1x1Conv.inverse")
+        columns = to_columns(y)
         if self.kind in ("plain", "lu"):
-            w = self.matrix().to(y.dtype)
-            return torch.einsum("oc,nchw->nohw", torch.linalg.inv(w), y), None
+            return (torch.linalg.inv(self.matrix().to(y.dtype)) @ columns).reshape(y.shape), None
         if self.kind == "householder":
-            return torch.einsum("co,nchw->nohw", self.matrix().to(y.dtype), y), None
-        result = self.reflection.newton_inverse(to_rows(y), tol=tol, max_iter=max_iter)
+            return (self.matrix().to(y.dtype).mT @ columns).reshape(y.shape), None
+        rotation = self.fixed_orthogonal(y.dtype) if self.kind == "aux_invertible" else None
+        result = self.reflection.newton_inverse_columns(columns, rotation=rotation, tol=tol, max_iter=max_iter)
         if raise_on_failure:
             result.raise_if_failed(f"Invertible1x1Conv({self.kind!r})")
-        rows = result.x
-        if self.kind == "aux_invertible":
-            rows = rows @ self.fixed_orthogonal(y.dtype)  # Q^{-1} = Q^T = Q
-        return from_rows(rows, y.shape), result
+        return result.x.reshape(y.shape), result
 
     @torch.no_grad()
     def jacobian_sign_flips(self, x: torch.Tensor) -> float:

@@ -17,9 +17,15 @@ from lightning_ortho.nn._checks import (
     check_parameters_finite,
     compute_dtype,
 )
+from lightning_ortho.nn.general_eigenbasis import GeneralEigenbasis, general_reflect_and_log_abs_det
 from lightning_ortho.nn.newton import DEFAULT_TOLERANCE, NewtonResult, homogeneous_newton
 from lightning_ortho.nn.reflection import reflect_linear_with_summary, reflect_unchecked, reflect_with_summary
-from lightning_ortho.nn.resolvent import EigenResolvent, resolvent_terms
+from lightning_ortho.nn.resolvent import EigenResolvent
+from lightning_ortho.nn.symmetric_eigenbasis import (
+    SymmetricEigenbasis,
+    symmetric_newton_inverse,
+    symmetric_reflect_and_log_abs_det,
+)
 
 LogDetMethod = Literal["auto", "eig", "dense"]
 SpectralMethod = Literal["auto", "eigh", "power"]
@@ -179,6 +185,31 @@ class AuxiliaryReflection(nn.Module):
         # V = 0 gives W = I (a plain reflection through x itself: f(x) = -x), never a division by zero.
         return torch.clamp(sigma, min=torch.finfo(gram.dtype).tiny)
 
+    def weight_and_eigenbasis(self) -> tuple[torch.Tensor, SymmetricEigenbasis | GeneralEigenbasis]:
+        """``W`` and its eigendecomposition: the one O(d^3) step behind the O(d^2)-per-vector log-determinant.
+
+        With ``invertible=True`` one ``eigh`` of ``V V^T`` gives both ``sigma_max`` and the eigenbasis of
+        ``W = I + V V^T / (2 (1 + margin) sigma_max)`` (same eigenvectors, eigenvalues ``1 + mu / (2 (1 + margin)
+        sigma_max)``); ``sigma_max`` keeps its gradient through the Rayleigh quotient of the top eigenvector,
+        which is the gradient of the top eigenvalue. Otherwise one ``eig`` of ``W``.
+
+        Raises:
+            ValueError: the layer uses a custom network.
+        """
+        if not self.invertible:
+            weight = self.auxiliary_weight()
+            return weight, GeneralEigenbasis.of(weight)
+        gram = self.factor @ self.factor.mT
+        mu, vectors = torch.linalg.eigh(gram.detach())
+        if self.spectral_method == "eigh":
+            top = vectors[:, -1]
+            sigma = torch.clamp(top @ gram @ top, min=torch.finfo(gram.dtype).tiny)
+        else:
+            sigma = self._sigma_max(gram)
+        scale = 2.0 * (1.0 + self.spectral_margin) * sigma
+        eye = torch.eye(self.d, dtype=gram.dtype, device=gram.device)
+        return eye + gram / scale, SymmetricEigenbasis(1.0 + mu / scale.detach(), vectors)
+
     def _auxiliary_function(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """``n`` with ``W`` built once, for code that evaluates it many times (Newton)."""
         if self.network is not None:
@@ -247,13 +278,14 @@ class AuxiliaryReflection(nn.Module):
     def log_abs_det_jacobian(self, x: torch.Tensor, *, method: LogDetMethod = "auto") -> torch.Tensor:
         """``(..., d) -> (...)``: ``log|det J(x)|`` per row (Lemma 1).
 
-        ``det J = -det(A) (1 + 2 v^T A^{-1} u / ||u||^2)`` with ``u = W x``, ``v = W^T x``.
+        ``det J = -det(A) (1 + 2 v^T A^{-1} u / ||u||^2)`` with ``u = W x``, ``v = W^T x``, ``A = I - 2 s W``.
 
         Args:
             method: ``"eig"`` diagonalises ``W`` once (``eigh`` when ``invertible=True``) so each row costs
-                O(d^2): ``det A = prod_i (1 - 2 s lambda_i)``, gradients in closed form. ``"dense"`` builds
-                ``A`` per row and uses ``slogdet``/``solve`` (O(d^3) per row; the only option for a custom
-                network). ``"auto"`` takes ``"eig"`` unless ``W``'s eigenvectors are ill-conditioned.
+                O(d^2): ``det A = prod_i (1 - 2 s lambda_i)``, gradients in closed form (see
+                :mod:`~lightning_ortho.nn.symmetric_eigenbasis`, :mod:`~lightning_ortho.nn.general_eigenbasis`).
+                ``"dense"`` builds ``A`` per row and uses ``slogdet``/``solve`` (O(d^3) per row; the only option
+                for a custom network). ``"auto"`` takes ``"eig"`` unless ``W``'s eigenvectors are ill-conditioned.
 
         Returns:
             ``(...)`` log-determinants; ``0`` where ``n(x) = 0`` (there ``f`` is the identity by convention).
@@ -266,44 +298,81 @@ class AuxiliaryReflection(nn.Module):
             xc = self._prepare(x, "x")
             check_finite(xc, name="x", layer="AuxiliaryReflection.log_abs_det_jacobian")
             if self.network is None and method != "dense":
-                weight = self.auxiliary_weight()
-                resolvent = EigenResolvent(weight, symmetric=self.invertible)
-                if resolvent.reliable or method == "eig":
-                    return self._log_abs_det_eig(xc, weight, resolvent).to(x.dtype)
+                weight, basis = self.weight_and_eigenbasis()
+                columns = xc.reshape(-1, self.d).mT
+                if isinstance(basis, GeneralEigenbasis) and method == "eig":  # even if ill-conditioned
+                    log_det = general_reflect_and_log_abs_det(columns, weight, basis)[1]
+                    return log_det.reshape(x.shape[:-1]).to(x.dtype)
+                if isinstance(basis, SymmetricEigenbasis) or basis.reliable:
+                    return self._eigen_columns(columns, weight, basis)[1].reshape(x.shape[:-1]).to(x.dtype)
             return self._log_abs_det_dense(xc).to(x.dtype)
 
     def forward_and_log_abs_det(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(f(x), log|det J(x)|)`` with ``W`` built once and ``u = W x`` shared by both (what a flow layer
-        needs on every step; cheaper than calling :meth:`forward` and :meth:`log_abs_det_jacobian`).
+        """``(f(x), log|det J(x)|)`` with ``W`` and its eigenbasis built once for both (what a flow layer needs
+        on every step; cheaper than calling :meth:`forward` and :meth:`log_abs_det_jacobian`).
 
-        Shapes: ``(..., d) -> ((..., d), (...))``. Raises as :meth:`forward`.
+        Shapes: ``(..., d) -> ((..., d), (...))``. Raises as :meth:`forward`. Rows are processed as the columns
+        of a transposed view (no copy); see :meth:`forward_and_log_abs_det_columns`.
         """
         if self.network is not None:
             return self(x), self.log_abs_det_jacobian(x)
+        check_features(x, self.d, name="x", layer=type(self).__name__)
+        y, log_det = self.forward_and_log_abs_det_columns(x.reshape(-1, self.d).mT)
+        return y.mT.reshape(x.shape), log_det.reshape(x.shape[:-1])
+
+    def forward_and_log_abs_det_columns(
+        self, x: torch.Tensor, *, rotation: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(f(R x), log|det J_f(R x)|)`` for vectors stored as columns: ``(..., d, L) -> ((..., d, L), (..., L))``.
+
+        The layout of an image batch: ``(N, C, H, W).reshape(N, C, H * W)`` is a view, so a 1x1 convolution
+        needs no transposes. Cost: one eigendecomposition of ``W``, then two (``invertible=True``) or three
+        (unconstrained ``W``) GEMMs of ``d x d`` by ``d x L`` and O(d) elementwise work per vector.
+
+        Args:
+            x: ``(..., d, L)``.
+            rotation: optional fixed ``(d, d)`` matrix ``R`` applied first, folded into the eigenbasis
+                projection (free for ``invertible=True``). The log-determinant is that of ``f``; add
+                ``log|det R|`` for the composition (0 for an orthogonal ``R``).
+
+        Raises:
+            ValueError: a custom network (use :meth:`forward_and_log_abs_det`), ``x`` not of shape ``(..., d, L)``,
+                or NaN/inf in ``x`` or the parameters.
+            TypeError: as :meth:`forward`.
+        """
+        layer = type(self).__name__
+        if self.network is not None:
+            raise ValueError(f"{layer}.forward_and_log_abs_det_columns needs n(x) = W x; use forward_and_log_abs_det.")
+        if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[-2] != self.d:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{layer}: columns input must have shape (..., {self.d}, L), got {shape}.")
+        check_features(x.mT, self.d, name="x", layer=layer)  # dtype checks
         with _full_precision(x):
-            xc = self._prepare(x, "x")
-            weight = self.auxiliary_weight()
-            u = xc @ weight.mT
-            y, summary = reflect_with_summary(xc, u)
+            xc = x.to(compute_dtype(x, self._parameter_dtype(), layer=layer))
+            rotation = None if rotation is None else rotation.to(xc.dtype)
+            weight, basis = self.weight_and_eigenbasis()
+            y, log_det = self._eigen_columns(xc, weight, basis, rotation)
             check_parameters_finite(
-                summary.detach(), lambda: {"x": x, **dict(self.named_parameters())}, layer="AuxiliaryReflection"
+                log_det.detach().sum(), lambda: {"x": x, **dict(self.named_parameters())}, layer=layer
             )
-            resolvent = EigenResolvent(weight, symmetric=self.invertible)
-            if resolvent.reliable:
-                log_det = self._log_abs_det_eig(xc, weight, resolvent, u=u)
-            else:
-                log_det = self._log_abs_det_dense(xc)
         return y.to(x.dtype), log_det.to(x.dtype)
 
-    def _log_abs_det_eig(
-        self, x: torch.Tensor, weight: torch.Tensor, resolvent: EigenResolvent, u: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        u = x @ weight.mT if u is None else u
-        v = u if self.invertible else x @ weight  # v = W^T x equals u for the symmetric Theorem-2 W
-        q, s, defined = _reflection_scalars(x, u)
-        log_det_a, quadratic = resolvent_terms(weight, s, v, u, resolvent)
-        value = log_det_a + torch.log(torch.abs(1.0 + 2.0 * quadratic / q))
-        return torch.where(defined, value, torch.zeros_like(value))
+    def _eigen_columns(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        basis: SymmetricEigenbasis | GeneralEigenbasis,
+        rotation: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(f(R x), log|det J|)`` for columns ``x``; dense per-vector fallback for an unreliable eigenbasis."""
+        if isinstance(basis, SymmetricEigenbasis):
+            return symmetric_reflect_and_log_abs_det(x, weight, basis, rotation)
+        x = x if rotation is None else rotation @ x
+        if basis.reliable:
+            return general_reflect_and_log_abs_det(x, weight, basis)
+        rows = x.mT
+        y, _ = reflect_linear_with_summary(rows, weight)
+        return y.mT, self._log_abs_det_dense(rows)
 
     def _log_abs_det_dense(self, x: torch.Tensor) -> torch.Tensor:
         n, jac_n = self._auxiliary_jacobian(x)
@@ -321,10 +390,14 @@ class AuxiliaryReflection(nn.Module):
     def newton_inverse(self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50) -> NewtonResult:
         """Solve ``H(n(x)) x = y`` for ``x`` by Newton's method, batched over rows (section 2.2, A.2.1).
 
-        Each row is solved on the unit sphere and rescaled (Lemma 2), starting from ``x_0 = y / ||y||``, with
-        Jacobians from Theorem 3. For ``n(x) = W x`` each Newton step costs O(d^2) per row: ``J`` is the
-        rank-one update ``H(u) A - 2 u v^T / ||u||^2`` and is inverted by Sherman-Morrison with
-        ``A^{-1}`` from one eigendecomposition of ``W``. Steps are halved until the residual decreases.
+        ``invertible=True`` (symmetric positive definite ``W``): ``f(x) = (I - 2 s W) x`` is diagonal in ``W``'s
+        eigenbasis, so the problem reduces to one scalar equation in ``s`` per row, solved by bracketed Newton
+        with O(d) work per step (:func:`~lightning_ortho.nn.symmetric_eigenbasis.symmetric_newton_inverse`);
+        ``iterations`` counts those scalar steps. Otherwise each row is solved on the unit sphere and rescaled
+        (Lemma 2), starting from ``x_0 = y / ||y||``, with Jacobians from Theorem 3. For ``n(x) = W x`` each
+        step costs O(d^2) per row: ``J`` is the rank-one update ``H(u) A - 2 u v^T / ||u||^2`` and is inverted
+        by Sherman-Morrison with ``A^{-1}`` from one eigendecomposition of ``W``. Steps are halved until the
+        residual decreases.
 
         Args:
             y: ``(..., d)``.
@@ -336,6 +409,17 @@ class AuxiliaryReflection(nn.Module):
             per-row ``converged`` flag. It does not raise on non-convergence: check ``converged``, or use
             :meth:`inverse`, which raises.
         """
+        check_features(y, self.d, name="y", layer=type(self).__name__)
+        if self.invertible:
+            result = self.newton_inverse_columns(y.reshape(-1, self.d).mT, tol=tol, max_iter=max_iter)
+            shape = y.shape[:-1]
+            return NewtonResult(
+                result.x.mT.reshape(y.shape),
+                result.iterations.reshape(shape),
+                result.residual.reshape(shape),
+                result.converged.reshape(shape),
+                result.tolerance,
+            )
         if max_iter < 0:
             raise ValueError(f"AuxiliaryReflection.newton_inverse: max_iter must be >= 0, got {max_iter}.")
         with _full_precision(y), torch.no_grad():
@@ -349,6 +433,43 @@ class AuxiliaryReflection(nn.Module):
 
             step = self._newton_step()
             result = homogeneous_newton(function, step, yc, tol=tol, max_iter=max_iter)
+        if result.x.dtype != y.dtype:
+            result = NewtonResult(
+                result.x.to(y.dtype), result.iterations, result.residual, result.converged, result.tolerance
+            )
+        return result
+
+    def newton_inverse_columns(
+        self,
+        y: torch.Tensor,
+        *,
+        rotation: torch.Tensor | None = None,
+        tol: float | None = None,
+        max_iter: int = 50,
+    ) -> NewtonResult:
+        """:meth:`newton_inverse` for columns: solve ``f(R x) = y`` with ``y: (..., d, L)`` (``R`` orthogonal).
+
+        The inverse of :meth:`forward_and_log_abs_det_columns`; ``x``, ``iterations``, ``residual`` and
+        ``converged`` have shapes ``(..., d, L)`` and ``(..., L)``.
+        """
+        layer = type(self).__name__
+        if max_iter < 0:
+            raise ValueError(f"{layer}.newton_inverse: max_iter must be >= 0, got {max_iter}.")
+        if not isinstance(y, torch.Tensor) or y.dim() < 2 or y.shape[-2] != self.d:
+            shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+            raise ValueError(f"{layer}: columns input must have shape (..., {self.d}, L), got {shape}.")
+        if not self.invertible:
+            result = self.newton_inverse(y.mT, tol=tol, max_iter=max_iter)
+            x = result.x.mT if rotation is None else rotation.to(y.dtype).mT @ result.x.mT
+            return NewtonResult(x, result.iterations, result.residual, result.converged, result.tolerance)
+        check_features(y.mT, self.d, name="y", layer=layer)  # dtype checks
+        with _full_precision(y), torch.no_grad():
+            yc = y.to(compute_dtype(y, self._parameter_dtype(), layer=layer))
+            check_finite(yc, name="y", layer=f"{layer}.inverse")
+            tol = DEFAULT_TOLERANCE.get(yc.dtype, 1e-5) if tol is None else float(tol)
+            _, basis = self.weight_and_eigenbasis()
+            rotation = None if rotation is None else rotation.to(yc.dtype)
+            result = symmetric_newton_inverse(yc, basis, rotation, tol=tol, max_iter=max_iter)
         if result.x.dtype != y.dtype:
             result = NewtonResult(
                 result.x.to(y.dtype), result.iterations, result.residual, result.converged, result.tolerance
