@@ -99,10 +99,12 @@ def render_reproduction(data: dict) -> str:
 def render_bench_flows(data: dict) -> str:
     lines = [
         f"**{data['hardware']}** ({data.get('hardware_description', '')}), torch {data['torch']}, {data['date']}: "
-        f"`{data['command']}`. One 1x1 convolution on 32 images of 16x16 pixels (best of 5 interleaved rounds).",
+        f"`{data['command']}`. One 1x1 convolution on 32 images of 16x16 pixels (best of 5 interleaved rounds; "
+        f"allocator: {data.get('allocator', 'default')}).",
         "",
-        "| c | kind | forward + log-det (ms) | backward (ms) | inverse (ms) | Newton iterations mean / max | failed pixels |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "| c | kind | forward + log-det (ms) | backward (ms) | forward + backward vs LU | inverse (ms) "
+        "| Newton iterations mean / max | failed pixels |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in data["rows"]:
         newton = (
@@ -110,7 +112,8 @@ def render_bench_flows(data: dict) -> str:
         )
         inverse = f"{row['inverse_ms']:.2f}" if "inverse_ms" in row else ""
         lines.append(
-            f"| {row['channels']} | {row['kind']} | {row['forward_logdet_ms']:.2f} | {row['backward_ms']:.2f} | {inverse} "
+            f"| {row['channels']} | {row['kind']} | {row['forward_logdet_ms']:.2f} | {row['backward_ms']:.2f} "
+            f"| {row['step_vs_lu']:.1f}x | {inverse} "
             f"| {newton} | {row.get('newton_failures', '')} |"
         )
     lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]

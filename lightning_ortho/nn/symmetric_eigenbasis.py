@@ -74,8 +74,11 @@ def symmetric_reflect_and_log_abs_det(
 
 
 def _reflection_scale(t: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(s, q, defined)``: ``s = t / q`` with ``q = ||W x||^2`` replaced by 1 (and ``s`` by 0) where it vanishes."""
-    defined = q > torch.finfo(q.dtype).tiny
+    """``(s, q, defined)``: ``s = t / q`` with ``q = ||W x||^2`` replaced by 1 (and ``s`` by 0) where it vanishes.
+
+    NaN counts as defined, so a NaN input propagates to the log-determinant (where the NaN check sees it).
+    """
+    defined = ~(q <= torch.finfo(q.dtype).tiny)
     q = torch.where(defined, q, torch.ones_like(q))
     return torch.where(defined, t / q, torch.zeros_like(q)), q, defined
 
