@@ -4,6 +4,7 @@ and cumulative training time, aggregate over seeds, plot like the paper's Figure
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,6 +58,8 @@ def train_once(
     pl.seed_everything(seed, verbose=False)
     model, data = build()
     recorder = EpochRecorder()
+    # Run outputs (GlowModule's image grids) go to a scratch folder, never into the working tree.
+    trainer_kwargs.setdefault("default_root_dir", tempfile.mkdtemp(prefix="lightning-ortho-bench-"))
     trainer = pl.Trainer(
         max_epochs=epochs,
         accelerator="cpu",

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, write_result  # noqa: E402
+from _common import RESULTS, hardware_name, keep_freed_memory, write_result  # noqa: E402
 from _reproduce import aggregate, plot_curves, train_once  # noqa: E402
 
 from lightning_ortho.datamodules import DigitsDataModule  # noqa: E402
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--hidden-channels", type=int, default=32)
     parser.add_argument("--kinds", nargs="+", default=list(CONV1X1_KINDS), choices=list(CONV1X1_KINDS))
     args = parser.parse_args(argv)
+    allocator = keep_freed_memory()  # as bench_flows: page faults would otherwise dominate CPU epoch times
     if args.quick:
         args.epochs, args.seeds, args.steps, args.hidden_channels = 1, 1, 1, 8
     device = torch.device("cpu")
@@ -109,7 +110,9 @@ def main(argv: list[str] | None = None) -> Path:
     curves = aggregate(rows, metric="val_bpd")
     claims = claims_from(curves, inversions)
     suffix = "-quick" if args.quick else ""
-    path = write_result("reproduce_glow", device, rows, claims, suffix=suffix)
+    path = write_result(
+        "reproduce_glow", device, rows, claims, suffix=suffix, extra={"allocator": allocator or "default"}
+    )
     data = json.loads(path.read_text())
     data["curves"], data["inversions"] = curves, inversions
     data["setup"] = {
