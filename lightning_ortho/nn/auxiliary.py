@@ -227,6 +227,14 @@ class AuxiliaryReflection(nn.Module):
         check_features(x, self.d, name=name, layer=type(self).__name__)
         return x.to(compute_dtype(x, self._parameter_dtype(), layer=type(self).__name__))
 
+    def _prepare_columns(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """Check a ``(..., d, L)`` columns input and convert it to the compute dtype."""
+        layer = type(self).__name__
+        if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[-2] != self.d:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{layer}: columns input {name} must have shape (..., {self.d}, L), got {shape}.")
+        return self._prepare(x.mT, name).mT  # dtype checks and conversion of the transposed (rows) view
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., d) -> (..., d)``: ``H(n(x)) x``."""
         with _full_precision(x):
@@ -343,12 +351,8 @@ class AuxiliaryReflection(nn.Module):
         layer = type(self).__name__
         if self.network is not None:
             raise ValueError(f"{layer}.forward_and_log_abs_det_columns needs n(x) = W x; use forward_and_log_abs_det.")
-        if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[-2] != self.d:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{layer}: columns input must have shape (..., {self.d}, L), got {shape}.")
-        check_features(x.mT, self.d, name="x", layer=layer)  # dtype checks
+        xc = self._prepare_columns(x, "x")
         with _full_precision(x):
-            xc = x.to(compute_dtype(x, self._parameter_dtype(), layer=layer))
             rotation = None if rotation is None else rotation.to(xc.dtype)
             weight, basis = self.weight_and_eigenbasis()
             y, log_det = self._eigen_columns(xc, weight, basis, rotation)
@@ -455,16 +459,12 @@ class AuxiliaryReflection(nn.Module):
         layer = type(self).__name__
         if max_iter < 0:
             raise ValueError(f"{layer}.newton_inverse: max_iter must be >= 0, got {max_iter}.")
-        if not isinstance(y, torch.Tensor) or y.dim() < 2 or y.shape[-2] != self.d:
-            shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-            raise ValueError(f"{layer}: columns input must have shape (..., {self.d}, L), got {shape}.")
+        yc = self._prepare_columns(y, "y")
         if not self.invertible:
             result = self.newton_inverse(y.mT, tol=tol, max_iter=max_iter)
             x = result.x.mT if rotation is None else rotation.to(y.dtype).mT @ result.x.mT
             return NewtonResult(x, result.iterations, result.residual, result.converged, result.tolerance)
-        check_features(y.mT, self.d, name="y", layer=layer)  # dtype checks
         with _full_precision(y), torch.no_grad():
-            yc = y.to(compute_dtype(y, self._parameter_dtype(), layer=layer))
             check_finite(yc, name="y", layer=f"{layer}.inverse")
             tol = DEFAULT_TOLERANCE.get(yc.dtype, 1e-5) if tol is None else float(tol)
             _, basis = self.weight_and_eigenbasis()

@@ -57,7 +57,7 @@ class GeneralEigenbasis:
         """Eigendecomposition of a real ``(d, d)`` ``weight`` (detached): one ``eig`` and one inverse."""
         weight = weight.detach()
         eigenvalues, vectors = torch.linalg.eig(weight)
-        inverse = torch.linalg.inv(vectors)
+        inverse, info = torch.linalg.inv_ex(vectors)  # a singular P (defective W) is flagged below, not raised
         imag = eigenvalues.imag
         # LAPACK returns real eigenvalues with an exactly zero imaginary part and pairs as (lambda, conj lambda).
         keep = imag >= 0
@@ -66,7 +66,12 @@ class GeneralEigenbasis:
             ((imag > 0).sum().to(weight.dtype) - (imag < 0).sum(), torch.view_as_real(inverse).square().sum())
         ).tolist()
         condition = (weight.shape[0] * inverse_norm2) ** 0.5
-        reliable = unpaired == 0 and math.isfinite(condition) and condition < torch.finfo(weight.dtype).eps ** -0.5
+        reliable = (
+            int(info) == 0
+            and unpaired == 0
+            and math.isfinite(condition)
+            and condition < torch.finfo(weight.dtype).eps ** -0.5
+        )
         kept_vectors, kept_rows = vectors[:, keep], inverse[keep, :]
         stacked = torch.cat((weight, kept_vectors.mT.real, kept_vectors.mT.imag, kept_rows.real, kept_rows.imag))
         return cls(

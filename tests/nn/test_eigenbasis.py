@@ -169,6 +169,8 @@ def test_defective_weight_is_flagged_and_falls_back_to_dense_determinants():
     torch.testing.assert_close(log_det, log_det_ref)
     rows = torch.randn(5, d, dtype=DTYPE)
     torch.testing.assert_close(layer.log_abs_det_jacobian(rows), reference(rows.mT, jordan)[1])
+    # Nilpotent: LAPACK's eigenvector matrix is singular up to 1e-292; flagged, not raised.
+    assert not GeneralEigenbasis.of(torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=DTYPE)).reliable
 
 
 # ---------------------------------------------------------------- scalar Newton inverse
