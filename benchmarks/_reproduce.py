@@ -13,12 +13,20 @@ import pytorch_lightning as pl
 
 
 class EpochRecorder(pl.Callback):
-    """Validation error (%) after each training epoch and the cumulative training wall time (validation excluded)."""
+    """Validation error (%) after each training epoch and the cumulative training wall time (validation excluded);
+    also the training loss of the first ``first_steps`` optimizer steps (how training starts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_steps: int = 20) -> None:
         self.rows: list[dict] = []
+        self.first_losses: list[float] = []
+        self.first_steps = first_steps
         self._train_seconds = 0.0
         self._start = 0.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if len(self.first_losses) < self.first_steps and outputs is not None:
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            self.first_losses.append(float(loss))
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._start = time.perf_counter()
@@ -73,6 +81,8 @@ def train_once(
         **trainer_kwargs,
     )
     trainer.fit(model, data)
+    if recorder.first_losses and recorder.rows:
+        recorder.rows[0]["first_step_losses"] = [round(v, 4) for v in recorder.first_losses]
     return (recorder.rows, model, data) if return_model else recorder.rows
 
 

@@ -43,8 +43,8 @@ class ImageDataModule(pl.LightningDataModule):
     """Base of the image data modules: subclasses provide ``_load() -> (train_images, train_labels,
     test_images, test_labels)`` as uint8 ``(N, C, H, W)`` tensors and the class attributes below.
 
-    The validation set is a fixed-seed ``val_size`` sample of the training set; the test set is the official
-    one. Normalisation ``mean``/``std`` are constructor arguments, so they are recorded in the hyperparameters
+    The validation set is a fixed-seed ``val_size`` sample of the training set, or, with ``val_size=0``, the
+    official test set (what expRNN and many papers report as "validation"); the test set is the official one. Normalisation ``mean``/``std`` are constructor arguments, so they are recorded in the hyperparameters
     and every checkpoint knows its data. Training batches are shuffled by :class:`EpochSeededRandomSampler`
     (reproducible across resumes) unless ``shuffle=False``.
     """
@@ -66,6 +66,8 @@ class ImageDataModule(pl.LightningDataModule):
         std: Sequence[float] = (1.0,),
     ) -> None:
         super().__init__()
+        if val_size < 0:
+            raise ValueError(f"{type(self).__name__}: val_size must be >= 0 (0 validates on the test set), got {val_size}.")
         self.save_hyperparameters()
         # Attributes, not self.hparams, drive the behaviour (see DigitsDataModule: nested modules may be handed
         # another module's hparams by LightningCLI).
@@ -103,15 +105,19 @@ class ImageDataModule(pl.LightningDataModule):
         if self._splits is not None:
             return
         train_x, train_y, test_x, test_y = self._load()
+        make = lambda x, y: NormalizedImages(x, y, self.mean, self.std, self.flatten)  # noqa: E731
+        test = make(test_x, test_y)
+        if self.val_size == 0:
+            self._splits = {"train": make(train_x, train_y), "val": test, "test": test}
+            return
         n = len(train_y)
         val_size = min(self.val_size, n // 5)
         order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         val_idx, train_idx = order[:val_size], order[val_size:]
-        make = lambda x, y: NormalizedImages(x, y, self.mean, self.std, self.flatten)  # noqa: E731
         self._splits = {
             "train": make(train_x[train_idx], train_y[train_idx]),
             "val": make(train_x[val_idx], train_y[val_idx]),
-            "test": make(test_x, test_y),
+            "test": test,
         }
 
     def split(self, name: str) -> Dataset:
