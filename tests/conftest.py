@@ -1,7 +1,31 @@
+from collections.abc import Callable
+
 import pytest
+import pytorch_lightning as pl
 import torch
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def make_tiny_trainer(root, **kwargs) -> pl.Trainer:
+    """A quiet CPU Trainer for tests: no logger, checkpoints, progress bar or model summary; logs under ``root``.
+    Keyword arguments override the defaults (``strategy="ddp_spawn", devices=2``, ``callbacks=[...]``, ...)."""
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=root,
+    )
+    return pl.Trainer(**{**defaults, **kwargs})
+
+
+@pytest.fixture
+def tiny_trainer(tmp_path) -> Callable[..., pl.Trainer]:
+    """``tiny_trainer(**overrides) -> pl.Trainer``: :func:`make_tiny_trainer` rooted in the test's ``tmp_path``."""
+    return lambda **kwargs: make_tiny_trainer(kwargs.pop("default_root_dir", tmp_path), **kwargs)

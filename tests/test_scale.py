@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_ortho.datamodules import DigitsDataModule, SequentialImageDataModule
 from lightning_ortho.models import OrthoClassifier, OrthoRNNClassifier
+from tests.conftest import make_tiny_trainer
 
 
 def fcnn(batch_size: int, shuffle: bool = True):
@@ -26,17 +27,7 @@ BUILDERS = {"fcnn": fcnn, "rnn": rnn}
 
 
 def trainer(root, **kwargs) -> pl.Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        deterministic=True,
-        default_root_dir=root,
-    )
-    return pl.Trainer(**{**defaults, **kwargs})
+    return make_tiny_trainer(root, **{"deterministic": True, **kwargs})
 
 
 def same_global_batches(data, per_rank_batch: int, world_size: int = 2):

@@ -67,7 +67,9 @@ class ImageDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         if val_size < 0:
-            raise ValueError(f"{type(self).__name__}: val_size must be >= 0 (0 validates on the test set), got {val_size}.")
+            raise ValueError(
+                f"{type(self).__name__}: val_size must be >= 0 (0 validates on the test set), got {val_size}."
+            )
         self.save_hyperparameters()
         # Attributes, not self.hparams, drive the behaviour (see DigitsDataModule: nested modules may be handed
         # another module's hparams by LightningCLI).

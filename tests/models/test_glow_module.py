@@ -1,3 +1,4 @@
+import pytest
 import pytorch_lightning as pl
 import torch
 
@@ -11,19 +12,11 @@ def small_glow(conv1x1: str) -> GlowModule:
     )
 
 
-def test_training_lowers_bits_per_dim_and_writes_image_grids(tmp_path):
+def test_training_lowers_bits_per_dim_and_writes_image_grids(tmp_path, tiny_trainer):
     pl.seed_everything(0)
     model = small_glow("aux_invertible")
     data = DigitsDataModule(batch_size=64, flatten=False, standardize=False)
-    trainer = pl.Trainer(
-        max_epochs=2,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        gradient_clip_val=50.0,
-    )
+    trainer = tiny_trainer(max_epochs=2, gradient_clip_val=50.0)
     before = trainer.validate(model, data, verbose=False)[0]["val_bpd"]
     trainer.fit(model, data)
     metrics = trainer.callback_metrics
@@ -46,16 +39,10 @@ def test_warmup_schedule():
     assert lrs[0] == model.hparams.lr / 5 and lrs[4] == lrs[6] == model.hparams.lr
 
 
-def test_standardised_data_is_refused_with_a_clear_message(tmp_path):
+def test_standardised_data_is_refused_with_a_clear_message(tiny_trainer):
     model = small_glow("lu")
     data = DigitsDataModule(batch_size=16, flatten=False)  # standardised: values outside [0, 1]
-    trainer = pl.Trainer(
-        fast_dev_run=True, default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False
-    )
-    try:
+    trainer = tiny_trainer(fast_dev_run=True)
+    with pytest.raises(ValueError, match="standardisation"):
         trainer.fit(model, data)
-    except ValueError as error:
-        assert "standardisation" in str(error)
-    else:
-        raise AssertionError("standardised images must be refused")
     assert torch.isfinite(next(model.parameters())).all()

@@ -16,18 +16,11 @@ def test_architecture_is_the_papers_fcnn():
 
 
 @pytest.mark.parametrize("orthogonal", ["aux", "householder"])
-def test_short_training_learns_digits(orthogonal, tmp_path):
+def test_short_training_learns_digits(orthogonal, tiny_trainer):
     pl.seed_everything(0)
     dm = DigitsDataModule(batch_size=32)
     model = OrthoClassifier(in_features=64, orthogonal=orthogonal, lr=3e-3)
-    trainer = pl.Trainer(
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = tiny_trainer(max_epochs=2)
     trainer.fit(model, dm)
     assert float(trainer.callback_metrics["val_acc"]) > 0.5  # chance is 0.1
     assert float(trainer.callback_metrics["epoch_time"]) > 0

@@ -37,20 +37,12 @@ class GradientNorms(pl.Callback):
 
 
 @pytest.mark.parametrize("transition", ["aux", "householder"])
-def test_training_learns_and_clips(transition, tmp_path):
+def test_training_learns_and_clips(transition, tiny_trainer):
     pl.seed_everything(0)
     dm = SequentialImageDataModule(DigitsDataModule(flatten=False, batch_size=32), mode="row")
     model = OrthoRNNClassifier(in_features=8, hidden_size=32, transition=transition, gradient_clip_val=0.05)
     norms = GradientNorms()
-    trainer = pl.Trainer(
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=[norms],
-    )
+    trainer = tiny_trainer(max_epochs=2, callbacks=[norms])
     trainer.fit(model, dm)
     assert float(trainer.callback_metrics["val_acc"]) > 0.5  # chance is 0.1
     assert len(norms.norms) == 2 * 2 * len(dm.train_dataloader())  # two optimizers step on every batch
