@@ -87,28 +87,41 @@ def train_once(
 
 
 def aggregate(rows: list[dict], key: str = "method", metric: str = "val_error") -> dict[str, list[dict]]:
-    """Mean and standard deviation of ``metric`` over seeds, per method and epoch (keys keep the
-    ``val_error_*`` names for every metric, so the plots and tables read them the same way)."""
+    """Mean and (population) standard deviation of ``metric`` over seeds, per method and epoch.
+
+    Returns ``{method: [{"epoch", "seeds", "metric", "mean", "std", "train_seconds_mean", "epoch_seconds_mean"},
+    ...]}`` with ``"metric"`` the name of the row field averaged (``"val_error"`` in %, ``"val_bpd"``). A result
+    file's curves are recomputed from its rows with ``aggregate(data["rows"], metric=...)``.
+    """
     out: dict[str, list[dict]] = {}
     for method in sorted({r[key] for r in rows}):
         mine = [r for r in rows if r[key] == method]
         curve = []
         for epoch in sorted({r["epoch"] for r in mine}):
             at = [r for r in mine if r["epoch"] == epoch]
-            errors = [r[metric] for r in at]
+            values = [r[metric] for r in at]
             seconds = [r["train_seconds"] for r in at]
             curve.append(
                 {
                     "epoch": epoch,
                     "seeds": len(at),
-                    "val_error_mean": statistics.fmean(errors),
-                    "val_error_std": statistics.pstdev(errors) if len(errors) > 1 else 0.0,
+                    "metric": metric,
+                    "mean": statistics.fmean(values),
+                    "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
                     "train_seconds_mean": statistics.fmean(seconds),
                     "epoch_seconds_mean": statistics.fmean(r["epoch_seconds"] for r in at),
                 }
             )
         out[method] = curve
     return out
+
+
+def final_means(curves: dict[str, list[dict]], metric: str) -> dict[str, float]:
+    """The last epoch's mean of every curve; raises ``ValueError`` if a curve averages another metric."""
+    wrong = sorted(m for m, c in curves.items() if c[-1].get("metric") != metric)
+    if wrong:
+        raise ValueError(f"curves {wrong} do not average {metric!r}: recompute them with aggregate(rows, metric=...)")
+    return {m: c[-1]["mean"] for m, c in curves.items()}
 
 
 def plot_curves(
@@ -129,8 +142,8 @@ def plot_curves(
     panels = 2 if time_axis else 1
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
     for method, curve in curves.items():
-        mean = [c["val_error_mean"] for c in curve]
-        std = [c["val_error_std"] for c in curve]
+        mean = [c["mean"] for c in curve]
+        std = [c["std"] for c in curve]
         low = [m - s for m, s in zip(mean, std, strict=True)]
         high = [m + s for m, s in zip(mean, std, strict=True)]
         xs = [[c["epoch"] for c in curve]] + ([[c["train_seconds_mean"] for c in curve]] if time_axis else [])

@@ -128,12 +128,7 @@ def main(argv: list[str] | None = None) -> Path:
                 flush=True,
             )
     curves = aggregate(rows, metric="val_bpd")
-    path = write_result("peer_normflows", torch.device("cpu"), rows, [], suffix="-quick" if args.quick else "")
-    import json
-
-    payload = json.loads(path.read_text())
-    payload["curves"] = curves
-    payload["setup"] = {
+    setup = {
         "library": "normflows 1.7.3",
         "levels": 3,
         "steps": 4,
@@ -143,8 +138,10 @@ def main(argv: list[str] | None = None) -> Path:
         "batch_size": 64,
         "optimizer": "Adam lr 1e-3, 50 warm-up steps, clip 50",
     }
-    path.write_text(json.dumps(payload, indent=1) + "\n")
-    return path
+    suffix = "-quick" if args.quick else ""
+    return write_result(
+        "peer_normflows", torch.device("cpu"), rows, [], suffix=suffix, extra={"curves": curves, "setup": setup}
+    )
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
     python benchmarks/report.py            # rewrite the marked sections of README.md
     python benchmarks/report.py --print    # print the markdown instead
 
+    python benchmarks/report.py --check    # exit 1 if README.md is not what the results render to
+
 A section is delimited by ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` where NAME is the benchmark.
-Files ending in ``-quick.json`` (smoke runs) are ignored.
+Files ending in ``-quick.json`` (smoke runs) are ignored. Every benchmark with results needs its markers in the
+README, and every pair of markers needs results: otherwise :class:`ReportError` says which, and nothing is written.
 """
 
 from __future__ import annotations
@@ -12,10 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+
+
+class ReportError(ValueError):
+    """The results and the README's markers do not match, or a result file cannot be rendered."""
+
 
 ORTHOGONAL_COLUMNS = ("aux", "householder_wy", "householder_sequential", "torch_householder", "cayley", "matrix_exp")
 
@@ -54,27 +64,44 @@ def render_bench_orthogonal(data: dict) -> str:
     return "\n".join(lines)
 
 
+#: metric of a reproduction's curves -> (column label, decimals)
+METRICS = {"val_error": ("validation error (%)", 2), "val_bpd": ("validation bits/dim", 3)}
+
+
+def _curves_metric(curves: dict[str, list[dict]]) -> str:
+    """The one metric all curves average (``aggregate``'s ``"metric"`` field)."""
+    points = [point for curve in curves.values() for point in curve]
+    if not points or any("mean" not in p or "metric" not in p for p in points):
+        raise ReportError(
+            "curves lack the metric/mean/std keys (old val_error_* curves?): recompute them from the rows with "
+            "benchmarks/_reproduce.py's aggregate(data['rows'], metric=...)"
+        )
+    metrics = {p["metric"] for p in points}
+    if len(metrics) != 1 or not metrics <= set(METRICS):
+        raise ReportError(f"curves average {sorted(metrics)}; expected one of {sorted(METRICS)}")
+    return metrics.pop()
+
+
 def render_reproduction(data: dict) -> str:
     setup = data.get("setup", {})
     setup_text = ", ".join(f"{k} {v}" for k, v in setup.items())
-    bpd = data["benchmark"] in ("reproduce_glow", "peer_normflows")
-    metric, label = ("val_bpd", "validation bits/dim") if bpd else ("val_error", "validation error (%)")
+    metric = _curves_metric(data["curves"])
+    label, digits = METRICS[metric]
     lines = [
         f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` ({setup_text}).",
         "",
         f"| run | final {label} | mean over seeds of the best epoch | seconds per training epoch |",
         "|---|---:|---:|---:|",
     ]
-    for method, curve in sorted(data["curves"].items(), key=lambda kv: kv[1][-1]["val_error_mean"]):
+    for method, curve in sorted(data["curves"].items(), key=lambda kv: kv[1][-1]["mean"]):
         final = curve[-1]
         best = [
             min(r[metric] for r in data["rows"] if r["method"] == method and r["seed"] == s)
             for s in sorted({r["seed"] for r in data["rows"] if r["method"] == method})
         ]
         per_epoch = sum(c["epoch_seconds_mean"] for c in curve) / len(curve)
-        digits = 3 if bpd else 2
         lines.append(
-            f"| {method} | {final['val_error_mean']:.{digits}f} ± {final['val_error_std']:.{digits}f} ({final['seeds']} seeds) "
+            f"| {method} | {final['mean']:.{digits}f} ± {final['std']:.{digits}f} ({final['seeds']} seeds) "
             f"| {sum(best) / len(best):.{digits}f} | {per_epoch:.2f} |"
         )
     if data.get("inversions"):
@@ -129,39 +156,99 @@ RENDERERS = {
     "bench_orthogonal": render_bench_orthogonal,
     "reproduce_fcnn": render_reproduction,
     "reproduce_rnn": render_reproduction,
+    "reproduce_rnn_mnist5k": render_reproduction,
 }
 
 
-def sections() -> dict[str, str]:
+def sections(results: Path = RESULTS) -> dict[str, str]:
+    """Benchmark name -> the markdown of its result files in ``results`` (sorted by file name, ``-quick`` skipped).
+
+    Raises:
+        ReportError: a result file of a benchmark with no renderer, or one its renderer cannot read.
+    """
     out: dict[str, list[str]] = {}
-    for path in sorted(RESULTS.glob("*.json")):
+    for path in sorted(results.glob("*.json")):
         if path.stem.endswith("-quick"):
             continue
         data = json.loads(path.read_text())
         renderer = RENDERERS.get(data["benchmark"])
-        if renderer:
+        if renderer is None:
+            raise ReportError(
+                f"{path.name}: benchmark {data['benchmark']!r} has no renderer; add one to RENDERERS in benchmarks/report.py"
+            )
+        try:
             out.setdefault(data["benchmark"], []).append(renderer(data))
+        except (KeyError, ReportError) as error:
+            raise ReportError(f"{path.name}: cannot render: {error}") from error
     return {name: "\n\n".join(parts) for name, parts in out.items()}
 
 
-def update_readme(readme: Path = ROOT / "README.md") -> None:
+def _marker(name: str, end: str) -> str:
+    return f"<!-- {name}:{end} -->"
+
+
+def render_readme(text: str, bodies: dict[str, str]) -> str:
+    """``text`` with the body of every marked section replaced by ``bodies[name]``.
+
+    Raises:
+        ReportError: a benchmark of ``bodies`` has no markers in ``text``, a marker has no body (no results), or
+            the markers of a name are not one ``start`` followed by one ``end``.
+    """
+    problems = []
+    names = sorted(set(re.findall(r"<!-- ([\w.-]+):(?:start|end) -->", text)) | set(bodies))
+    for name in names:
+        starts, ends = text.count(_marker(name, "start")), text.count(_marker(name, "end"))
+        if (starts, ends) == (0, 0):
+            problems.append(
+                f"{name} has results but the README has no section for it: add the lines "
+                f"{_marker(name, 'start')} and {_marker(name, 'end')} where its tables belong"
+            )
+        elif (starts, ends) != (1, 1) or text.index(_marker(name, "start")) > text.index(_marker(name, "end")):
+            problems.append(f"{name}: expected one {_marker(name, 'start')} before one {_marker(name, 'end')}")
+        elif name not in bodies:
+            problems.append(
+                f"the README has a section {_marker(name, 'start')} but there are no {name}-*.json results "
+                "(quick runs do not count): commit the results or remove the section"
+            )
+    if problems:
+        raise ReportError("README sections do not match the results:\n  " + "\n  ".join(problems))
+    for name, body in bodies.items():
+        pattern = re.compile(rf"({re.escape(_marker(name, 'start'))}\n).*?({re.escape(_marker(name, 'end'))})", re.S)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
+    return text
+
+
+def update_readme(readme: Path = README, results: Path = RESULTS) -> bool:
+    """Rewrite the marked sections of ``readme`` from ``results``; whether the file changed. Writes nothing on error."""
     text = readme.read_text()
-    for name, body in sections().items():
-        pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S)
-        text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
-    readme.write_text(text)
+    new = render_readme(text, sections(results))
+    if new != text:
+        readme.write_text(new)
+    return new != text
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--print", action="store_true")
-    args = parser.parse_args()
-    if args.print:
-        for name, body in sections().items():
-            print(f"## {name}\n\n{body}\n")
-    else:
-        update_readme()
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--print", action="store_true", help="print the markdown instead of writing README.md")
+    group.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the rendered results")
+    args = parser.parse_args(argv)
+    try:
+        if args.print:
+            for name, body in sections().items():
+                print(f"## {name}\n\n{body}\n")
+        elif args.check:
+            text = README.read_text()
+            if render_readme(text, sections()) != text:
+                print("README.md is out of date: run python benchmarks/report.py", file=sys.stderr)
+                return 1
+        else:
+            update_readme()
+    except ReportError as error:
+        print(f"report.py: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

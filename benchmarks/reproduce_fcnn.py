@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, write_result  # noqa: E402
-from _reproduce import aggregate, plot_curves, train_once  # noqa: E402
+from _common import RESULTS, command_line, hardware_name, write_result  # noqa: E402
+from _reproduce import aggregate, final_means, plot_curves, train_once  # noqa: E402
 
 from lightning_ortho.datamodules import DigitsDataModule  # noqa: E402
 from lightning_ortho.models import OrthoClassifier  # noqa: E402
@@ -83,12 +83,8 @@ def main(argv: list[str] | None = None) -> Path:
                 )
     curves = aggregate(rows)
     claims = claims_from(curves)
-    path = write_result("reproduce_fcnn", device, rows, claims, suffix=suffix)
-    data = json.loads(path.read_text())
-    data["commands"] = [*commands, data["command"]]  # every run whose rows are in this file
-    data["command"] = " && ".join(data["commands"])
-    data["curves"] = curves
-    data["setup"] = {
+    commands = [*commands, command_line()]  # every run whose rows are in this file
+    setup = {
         "epochs": args.epochs,
         "seeds": args.seeds,
         "batch_size": args.batch_size,
@@ -96,7 +92,14 @@ def main(argv: list[str] | None = None) -> Path:
         "data": "sklearn digits, bilinear resize",
         "optimizer": "Adam, learning rate per run (rows[].lr)",
     }
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path = write_result(
+        "reproduce_fcnn",
+        device,
+        rows,
+        claims,
+        suffix=suffix,
+        extra={"command": " && ".join(commands), "commands": commands, "curves": curves, "setup": setup},
+    )
     plot_curves(
         curves, RESULTS / f"reproduce_fcnn-{hardware_name(device)}{suffix}.png", f"FCNN, digits, d={args.image_size**2}"
     )
@@ -108,10 +111,10 @@ def main(argv: list[str] | None = None) -> Path:
 def claims_from(curves: dict[str, list[dict]]) -> list[dict]:
     if "aux" not in curves or len(curves) < 2:
         return []
-    final = {m: c[-1] for m, c in curves.items()}
+    final = final_means(curves, "val_error")
     others = [m for m in curves if m != "aux"]
-    best = min(others, key=lambda m: final[m]["val_error_mean"])
-    gap = final["aux"]["val_error_mean"] - final[best]["val_error_mean"]
+    best = min(others, key=lambda m: final[m])
+    gap = final["aux"] - final[best]
     per_epoch = {m: sum(c["epoch_seconds_mean"] for c in curves[m]) / len(curves[m]) for m in curves}
     fastest = min(others, key=lambda m: per_epoch[m])
     speedup = per_epoch[fastest] / per_epoch["aux"]

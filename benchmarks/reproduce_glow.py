@@ -18,7 +18,6 @@ Writes benchmarks/results/reproduce_glow-HARDWARE.json, .png, and a grid of samp
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, hardware_name, keep_freed_memory, write_result  # noqa: E402
-from _reproduce import aggregate, plot_curves, train_once  # noqa: E402
+from _reproduce import aggregate, final_means, plot_curves, train_once  # noqa: E402
 
 from lightning_ortho.datamodules import DigitsDataModule  # noqa: E402
 from lightning_ortho.flows import CONV1X1_KINDS, Invertible1x1Conv, dequantize  # noqa: E402
@@ -110,12 +109,7 @@ def main(argv: list[str] | None = None) -> Path:
     curves = aggregate(rows, metric="val_bpd")
     claims = claims_from(curves, inversions)
     suffix = "-quick" if args.quick else ""
-    path = write_result(
-        "reproduce_glow", device, rows, claims, suffix=suffix, extra={"allocator": allocator or "default"}
-    )
-    data = json.loads(path.read_text())
-    data["curves"], data["inversions"] = curves, inversions
-    data["setup"] = {
+    setup = {
         "epochs": args.epochs,
         "seeds": args.seeds,
         "levels": 3,
@@ -125,7 +119,14 @@ def main(argv: list[str] | None = None) -> Path:
         "data": "sklearn digits 8x8, 17 levels",
         "optimizer": "Adam lr 1e-3, 50 warm-up steps, clip 50",
     }
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path = write_result(
+        "reproduce_glow",
+        device,
+        rows,
+        claims,
+        suffix=suffix,
+        extra={"allocator": allocator or "default", "curves": curves, "inversions": inversions, "setup": setup},
+    )
     hardware = hardware_name(device)
     plot_curves(
         curves,
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 def claims_from(curves: dict[str, list[dict]], inversions: list[dict]) -> list[dict]:
-    final = {k: c[-1]["val_error_mean"] for k, c in curves.items()}  # val_bpd means (aggregate's generic key)
+    final = final_means(curves, "val_bpd")
     claims = []
     if {"aux", "householder"} <= set(final):
         gap = final["aux"] - final["householder"]

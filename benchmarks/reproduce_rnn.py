@@ -26,7 +26,6 @@ Writes benchmarks/results/reproduce_rnn-HARDWARE.json and .png.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, hardware_name, write_result  # noqa: E402
-from _reproduce import aggregate, plot_curves, train_once  # noqa: E402
+from _reproduce import aggregate, final_means, plot_curves, train_once  # noqa: E402
 from mnist5k import prepare as prepare_mnist5k  # noqa: E402
 
 from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule, SequentialImageDataModule  # noqa: E402
@@ -92,10 +91,7 @@ def main(argv: list[str] | None = None) -> Path:
     claims = claims_from(curves)
     suffix = "-quick" if args.quick else ""
     benchmark = "reproduce_rnn_mnist5k" if mnist else "reproduce_rnn"
-    path = write_result(benchmark, device, rows, claims, suffix=suffix)
-    data = json.loads(path.read_text())
-    data["curves"] = curves
-    data["setup"] = {
+    setup = {
         "epochs": args.epochs,
         "seeds": args.seeds,
         "hidden_size": args.hidden_size,
@@ -112,7 +108,7 @@ def main(argv: list[str] | None = None) -> Path:
             }
         ),
     }
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path = write_result(benchmark, device, rows, claims, suffix=suffix, extra={"curves": curves, "setup": setup})
     title = "RNN, pixel MNIST (5k)" if mnist else "RNN, pixel digits"
     plot_curves(curves, RESULTS / f"{benchmark}-{hardware_name(device)}{suffix}.png", title)
     for claim in claims:
@@ -124,7 +120,7 @@ def claims_from(curves: dict[str, list[dict]]) -> list[dict]:
     names = list(TRANSITIONS)
     if not all(n in curves for n in names[:3]):
         return []
-    final = {n: curves[n][-1]["val_error_mean"] for n in names[:3]}
+    final = final_means({n: curves[n] for n in names[:3]}, "val_error")
     aux, one, full = final[names[0]], final[names[1]], final[names[2]]
     return [
         {
