@@ -157,6 +157,7 @@ RENDERERS = {
     "reproduce_fcnn": render_reproduction,
     "reproduce_rnn": render_reproduction,
     "reproduce_rnn_mnist5k": render_reproduction,
+    "reproduce_fcnn_mnist5k": render_reproduction,
 }
 
 
