@@ -240,13 +240,15 @@ def measure_fcnn(
     images: int,
     rounds: int,
     device: torch.device,
-    methods=tuple(FCNN_METHODS),
+    methods=None,
     geotorch: ModuleType | None = None,
     geotorch_missing: str | None = None,
     data: tuple[torch.Tensor, torch.Tensor, str] | None = None,
 ) -> tuple[list[dict], str]:
     """One FCNN per method (same seed), trained one epoch per round on the same batches in the same order,
-    methods interleaved in a random order within each round. Returns ``(rows, data description)``."""
+    methods interleaved in a random order within each round (default: every FCNN_METHODS). Returns
+    ``(rows, data description)``."""
+    methods = tuple(FCNN_METHODS) if methods is None else methods
     x, y, source = data or fcnn_data(d, images)
     x, y = x.to(device), y.to(device)
     base = {"section": "fcnn_epoch", "d": d, "batch": FCNN_BATCH, "images": len(y)}
@@ -426,7 +428,7 @@ def main(argv: list[str] | None = None) -> Path:
         fcnn_rows, source = measure_fcnn(d, images, fcnn_rounds, device, geotorch=geotorch, geotorch_missing=missing)
         rows += fcnn_rows
         extra["fcnn"] = {
-            "model": f"{FCNN_DEPTH} SVDLinear(d, d) + ReLU, then Linear(d, {FCNN_CLASSES}) (OrthoClassifier)",
+            "model": f"{FCNN_DEPTH} SVDLinear(d, d) layers with ReLU, then Linear(d, {FCNN_CLASSES}), as OrthoClassifier",
             "d": d,
             "images": images,
             "batch_size": FCNN_BATCH,
