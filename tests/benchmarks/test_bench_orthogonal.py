@@ -149,6 +149,8 @@ def test_geotorch_and_fcnn_claims_are_computed_from_rows():
         map_row(2048, 1024, "geotorch_cayley", 300),
         {"d": 2048, "batch": 1024, "method": "matrix_exp", "skipped": "too slow"},
         map_row(256, 1024, "aux", 10),  # below d = 784: no claim
+        map_row(784, 128, "householder_sequential", 400),  # the FCNN's (d, B): its rows must not be mistaken for these
+        map_row(784, 128, "householder_wy", 100),
         map_row(256, 1024, "geotorch", 1),
     ]
     fcnn = [
@@ -164,6 +166,7 @@ def test_geotorch_and_fcnn_claims_are_computed_from_rows():
         "aux faster than the fastest other orthogonal map (geotorch_cayley) at d=784, B=1024": (0.83, False),
         "aux faster than geotorch's faster trivialization (geotorch_cayley) at d=784, B=1024": (0.83, False),
         "aux faster than the fastest other orthogonal map (householder_wy) at d=2048, B=1024": (2.0, True),
+        "householder wy >= 5x faster than sequential (forward+backward) at d = 784 (worst batch)": (4.0, False),
         "aux faster than geotorch's faster trivialization (geotorch_cayley) at d=2048, B=1024": (3.0, True),
         "aux FCNN epoch >= 2x faster than the fastest other map (cayley) at d=784 (paper: 2-6x); figure = speed-up": (
             1.5,
@@ -199,7 +202,7 @@ def test_report_renders_geotorch_columns_and_fcnn_table_only_when_present():
     data["rows"][-1].update(epoch_ratio_to_aux=2.0, rounds=2, train_loss_first_epoch=2.2, train_loss_last_epoch=0.4)
     text = report.render_bench_orthogonal(data)
     assert "| d | B | nn.Linear | aux | geotorch (expm, default) |\n" in text
-    assert "| 784 | 1024 | 30.00 ms | 1.40x | 4.20x |" in text
+    assert "| 784 | 1024 | 30.00 ms | 1.40x | 4.20x |" in text and "| 784 | 128 |" not in text  # FCNN rows apart
     assert "geotorch (expm, default) is `triv='expm'`" in text and "data: random uniform pixels" in text
     assert "| aux | 1.000 | 1.00x | 3 | 2.300 -> 0.500 |" in text
     assert "| cayley | 2.000 | 2.00x | 2 | 2.200 -> 0.400 |" in text
