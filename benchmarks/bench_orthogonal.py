@@ -12,11 +12,12 @@ matrix_exp), and the peer library geotorch: ``geotorch.orthogonal(nn.Linear(d, d
 with its default trivialisation ``triv="expm"`` (``base @ matrix_exp(A - A^T)``; column ``geotorch``) and with
 ``triv="cayley"`` (column ``geotorch_cayley``). geotorch is pinned (GEOTORCH) and installed on first use into
 benchmarks/.peers (git-ignored) with ``pip install --no-deps --target``; it is never a dependency of
-lightning_ortho. Where it cannot be installed its rows say ``skipped`` with the reason. Forward (with autograd recording, as in training) and the backward pass that follows
-it (gradients of input and parameters) are timed separately in the same loop; forward+backward is their
-sum. Methods are interleaved (in a random order) within each
-round; the best round is reported (``*_ms``; the machine's noise only ever adds time) beside the median
-(``*_median_ms``), and ratios to nn.Linear are ratios of best rounds.
+lightning_ortho. Where it cannot be installed its rows say ``skipped`` with the reason.
+
+Forward (with autograd recording, as in training) and the backward pass that follows it (gradients of input
+and parameters) are timed separately in the same loop; forward+backward is their sum. Methods are interleaved
+(in a random order) within each round; the best round is reported (``*_ms``; the machine's noise only ever
+adds time) beside the median (``*_median_ms``), and ratios to nn.Linear are ratios of best rounds.
 
 FCNN epochs (rows with ``"section": "fcnn_epoch"``): the FCNN of Appendix B.1 (three SVDLinear layers
 ``U diag(s) V^T`` of width d = 784 with ReLU, then a linear layer to 10 classes, as OrthoClassifier; Adam lr
@@ -25,7 +26,8 @@ images in the same order for every method: real MNIST digits from benchmarks/mni
 prepared, else random data of the same shape (top-level ``fcnn.data`` says which). U and V are aux,
 householder (compact WY), torch's cayley / matrix_exp, or geotorch's orthogonal map (expm, cayley), which
 replaces SVDLinear's two maps and nothing else. Epoch seconds (forward, loss, backward, optimizer step) are the
-best of interleaved rounds; ``epoch_ratio_to_aux`` is how many times longer than aux's epoch.
+best of interleaved rounds (3 by default; a method past FCNN_SLOW_BUDGET seconds stops after two);
+``epoch_ratio_to_aux`` is how many times longer than aux's epoch.
 
 Writes benchmarks/results/bench_orthogonal-HARDWARE.json (+ .png).
 """
