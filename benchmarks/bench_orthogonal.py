@@ -1,16 +1,33 @@
-"""Speed of one d x d orthogonal(-like) map on a batch, side by side with nn.Linear in the same run.
+"""Speed of one d x d orthogonal(-like) map on a batch, side by side with nn.Linear in the same run, and of one
+training epoch of the paper's FCNN with each map.
 
-    python benchmarks/bench_orthogonal.py            # full grid (about 15 minutes on 2 CPU cores)
-    python benchmarks/bench_orthogonal.py --quick    # small grid, seconds (used by the tests)
+    python benchmarks/bench_orthogonal.py               # full grid + FCNN epochs (about 30 minutes on 2 CPU cores)
+    python benchmarks/bench_orthogonal.py --skip-fcnn   # the map grid only (about 20 minutes)
+    python benchmarks/bench_orthogonal.py --quick       # small grid, tiny FCNN, seconds (used by the tests)
     python benchmarks/bench_orthogonal.py --device cuda
 
 Maps: nn.Linear(d, d, bias=False) (the one-matmul baseline), one auxiliary reflection (ours), d Householder
-reflections (ours, sequential and compact WY), and PyTorch's orthogonal parametrisations (householder,
-cayley, matrix_exp). Forward (with autograd recording, as in training) and the backward pass that follows
-it (gradients of input and parameters) are timed separately in the same loop; forward+backward is their
-sum. Methods are interleaved (in a random order) within each
-round; the best round is reported (``*_ms``; the machine's noise only ever adds time) beside the median
-(``*_median_ms``), and ratios to nn.Linear are ratios of best rounds.
+reflections (ours, sequential and compact WY), PyTorch's orthogonal parametrisations (householder, cayley,
+matrix_exp), and the peer library geotorch: ``geotorch.orthogonal(nn.Linear(d, d, bias=False), "weight")``
+with its default trivialisation ``triv="expm"`` (``base @ matrix_exp(A - A^T)``; column ``geotorch``) and with
+``triv="cayley"`` (column ``geotorch_cayley``). geotorch is pinned (GEOTORCH) and installed on first use into
+benchmarks/.peers (git-ignored) with ``pip install --no-deps --target``; it is never a dependency of
+lightning_ortho. Where it cannot be installed its rows say ``skipped`` with the reason.
+
+Forward (with autograd recording, as in training) and the backward pass that follows it (gradients of input
+and parameters) are timed separately in the same loop; forward+backward is their sum. Methods are interleaved
+(in a random order) within each round; the best round is reported (``*_ms``; the machine's noise only ever
+adds time) beside the median (``*_median_ms``), and ratios to nn.Linear are ratios of best rounds.
+
+FCNN epochs (rows with ``"section": "fcnn_epoch"``): the FCNN of Appendix B.1 (three SVDLinear layers
+``U diag(s) V^T`` of width d = 784 with ReLU, then a linear layer to 10 classes, as OrthoClassifier; Adam lr
+1e-3, batch 128, cross-entropy) trained in a plain PyTorch loop for one epoch per round on the same 4,000
+images in the same order for every method: real MNIST digits from benchmarks/mnist5k.py where it can be
+prepared, else random data of the same shape (top-level ``fcnn.data`` says which). U and V are aux,
+householder (compact WY), torch's cayley / matrix_exp, or geotorch's orthogonal map (expm, cayley), which
+replaces SVDLinear's two maps and nothing else. Epoch seconds (forward, loss, backward, optimizer step) are the
+best of interleaved rounds (3 by default; a method past FCNN_SLOW_BUDGET seconds stops after two);
+``epoch_ratio_to_aux`` is how many times longer than aux's epoch.
 
 Writes benchmarks/results/bench_orthogonal-HARDWARE.json (+ .png).
 """
@@ -20,17 +37,42 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import time
 from pathlib import Path
+from types import ModuleType
 
+import numpy as np
 import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, median, time_forward_backward, write_result  # noqa: E402
+from _common import RESULTS, hardware_name, median, synchronize, time_forward_backward, write_result  # noqa: E402
+from _peers import import_peer  # noqa: E402
 
-from lightning_ortho.nn import AuxiliaryReflection, HouseholderProduct, ParametrizedOrthogonal  # noqa: E402
+from lightning_ortho.nn import AuxiliaryReflection, HouseholderProduct, ParametrizedOrthogonal, SVDLinear  # noqa: E402
 
-METHODS = ("linear", "aux", "householder_sequential", "householder_wy", "torch_householder", "cayley", "matrix_exp")
+GEOTORCH = "geotorch==0.4.0"
+#: method -> geotorch.orthogonal's ``triv`` (its default is "expm").
+GEOTORCH_METHODS = {"geotorch": "expm", "geotorch_cayley": "cayley"}
+METHODS = (
+    "linear",
+    "aux",
+    "householder_sequential",
+    "householder_wy",
+    "torch_householder",
+    "cayley",
+    "matrix_exp",
+    *GEOTORCH_METHODS,
+)
+#: FCNN method -> lightning_ortho's orthogonal_map name (geotorch's maps replace SVDLinear's after construction).
+FCNN_METHODS = {"aux": "aux", "householder_wy": "householder", "cayley": "cayley", "matrix_exp": "matrix_exp"}
+FCNN_METHODS.update(dict.fromkeys(GEOTORCH_METHODS, "aux"))
+#: (d, training images) of the FCNN epoch: the paper's width and the 4,000 training images of mnist5k.py.
+FCNN_FULL, FCNN_QUICK = (784, 4000), (64, 384)
+FCNN_BATCH, FCNN_LR, FCNN_DEPTH, FCNN_CLASSES = 128, 1e-3, 3, 10
+#: Seconds of epochs after which an FCNN method is measured for only two rounds (matrix_exp: about a minute
+#: per epoch at d = 784 on 2 cores).
+FCNN_SLOW_BUDGET = 120.0
 FULL_DIMS, FULL_BATCHES = (64, 256, 784, 2048), (32, 1024, 16384)
 QUICK_DIMS, QUICK_BATCHES = (64, 256), (32, 1024)
 #: Seconds of forward+backward after which a method is measured for only two rounds (matrix_exp and
@@ -40,7 +82,14 @@ SLOW_METHOD_BUDGET = 30.0
 SEQUENTIAL_MEMORY_LIMIT = 4 * 2**30
 
 
-def build(method: str, d: int) -> nn.Module:
+def load_geotorch() -> tuple[ModuleType | None, str | None]:
+    """``(geotorch, None)``, installing the pinned GEOTORCH into benchmarks/.peers on first use, or ``(None, reason)``."""
+    return import_peer("geotorch", GEOTORCH)
+
+
+def build(method: str, d: int, geotorch: ModuleType | None = None) -> nn.Module:
+    if method in GEOTORCH_METHODS:
+        return geotorch.orthogonal(nn.Linear(d, d, bias=False), "weight", triv=GEOTORCH_METHODS[method])
     if method == "linear":
         return nn.Linear(d, d, bias=False)
     if method == "aux":
@@ -52,7 +101,11 @@ def build(method: str, d: int) -> nn.Module:
     return ParametrizedOrthogonal(d, "householder" if method == "torch_householder" else method)
 
 
-def skip_reason(method: str, d: int, batch: int, device: torch.device) -> str | None:
+def skip_reason(
+    method: str, d: int, batch: int, device: torch.device, geotorch_missing: str | None = None
+) -> str | None:
+    if method in GEOTORCH_METHODS and geotorch_missing:
+        return f"geotorch not available: {geotorch_missing}"
     if method == "householder_sequential":
         memory = d * batch * d * 4
         if memory > SEQUENTIAL_MEMORY_LIMIT:
@@ -62,7 +115,16 @@ def skip_reason(method: str, d: int, batch: int, device: torch.device) -> str | 
     return None
 
 
-def measure(dims, batches, rounds: int, min_time: float, device: torch.device, methods=METHODS) -> list[dict]:
+def measure(
+    dims,
+    batches,
+    rounds: int,
+    min_time: float,
+    device: torch.device,
+    methods=METHODS,
+    geotorch: ModuleType | None = None,
+    geotorch_missing: str | None = None,
+) -> list[dict]:
     rows = []
     for d in dims:
         for batch in batches:
@@ -71,11 +133,12 @@ def measure(dims, batches, rounds: int, min_time: float, device: torch.device, m
             grad = torch.randn(batch, d, device=device)
             modules, times = {}, {}
             for method in methods:
-                reason = skip_reason(method, d, batch, device)
+                reason = skip_reason(method, d, batch, device, geotorch_missing)
                 if reason:
                     rows.append({"d": d, "batch": batch, "method": method, "skipped": reason})
                     continue
-                modules[method] = build(method, d).to(device)
+                torch.manual_seed(0)
+                modules[method] = build(method, d, geotorch).to(device)
                 times[method] = {"forward": [], "backward": [], "both": []}
 
             def run(module):
@@ -114,8 +177,128 @@ def measure(dims, batches, rounds: int, min_time: float, device: torch.device, m
     return rows
 
 
+def build_fcnn(method: str, d: int, geotorch: ModuleType | None = None) -> nn.Module:
+    """OrthoClassifier's network as a plain nn.Sequential: FCNN_DEPTH SVDLinear layers with ReLU after each,
+    then nn.Linear(d, 10). For a geotorch method, each SVDLinear's ``left`` (U) and ``right`` (V^T) maps are
+    replaced by geotorch's orthogonal ``nn.Linear(d, d, bias=False)``; the singular values, bias and forward stay."""
+    layers: list[nn.Module] = []
+    for _ in range(FCNN_DEPTH):
+        layer = SVDLinear(d, d, orthogonal=FCNN_METHODS[method])
+        if method in GEOTORCH_METHODS:
+            layer.left, layer.right = build(method, d, geotorch), build(method, d, geotorch)
+        layers += [layer, nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(d, FCNN_CLASSES))
+
+
+def fcnn_data(d: int, images: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """``(x (images, d) float32 in [0, 1], labels (images,) int64, description)``: ``images`` of the 4,000 real
+    MNIST training digits of benchmarks/mnist5k.py (resized to sqrt(d) x sqrt(d) where d != 784), or uniform
+    random pixels and labels of the same shape where those cannot be had (the description says why)."""
+    generator = torch.Generator().manual_seed(seed)
+    side = round(d**0.5)
+    try:
+        if side * side != d:
+            raise ValueError(f"d = {d} is not the number of pixels of a square image")
+        import mnist5k
+
+        raw = mnist5k.prepare() / "MNIST" / "raw"
+        pixels = np.frombuffer((raw / "train-images-idx3-ubyte").read_bytes(), np.uint8, offset=16)
+        labels = np.frombuffer((raw / "train-labels-idx1-ubyte").read_bytes(), np.uint8, offset=8)
+        pixels = pixels.reshape(len(labels), 28, 28)
+        if images > len(labels):
+            raise ValueError(f"{images} images asked, mnist5k has {len(labels)} training images")
+    except Exception as error:  # no network for the wheel, a broken file: time on random data instead
+        x = torch.rand(images, d, generator=generator)
+        y = torch.randint(0, FCNN_CLASSES, (images,), generator=generator)
+        return x, y, f"random uniform pixels and labels ({type(error).__name__}: {error})"
+    keep = torch.randperm(len(labels), generator=generator)[:images].sort().values.numpy()
+    x = torch.from_numpy(pixels[keep].astype(np.float32) / 255.0)
+    size = "28x28"
+    if side != 28:
+        x = nn.functional.interpolate(x[:, None], size=(side, side), mode="bilinear", antialias=True)[:, 0]
+        size = f"resized to {side}x{side}"
+    y = torch.from_numpy(labels[keep].astype(np.int64))
+    return x.reshape(images, d), y, f"mnist5k: {images} of the 4,000 real MNIST training images ({size}, pixels / 255)"
+
+
+def train_epoch(model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor, batches, device) -> tuple[float, float]:
+    """Seconds of one pass over ``batches`` (index tensors): forward, cross-entropy, backward, Adam step; and
+    the mean training loss."""
+    synchronize(device)
+    start = time.perf_counter()
+    total = torch.zeros((), device=device)
+    for index in batches:
+        loss = nn.functional.cross_entropy(model(x[index]), y[index])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += loss.detach()
+    synchronize(device)
+    return time.perf_counter() - start, float(total) / len(batches)
+
+
+def measure_fcnn(
+    d: int,
+    images: int,
+    rounds: int,
+    device: torch.device,
+    methods=None,
+    geotorch: ModuleType | None = None,
+    geotorch_missing: str | None = None,
+    data: tuple[torch.Tensor, torch.Tensor, str] | None = None,
+) -> tuple[list[dict], str]:
+    """One FCNN per method (same seed), trained one epoch per round on the same batches in the same order,
+    methods interleaved in a random order within each round (default: every FCNN_METHODS). Returns
+    ``(rows, data description)``."""
+    methods = tuple(FCNN_METHODS) if methods is None else methods
+    x, y, source = data or fcnn_data(d, images)
+    x, y = x.to(device), y.to(device)
+    base = {"section": "fcnn_epoch", "d": d, "batch": FCNN_BATCH, "images": len(y)}
+    skipped, models, optimizers, times, losses = {}, {}, {}, {}, {}
+    for method in methods:
+        if method in GEOTORCH_METHODS and geotorch_missing:
+            skipped[method] = f"geotorch not available: {geotorch_missing}"
+            continue
+        torch.manual_seed(0)
+        models[method] = build_fcnn(method, d, geotorch).to(device)
+        optimizers[method] = torch.optim.Adam(models[method].parameters(), lr=FCNN_LR)
+        times[method], losses[method] = [], []
+    generator = torch.Generator().manual_seed(0)
+    warm_up = [torch.randperm(len(y), generator=generator)[:FCNN_BATCH].to(device)]
+    for method in models:  # one untimed step each (allocator, lazy init, LAPACK workspaces)
+        train_epoch(models[method], optimizers[method], x, y, warm_up, device)
+    batches = []
+    for round_index in range(rounds):
+        batches = torch.randperm(len(y), generator=generator).to(device).split(FCNN_BATCH)
+        order = [m for m in models if round_index < 2 or sum(times[m]) < FCNN_SLOW_BUDGET]
+        random.shuffle(order)
+        for method in order:
+            seconds, loss = train_epoch(models[method], optimizers[method], x, y, batches, device)
+            times[method].append(seconds)
+            losses[method].append(loss)
+    rows = []
+    for method in methods:
+        if method in skipped:
+            rows.append({**base, "method": method, "skipped": skipped[method]})
+            continue
+        row = {**base, "method": method, "batches": len(batches), "rounds": len(times[method])}
+        row["epoch_s"], row["epoch_median_s"] = min(times[method]), median(times[method])
+        if "aux" in times:
+            row["epoch_ratio_to_aux"] = row["epoch_s"] / min(times["aux"])
+        row["train_loss_first_epoch"], row["train_loss_last_epoch"] = losses[method][0], losses[method][-1]
+        rows.append(row)
+        print(
+            f"FCNN d={d} {method:16s} epoch {row['epoch_s']:8.3f} s"
+            + (f"  x{row['epoch_ratio_to_aux']:.2f} of aux" if "epoch_ratio_to_aux" in row else "")
+            + f"  loss {row['train_loss_first_epoch']:.3f} -> {row['train_loss_last_epoch']:.3f}",
+            flush=True,
+        )
+    return rows, source
+
+
 def claims_from(rows: list[dict]) -> list[dict]:
-    measured = [r for r in rows if "skipped" not in r]
+    """The issue's targets and the paper's claims, computed from measured rows (map rows and FCNN-epoch rows)."""
+    measured = [r for r in rows if "skipped" not in r and "section" not in r]
     claims = []
     aux_big = [r for r in measured if r["method"] == "aux" and r["d"] >= 784 and r["batch"] >= 1024]
     if aux_big:
@@ -149,19 +332,48 @@ def claims_from(rows: list[dict]) -> list[dict]:
                 "holds": min(speedups) >= 5,
             }
         )
-    others = ("householder_wy", "torch_householder", "cayley", "matrix_exp")
+    others = ("householder_wy", "torch_householder", "cayley", "matrix_exp", *GEOTORCH_METHODS)
     for d, b in sorted({(r["d"], r["batch"]) for r in measured}):
         if d < 784 or b < 1024 or (d, b, "aux") not in by_key:
             continue
-        fastest = min((by_key[(d, b, m)]["both_ms"], m) for m in others if (d, b, m) in by_key)
-        speedup = fastest[0] / by_key[(d, b, "aux")]["both_ms"]
-        claims.append(
-            {
-                "claim": f"aux faster than the fastest other orthogonal map ({fastest[1]}) at d={d}, B={b}",
-                "figure": round(speedup, 2),
-                "holds": speedup > 1,
-            }
-        )
+        aux_ms = by_key[(d, b, "aux")]["both_ms"]
+        candidates = [(by_key[(d, b, m)]["both_ms"], m) for m in others if (d, b, m) in by_key]
+        if candidates:
+            fastest = min(candidates)
+            claims.append(
+                {
+                    "claim": f"aux faster than the fastest other orthogonal map ({fastest[1]}) at d={d}, B={b}",
+                    "figure": round(fastest[0] / aux_ms, 2),
+                    "holds": fastest[0] / aux_ms > 1,
+                }
+            )
+        geotorch = [(by_key[(d, b, m)]["both_ms"], m) for m in GEOTORCH_METHODS if (d, b, m) in by_key]
+        if geotorch:
+            fastest = min(geotorch)
+            claims.append(
+                {
+                    "claim": f"aux faster than geotorch's faster trivialization ({fastest[1]}) at d={d}, B={b}",
+                    "figure": round(fastest[0] / aux_ms, 2),
+                    "holds": fastest[0] / aux_ms > 1,
+                }
+            )
+    fcnn = {r["method"]: r for r in rows if r.get("section") == "fcnn_epoch" and "skipped" not in r}
+    if "aux" in fcnn:
+        aux_s, d = fcnn["aux"]["epoch_s"], fcnn["aux"]["d"]
+        for label, names in (
+            ("the fastest other map", [m for m in fcnn if m != "aux"]),
+            ("geotorch's faster trivialization", [m for m in GEOTORCH_METHODS if m in fcnn]),
+        ):
+            if names:
+                seconds, fastest = min((fcnn[m]["epoch_s"], m) for m in names)
+                claims.append(
+                    {
+                        "claim": f"aux FCNN epoch >= 2x faster than {label} ({fastest}) at d={d} "
+                        "(paper: 2-6x); figure = speed-up",
+                        "figure": round(seconds / aux_s, 2),
+                        "holds": seconds / aux_s >= 2,
+                    }
+                )
     return claims
 
 
@@ -197,15 +409,38 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--output-suffix", default="", help="appended to the result file name (e.g. -quick)")
+    parser.add_argument("--skip-fcnn", action="store_true", help="time the single maps only, no FCNN epochs")
+    parser.add_argument("--fcnn-rounds", type=int, default=None, help="epochs per FCNN method (default 3; 1 quick)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     random.seed(0)
     dims, batches = (QUICK_DIMS, QUICK_BATCHES) if args.quick else (FULL_DIMS, FULL_BATCHES)
     rounds = args.rounds or (2 if args.quick else 5)
-    rows = measure(dims, batches, rounds, 0.02 if args.quick else 0.2, device)
+    geotorch, missing = load_geotorch()
+    peer = {"requirement": GEOTORCH, "triv": GEOTORCH_METHODS}
+    peer.update({"skipped": missing} if missing else {"version": geotorch.__version__, "path": "benchmarks/.peers"})
+    print(f"geotorch: {peer.get('version') or 'skipped: ' + missing}", flush=True)
+    rows = measure(
+        dims, batches, rounds, 0.02 if args.quick else 0.2, device, geotorch=geotorch, geotorch_missing=missing
+    )
+    extra: dict = {"peers": {"geotorch": peer}}
+    if not args.skip_fcnn:
+        d, images = FCNN_QUICK if args.quick else FCNN_FULL
+        fcnn_rounds = args.fcnn_rounds or (1 if args.quick else 3)
+        fcnn_rows, source = measure_fcnn(d, images, fcnn_rounds, device, geotorch=geotorch, geotorch_missing=missing)
+        rows += fcnn_rows
+        extra["fcnn"] = {
+            "model": f"{FCNN_DEPTH} SVDLinear(d, d) layers with ReLU, then Linear(d, {FCNN_CLASSES}), as OrthoClassifier",
+            "d": d,
+            "images": images,
+            "batch_size": FCNN_BATCH,
+            "optimizer": f"Adam lr {FCNN_LR:g}",
+            "rounds": fcnn_rounds,
+            "data": source,
+        }
     claims = claims_from(rows)
     suffix = args.output_suffix or ("-quick" if args.quick else "")
-    path = write_result("bench_orthogonal", device, rows, claims, suffix=suffix)
+    path = write_result("bench_orthogonal", device, rows, claims, suffix=suffix, extra=extra)
     plot(rows, RESULTS / f"bench_orthogonal-{hardware_name(device)}{suffix}.png")
     for claim in claims:
         print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")

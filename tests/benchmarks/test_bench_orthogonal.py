@@ -1,5 +1,9 @@
 import importlib.util
 import json
+import math
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -12,24 +16,87 @@ def load(name: str):
     return module
 
 
-def test_quick_benchmark_writes_schema(tmp_path, monkeypatch):
-    bench = load("bench_orthogonal")
-    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+def quick_run(tmp_path, monkeypatch, bench, *argv):
     import _common
 
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
     monkeypatch.setattr(_common, "RESULTS", tmp_path)
     monkeypatch.setattr(bench, "QUICK_DIMS", (16,))
     monkeypatch.setattr(bench, "QUICK_BATCHES", (8, 300))
-    path = bench.main(["--quick", "--rounds", "1"])
-    data = json.loads(Path(path).read_text())
+    monkeypatch.setattr(bench, "FCNN_QUICK", (16, 256))  # 4x4 digits, two batches of 128
+    path = bench.main(["--quick", "--rounds", "1", *argv])
+    return json.loads(Path(path).read_text())
+
+
+def test_quick_benchmark_writes_schema(tmp_path, monkeypatch):
+    bench = load("bench_orthogonal")
+    data = quick_run(tmp_path, monkeypatch, bench)
     assert data["benchmark"] == "bench_orthogonal" and data["hardware"].startswith("cpu")
-    assert {"torch", "date", "command", "rows", "claims"} <= set(data)
-    methods = {row["method"] for row in data["rows"]}
-    assert methods == set(bench.METHODS)
-    for row in data["rows"]:
-        assert row["forward_ms"] > 0 and row["both_ms"] > 0
+    assert {"torch", "date", "command", "rows", "claims", "peers", "fcnn"} <= set(data)
+    maps = [row for row in data["rows"] if "section" not in row]
+    assert {row["method"] for row in maps} == set(bench.METHODS)
+    assert {(row["d"], row["batch"]) for row in maps} == {(16, 8), (16, 300)}
+    peer = data["peers"]["geotorch"]
+    assert peer["requirement"] == bench.GEOTORCH and peer["triv"] == {"geotorch": "expm", "geotorch_cayley": "cayley"}
+    geotorch_installed = "version" in peer
+    if not geotorch_installed:  # no network: the rows say so instead of the run crashing
+        assert peer["skipped"]
+    for row in maps:
+        if row["method"] in bench.GEOTORCH_METHODS and not geotorch_installed:
+            assert row["skipped"].startswith("geotorch not available")
+            continue
+        assert "skipped" not in row, row
+        assert row["forward_ms"] > 0 and row["both_ms"] > 0 and row["rounds"] == 1
         if row["method"] == "linear":
             assert row["both_ratio_to_linear"] == 1.0
+
+    fcnn = [row for row in data["rows"] if row.get("section") == "fcnn_epoch"]
+    assert [row["method"] for row in fcnn] == list(bench.FCNN_METHODS)
+    assert data["fcnn"]["d"] == 16 and data["fcnn"]["rounds"] == 1 and data["fcnn"]["batch_size"] == 128
+    assert data["fcnn"]["data"].startswith(("mnist5k: 256 of the 4,000 real MNIST", "random uniform pixels"))
+    for row in fcnn:
+        assert row["d"] == 16 and row["images"] == 256
+        if row["method"] in bench.GEOTORCH_METHODS and not geotorch_installed:
+            assert row["skipped"].startswith("geotorch not available")
+            continue
+        assert row["batches"] == 2 and row["rounds"] == 1 and row["epoch_s"] > 0
+        assert math.isfinite(row["train_loss_last_epoch"]) and 1.0 < row["train_loss_first_epoch"] < 4.0
+    assert next(row for row in fcnn if row["method"] == "aux")["epoch_ratio_to_aux"] == 1.0
+    # d = 16 is below the grid of every map claim; the FCNN claims are there
+    claims = [c["claim"] for c in data["claims"]]
+    assert any(c.startswith("aux FCNN epoch >= 2x faster than the fastest other map") for c in claims)
+    assert any("geotorch" in c for c in claims) == geotorch_installed
+
+
+def test_geotorch_unavailable_is_recorded_not_raised(tmp_path, monkeypatch):
+    bench = load("bench_orthogonal")
+    monkeypatch.setattr(bench, "load_geotorch", lambda: (None, "pip install geotorch==0.4.0 failed: offline"))
+    monkeypatch.setattr(bench, "FCNN_METHODS", {"aux": "aux", "cayley": "cayley", "geotorch": "aux"})
+    data = quick_run(tmp_path, monkeypatch, bench)
+    assert data["peers"]["geotorch"]["skipped"] == "pip install geotorch==0.4.0 failed: offline"
+    skipped = [row for row in data["rows"] if row["method"] in bench.GEOTORCH_METHODS]
+    assert len(skipped) == 2 * 2 + 1  # both trivializations at two batch sizes, and the FCNN row
+    assert all(
+        row["skipped"] == "geotorch not available: pip install geotorch==0.4.0 failed: offline" for row in skipped
+    )
+    assert all("epoch_s" in row for row in data["rows"] if row.get("section") and row["method"] != "geotorch")
+    assert not any("geotorch" in c["claim"] for c in data["claims"])
+    report = load("report")
+    text = report.render_bench_orthogonal(data)
+    assert "| 16 | 8 |" in text and "geotorch (expm, default) | geotorch (cayley) |" in text
+    assert "| geotorch (expm, default) | skipped |" in text and "(not available)" in text
+    assert "Skipped: geotorch not available: pip install geotorch==0.4.0 failed: offline." in text
+
+
+def map_row(d, b, method, both, linear=None):
+    row = {"d": d, "batch": b, "method": method, "forward_ms": both / 3, "both_ms": both}
+    if linear:
+        row.update(forward_ratio_to_linear=both / 3 / (linear / 3), both_ratio_to_linear=both / linear)
+    return row
+
+
+def fcnn_row(method, seconds):
+    return {"section": "fcnn_epoch", "d": 784, "batch": 128, "images": 4000, "method": method, "epoch_s": seconds}
 
 
 def test_claims_are_computed_from_rows():
@@ -64,3 +131,116 @@ def test_claims_are_computed_from_rows():
     assert wy["figure"] == 4.0 and wy["holds"] is False
     fastest = claims["aux faster than the fastest other orthogonal map"]
     assert fastest["figure"] == 2.0 and fastest["holds"] is True
+    assert len(claims) == 4  # no geotorch rows, no FCNN rows: no claims about them
+
+
+def test_geotorch_and_fcnn_claims_are_computed_from_rows():
+    bench = load("bench_orthogonal")
+    maps = [
+        map_row(784, 1024, "linear", 30, linear=30),
+        map_row(784, 1024, "aux", 42, linear=30),
+        map_row(784, 1024, "cayley", 84),
+        map_row(784, 1024, "geotorch", 126),  # 3.0x aux
+        map_row(784, 1024, "geotorch_cayley", 35),  # faster than aux: both claims at d=784 fail
+        map_row(2048, 1024, "linear", 80, linear=80),
+        map_row(2048, 1024, "aux", 100, linear=80),
+        map_row(2048, 1024, "householder_wy", 200),
+        map_row(2048, 1024, "geotorch", 500),
+        map_row(2048, 1024, "geotorch_cayley", 300),
+        {"d": 2048, "batch": 1024, "method": "matrix_exp", "skipped": "too slow"},
+        map_row(256, 1024, "aux", 10),  # below d = 784: no claim
+        map_row(784, 128, "householder_sequential", 400),  # the FCNN's (d, B): its rows must not be mistaken for these
+        map_row(784, 128, "householder_wy", 100),
+        map_row(256, 1024, "geotorch", 1),
+    ]
+    fcnn = [
+        fcnn_row("aux", 1.0),
+        fcnn_row("householder_wy", 5.0),
+        fcnn_row("cayley", 1.5),  # only 1.5x aux's epoch: the paper's 2x does not hold here
+        fcnn_row("matrix_exp", 30.0),
+        fcnn_row("geotorch", 40.0),
+        {**fcnn_row("geotorch_cayley", 0), "skipped": "geotorch not available: offline"},
+    ]
+    claims = {c["claim"]: c for c in bench.claims_from(maps + fcnn)}
+    expected = {
+        "aux faster than the fastest other orthogonal map (geotorch_cayley) at d=784, B=1024": (0.83, False),
+        "aux faster than geotorch's faster trivialization (geotorch_cayley) at d=784, B=1024": (0.83, False),
+        "aux faster than the fastest other orthogonal map (householder_wy) at d=2048, B=1024": (2.0, True),
+        "householder wy >= 5x faster than sequential (forward+backward) at d = 784 (worst batch)": (4.0, False),
+        "aux faster than geotorch's faster trivialization (geotorch_cayley) at d=2048, B=1024": (3.0, True),
+        "aux FCNN epoch >= 2x faster than the fastest other map (cayley) at d=784 (paper: 2-6x); figure = speed-up": (
+            1.5,
+            False,
+        ),
+        "aux FCNN epoch >= 2x faster than geotorch's faster trivialization (geotorch) at d=784 (paper: 2-6x); "
+        "figure = speed-up": (40.0, True),
+    }
+    for text, (figure, holds) in expected.items():
+        assert (claims[text]["figure"], claims[text]["holds"]) == (figure, holds), text
+    assert len(claims) == len(expected) + 2  # and aux <= 1.3x nn.Linear (forward+backward, forward)
+    # FCNN rows never enter the map claims, nor map rows the FCNN claims
+    map_only = {c["claim"]: c for c in bench.claims_from(maps)}
+    assert map_only == {k: v for k, v in claims.items() if "FCNN" not in k}
+    fcnn_only = bench.claims_from(fcnn)
+    assert [c["claim"] for c in fcnn_only] == [k for k in claims if "FCNN" in k]
+
+
+def test_report_renders_geotorch_columns_and_fcnn_table_only_when_present():
+    report = load("report")
+    base = {"hardware": "cpu2", "torch": "2.14.1", "date": "2026-12-01", "command": "python b.py", "claims": []}
+    maps = [map_row(784, 1024, "linear", 30, linear=30), map_row(784, 1024, "aux", 42, linear=30)]
+    without = report.render_bench_orthogonal({**base, "rows": maps})
+    assert "| d | B | nn.Linear | aux |\n" in without  # no empty columns for methods that have no rows
+    assert "geotorch" not in without and "FCNN" not in without
+    data = {
+        **base,
+        "rows": maps + [map_row(784, 1024, "geotorch", 126, linear=30)] + [fcnn_row("aux", 1.0), fcnn_row("cayley", 2)],
+        "peers": {"geotorch": {"requirement": "geotorch==0.4.0", "version": "0.4.0", "triv": {"geotorch": "expm"}}},
+        "fcnn": {"data": "random uniform pixels", "optimizer": "Adam lr 0.001"},
+    }
+    data["rows"][-2].update(epoch_ratio_to_aux=1.0, rounds=3, train_loss_first_epoch=2.3, train_loss_last_epoch=0.5)
+    data["rows"][-1].update(epoch_ratio_to_aux=2.0, rounds=2, train_loss_first_epoch=2.2, train_loss_last_epoch=0.4)
+    text = report.render_bench_orthogonal(data)
+    assert "| d | B | nn.Linear | aux | geotorch (expm, default) |\n" in text
+    assert "| 784 | 1024 | 30.00 ms | 1.40x | 4.20x |" in text and "| 784 | 128 |" not in text  # FCNN rows apart
+    assert "geotorch (expm, default) is `triv='expm'`" in text and "data: random uniform pixels" in text
+    assert "| aux | 1.000 | 1.00x | 3 | 2.300 -> 0.500 |" in text
+    assert "| cayley | 2.000 | 2.00x | 2 | 2.200 -> 0.400 |" in text
+
+
+def test_readme_section_is_rendered_from_the_committed_results():
+    report = load("report")
+    readme = (ROOT / "README.md").read_text()
+    section = re.search(r"<!-- bench_orthogonal:start -->\n(.*?)<!-- bench_orthogonal:end -->", readme, re.S)
+    assert section and section.group(1) == report.sections()["bench_orthogonal"] + "\n"
+
+
+def test_peer_installs_only_when_the_pinned_version_is_missing(tmp_path, monkeypatch):
+    peers = load("_peers")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    calls = []
+
+    def fake_pip(command, **kwargs):
+        calls.append(command)
+        (tmp_path / "fakepeer_xyz").mkdir()
+        (tmp_path / "fakepeer_xyz" / "__init__.py").write_text("VERSION = '1.0'\n")
+        (tmp_path / "fakepeer_xyz-1.0.dist-info").mkdir()
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(peers.subprocess, "run", fake_pip)
+    module, reason = peers.import_peer("fakepeer_xyz", "fakepeer_xyz==1.0", target=tmp_path)
+    assert reason is None and module.VERSION == "1.0" and sys.path[0] == str(tmp_path)
+    assert calls[0][-3:] == ["--target", str(tmp_path), "fakepeer_xyz==1.0"] and "--no-deps" in calls[0]
+    assert peers.import_peer("fakepeer_xyz", "fakepeer_xyz==1.0", target=tmp_path)[0] is module
+    assert len(calls) == 1  # the pinned version is there: no second install
+    sys.modules.pop("fakepeer_xyz")
+
+
+def test_peer_that_cannot_be_installed_gives_a_reason(tmp_path, monkeypatch):
+    peers = load("_peers")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for geotorch==0.4.0")
+    monkeypatch.setattr(peers.subprocess, "run", lambda command, **kwargs: failed)
+    module, reason = peers.import_peer("geotorch_not_here", "geotorch==0.4.0", target=tmp_path)
+    assert module is None and reason.startswith("pip install geotorch==0.4.0 failed (exit 1)")
+    assert "No matching distribution" in reason
