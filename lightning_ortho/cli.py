@@ -96,8 +96,8 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _user_error(error: BaseException) -> tuple[str, BaseException] | None:
-    """``(title, error)`` for the data errors a user fixes on the command line, found along the cause chain
-    (jsonargparse wraps errors raised while it instantiates the data module); ``None`` for anything else."""
+    """``(title, error)`` for the data errors a user fixes on the command line, found along the ``__cause__``
+    chain (jsonargparse re-raises errors of the data module's constructor ``from`` them); ``None`` otherwise."""
     from lightning_ortho.datamodules import DataOptionError, DatasetNotFoundError
 
     seen: set[int] = set()
@@ -108,7 +108,7 @@ def _user_error(error: BaseException) -> tuple[str, BaseException] | None:
             return "Dataset not found.", current
         if isinstance(current, DataOptionError):
             return "Data option not accepted.", current
-        current = current.__cause__ or current.__context__
+        current = current.__cause__
     return None
 
 

@@ -172,8 +172,9 @@ def _forward(images: object, name: str, value: object) -> None:
     kind = type(images).__name__
     if not hasattr(images, name):
         raise DataOptionError(
-            f"SequentialImageDataModule: {name}={value!r} was given, but the wrapped {kind} has no `{name}`: it reads "
-            f"no files (its data is embedded), so there is nothing to point elsewhere. Leave {name} unset."
+            f"SequentialImageDataModule: {name}={value!r} was given, but the wrapped {kind} has no `{name}`: it does "
+            f"not read files from a folder (DigitsDataModule's data is embedded), so there is nothing to point "
+            f"elsewhere. Leave {name} unset (drop --data.{name})."
         )
     if getattr(images, "_splits", None) is not None and getattr(images, name) != value:
         raise ValueError(
