@@ -79,17 +79,37 @@ def run_cli(args: list[str] | None = None) -> OrthoCLI:
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``lightning-ortho`` console script.
 
-    A missing dataset ends the command with its message and exit status 2, not a traceback.
+    A missing dataset, or a data option that the data module cannot honour (``--data.root`` on a recipe with
+    embedded data), ends the command with its message and exit status 2, not a traceback.
     """
-    from lightning_ortho.datamodules import DatasetNotFoundError
-
     try:
         run_cli(args)
-    except DatasetNotFoundError as error:
+    except Exception as error:
+        found = _user_error(error)
+        if found is None:
+            raise
         from rich.console import Console
 
-        Console(stderr=True).print(f"[bold red]Dataset not found.[/bold red] {error}", highlight=False, soft_wrap=True)
+        title, message = found
+        Console(stderr=True).print(f"[bold red]{title}[/bold red] {message}", highlight=False, soft_wrap=True)
         raise SystemExit(2) from None
+
+
+def _user_error(error: BaseException) -> tuple[str, BaseException] | None:
+    """``(title, error)`` for the data errors a user fixes on the command line, found along the ``__cause__``
+    chain (jsonargparse re-raises errors of the data module's constructor ``from`` them); ``None`` otherwise."""
+    from lightning_ortho.datamodules import DataOptionError, DatasetNotFoundError
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DatasetNotFoundError):
+            return "Dataset not found.", current
+        if isinstance(current, DataOptionError):
+            return "Data option not accepted.", current
+        current = current.__cause__
+    return None
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pickle
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,3 +42,21 @@ def write_cifar10(root: Path, n_per_batch: int = 16, n_test: int = 16, seed: int
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names, "num_vis": 3072}))
     return Path(root)
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """How to give a file-reading data module tiny files: ``write(root)``, the folder under ``root`` that
+    torchvision reads, the test-split size written, and the options (``name -> value``) hand-made files need."""
+
+    write: Callable[[Path], Path]
+    folder: str
+    n_test: int
+    options: dict[str, str] = field(default_factory=dict)
+
+
+# Keyed by data module class name; a recipe whose data module reads files but is missing here fails its test.
+ON_DISK = {
+    "MNISTDataModule": OnDisk(write_mnist, "MNIST/raw", 32),
+    "CIFAR10DataModule": OnDisk(write_cifar10, "cifar-10-batches-py", 16, {"verify_checksums": "false"}),
+}

@@ -1,3 +1,5 @@
+import importlib
+import inspect
 import os
 import shutil
 import subprocess
@@ -8,8 +10,9 @@ import pytest
 import torch
 import yaml
 
-from lightning_ortho.cli import run_cli
-from tests.datasets_on_disk import write_cifar10, write_mnist
+from lightning_ortho.cli import main, run_cli
+from lightning_ortho.datamodules import DatasetNotFoundError
+from tests.datasets_on_disk import ON_DISK
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -21,20 +24,50 @@ def fit(recipe: Path, root: Path, *overrides: str):
     return run_cli(["fit", "--config", str(recipe), f"--trainer.default_root_dir={root}", *overrides])
 
 
+def image_module(recipe: Path) -> tuple[type, str]:
+    """The class of the data module that holds a recipe's images (the one wrapped by SequentialImageDataModule,
+    if any), read from the recipe itself, and the option prefix of that module's own arguments."""
+    config, prefix = yaml.safe_load(recipe.read_text())["data"], "--data."
+    if "images" in config.get("init_args", {}):
+        config, prefix = config["init_args"]["images"], "--data.init_args.images.init_args."
+    module, name = config["class_path"].rsplit(".", 1)
+    return getattr(importlib.import_module(module), name), prefix
+
+
+def reads_files(recipe: Path) -> bool:
+    return "root" in inspect.signature(image_module(recipe)[0]).parameters
+
+
+FILE_RECIPES = [r for r in RECIPES if reads_files(r)]
+EMBEDDED_RECIPES = [r for r in RECIPES if not reads_files(r)]
+
+
 def data_overrides(recipe: Path, root: Path) -> list[str]:
-    """Point a recipe's MNIST/CIFAR-10 data module (possibly nested) at tiny files in the real formats."""
-    config = yaml.safe_load(recipe.read_text())["data"]
-    key = "--data.init_args"
-    if config["class_path"].endswith("SequentialImageDataModule"):
-        config, key = config["init_args"]["images"], key + ".images.init_args"
-    name = config["class_path"].rsplit(".", 1)[-1]
-    if name == "MNISTDataModule":
-        write_mnist(root)
-        return [f"{key}.root={root}"]
-    if name == "CIFAR10DataModule":
-        write_cifar10(root)
-        return [f"{key}.root={root}", f"{key}.verify_checksums=false"]
-    return []
+    """Write tiny files in the real formats under ``root`` for a recipe that reads files, and point the recipe
+    there with the one documented option, ``--data.root``."""
+    if not reads_files(recipe):
+        return []
+    module, prefix = image_module(recipe)
+    assert module.__name__ in ON_DISK, f"{recipe.name}: add a writer of tiny {module.__name__} files to ON_DISK"
+    disk = ON_DISK[module.__name__]
+    disk.write(root)
+    return [f"--data.root={root}", *(f"{prefix}{name}={value}" for name, value in disk.options.items())]
+
+
+def assert_read_from(cli, recipe: Path, root: Path) -> None:
+    """The run's data came from ``root``: the data module says so, records it, and holds the tiny files' data."""
+    data = cli.datamodule
+    images = getattr(data, "images", data)
+    assert data.root == images.root == str(root)
+    recorded = data.hparams["images"]["init_args"] if data is not images else data.hparams
+    assert recorded["root"] == str(root)
+    assert len(data.split("test")) == ON_DISK[image_module(recipe)[0].__name__].n_test
+
+
+def test_recipes_that_read_files_are_found_by_reading_the_recipes():
+    classes = {image_module(r)[0].__name__ for r in FILE_RECIPES}
+    assert classes == set(ON_DISK)  # every on-disk format is exercised by a recipe, and vice versa
+    assert EMBEDDED_RECIPES and all(image_module(r)[0].__name__ == "DigitsDataModule" for r in EMBEDDED_RECIPES)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
@@ -44,6 +77,38 @@ def test_every_recipe_fast_dev_run_in_process(recipe, tmp_path):
     metrics = cli.trainer.callback_metrics
     assert any(k.startswith("val_") for k in metrics) and any(k.startswith("train_") for k in metrics)
     assert all(torch.isfinite(v).all() for v in metrics.values())
+    if recipe in FILE_RECIPES:
+        assert_read_from(cli, recipe, tmp_path / "data")
+
+
+@pytest.mark.parametrize("recipe", FILE_RECIPES, ids=[r.stem for r in FILE_RECIPES])
+def test_a_wrong_data_root_is_the_missing_dataset_error_naming_that_folder(recipe, tmp_path):
+    # The long spelling of the option works as well as --data.root.
+    wrong = tmp_path / "nowhere"
+    with pytest.raises(DatasetNotFoundError) as info:
+        fit(recipe, tmp_path, "--trainer.fast_dev_run=true", f"--data.init_args.root={wrong}")
+    folder = ON_DISK[image_module(recipe)[0].__name__].folder
+    assert str(wrong / folder) in str(info.value) and "--data.root=DIR" in str(info.value)
+
+
+@pytest.mark.parametrize("recipe", EMBEDDED_RECIPES, ids=[r.stem for r in EMBEDDED_RECIPES])
+def test_data_root_on_a_recipe_with_embedded_data_is_a_clear_error(recipe, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", str(recipe), f"--data.root={tmp_path}", f"--trainer.default_root_dir={tmp_path}"])
+    assert info.value.code == 2
+    error = capsys.readouterr().err
+    assert "root" in error and "Traceback" not in error
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
+def test_every_recipe_states_its_data_location_in_one_header_line(recipe):
+    lines = [line for line in recipe.read_text().splitlines() if line.startswith("# Data location:")]
+    assert len(lines) == 1, "one '# Data location:' line in the header"
+    if recipe in FILE_RECIPES:
+        folder = ON_DISK[image_module(recipe)[0].__name__].folder
+        assert f"--data.root=DIR reads DIR/{folder}" in lines[0] and "--data.download=true" in lines[0]
+    else:
+        assert "no --data.root" in lines[0]
 
 
 def test_console_script_runs_recipe_and_prints_accuracy(tmp_path):
@@ -82,11 +147,9 @@ def test_demo_recipe_reaches_the_readme_accuracy(tmp_path):
 def test_missing_dataset_ends_the_command_with_one_clear_message(tmp_path):
     script = shutil.which("lightning-ortho", path=str(Path(sys.executable).parent)) or shutil.which("lightning-ortho")
     command = [script, "fit", "--config", str(ROOT / "recipes" / "rnn_pixel_mnist.yaml")]
-    command += [
-        f"--data.init_args.images.init_args.root={tmp_path / 'empty'}",
-        f"--trainer.default_root_dir={tmp_path}",
-    ]
+    command += [f"--data.root={tmp_path / 'empty'}", f"--trainer.default_root_dir={tmp_path}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 2
     assert "MNIST was not found" in result.stderr and str(tmp_path / "empty" / "MNIST" / "raw") in result.stderr
-    assert "images.init_args.download=true" in result.stderr and "Traceback" not in result.stderr
+    assert "--data.root=DIR" in result.stderr and "--data.download=true" in result.stderr
+    assert "init_args" not in result.stderr and "Traceback" not in result.stderr

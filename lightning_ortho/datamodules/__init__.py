@@ -6,10 +6,12 @@ from lightning_ortho.datamodules.cifar10 import CIFAR10DataModule
 from lightning_ortho.datamodules.digits import DigitsDataModule
 from lightning_ortho.datamodules.images import DatasetNotFoundError, ImageDataModule, NormalizedImages
 from lightning_ortho.datamodules.mnist import MNISTDataModule
-from lightning_ortho.datamodules.sequential import ImageSequences, SequentialImageDataModule
+from lightning_ortho.datamodules.sequential import DataOptionError, ImageSequences, SequentialImageDataModule
+from lightning_ortho.datamodules.splits import SplitDataModule
 
 __all__ = [
     "CIFAR10DataModule",
+    "DataOptionError",
     "DatasetNotFoundError",
     "DigitsDataModule",
     "EpochSeededRandomSampler",
@@ -18,4 +20,5 @@ __all__ = [
     "MNISTDataModule",
     "NormalizedImages",
     "SequentialImageDataModule",
+    "SplitDataModule",
 ]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
-from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
+from lightning_ortho.datamodules.splits import SplitDataModule
 
 
-class DigitsDataModule(pl.LightningDataModule):
+class DigitsDataModule(SplitDataModule):
     """The 1,797 real 8x8 digits of ``sklearn.datasets.load_digits``: the embedded default of every demo.
 
     Pixels (0..16) are scaled to [0, 1] and, optionally, resized bilinearly to ``image_size`` (28 gives
@@ -29,7 +28,11 @@ class DigitsDataModule(pl.LightningDataModule):
             ``k / 16`` (what a normalizing flow needs for dequantisation, with 17 levels; use ``image_size=8``).
         num_workers: DataLoader workers (the data lives in memory; 0 is fastest here).
 
-    Batches are ``(inputs, labels)`` with ``labels`` int64 in ``0..9``.
+    Batches are ``(inputs, labels)`` with ``labels`` int64 in ``0..9`` (loaders: :class:`SplitDataModule`).
+    The data is embedded in scikit-learn: there is no ``root`` and no file to read.
+
+    Raises:
+        ValueError: ``image_size`` is not positive, or the split fractions do not leave a training set.
     """
 
     num_classes = 10
@@ -54,9 +57,7 @@ class DigitsDataModule(pl.LightningDataModule):
                 "DigitsDataModule: val_fraction and test_fraction must be in (0, 1) and sum to less than 1."
             )
         self.save_hyperparameters()
-        # Attributes, not self.hparams, drive the behaviour: when a data module is nested inside another one
-        # (SequentialImageDataModule), LightningCLI hands the outer module's config to every
-        # save_hyperparameters() call it instantiates, so hparams may not be this module's own.
+        # Attributes, not self.hparams, drive the behaviour (see SplitDataModule).
         self.batch_size, self.image_size, self.flatten = batch_size, image_size, flatten
         self.val_fraction, self.test_fraction, self.seed, self.shuffle = val_fraction, test_fraction, seed, shuffle
         self.num_workers, self.standardize = num_workers, standardize
@@ -104,20 +105,6 @@ class DigitsDataModule(pl.LightningDataModule):
         self.setup()
         assert self._splits is not None
         return self._splits[name]
-
-    def _loader(self, name: str, shuffle: bool = False) -> DataLoader:
-        data = self.split(name)
-        sampler = EpochSeededRandomSampler(len(data), self.seed) if shuffle else None
-        return DataLoader(data, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=self.shuffle)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
 
     def state_dict(self) -> dict[str, float]:
         """Normalisation statistics, saved in checkpoints."""

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
+from lightning_ortho.datamodules.splits import SplitDataModule
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -39,14 +39,19 @@ class NormalizedImages(Dataset):
         return (image.flatten() if self.flatten else image), self.labels[index]
 
 
-class ImageDataModule(pl.LightningDataModule):
-    """Base of the image data modules: subclasses provide ``_load() -> (train_images, train_labels,
-    test_images, test_labels)`` as uint8 ``(N, C, H, W)`` tensors and the class attributes below.
+class ImageDataModule(SplitDataModule):
+    """Base of the image data modules read from files under ``root``: subclasses provide ``_load() ->
+    (train_images, train_labels, test_images, test_labels)`` as uint8 ``(N, C, H, W)`` tensors and the class
+    attributes below.
 
     The validation set is a fixed-seed ``val_size`` sample of the training set, or, with ``val_size=0``, the
-    official test set (what expRNN and many papers report as "validation"); the test set is the official one. Normalisation ``mean``/``std`` are constructor arguments, so they are recorded in the hyperparameters
+    official test set (what expRNN and many papers report as "validation"); the test set is the official one.
+    Normalisation ``mean``/``std`` are constructor arguments, so they are recorded in the hyperparameters
     and every checkpoint knows its data. Training batches are shuffled by :class:`EpochSeededRandomSampler`
-    (reproducible across resumes) unless ``shuffle=False``.
+    (reproducible across resumes) unless ``shuffle=False``; the loaders come from :class:`SplitDataModule`.
+
+    Raises:
+        ValueError: ``val_size`` is negative.
     """
 
     num_classes = 10
@@ -71,8 +76,7 @@ class ImageDataModule(pl.LightningDataModule):
                 f"{type(self).__name__}: val_size must be >= 0 (0 validates on the test set), got {val_size}."
             )
         self.save_hyperparameters()
-        # Attributes, not self.hparams, drive the behaviour (see DigitsDataModule: nested modules may be handed
-        # another module's hparams by LightningCLI).
+        # Attributes, not self.hparams, drive the behaviour (see SplitDataModule).
         self.root, self.download, self.batch_size, self.flatten = root, download, batch_size, flatten
         self.val_size, self.seed, self.shuffle, self.num_workers = val_size, seed, shuffle, num_workers
         self.mean, self.std = tuple(mean), tuple(std)
@@ -97,7 +101,8 @@ class ImageDataModule(pl.LightningDataModule):
             if not self.download and "not found" not in str(error).lower():
                 raise
             attempted = f"\n  (the download was attempted and failed: {error})" if self.download else ""
-            raise DatasetNotFoundError(missing_dataset_message(name, folder, files) + attempted) from error
+            message = missing_dataset_message(name, folder, files, root=self.root)
+            raise DatasetNotFoundError(message + attempted) from error
 
     def prepare_data(self) -> None:
         if self.download:
@@ -128,25 +133,21 @@ class ImageDataModule(pl.LightningDataModule):
         assert self._splits is not None
         return self._splits[name]
 
-    def train_dataloader(self) -> DataLoader:
-        data = self.split("train")
-        sampler = EpochSeededRandomSampler(len(data), self.seed) if self.shuffle else None
-        return DataLoader(data, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)
 
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.split("val"), batch_size=self.batch_size, num_workers=self.num_workers)
+def missing_dataset_message(name: str, folder: str, files: Sequence[str], root: str | None = None) -> str:
+    """The one error a user sees when a dataset is missing: where, how to get it, what to run instead.
 
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.split("test"), batch_size=self.batch_size, num_workers=self.num_workers)
-
-
-def missing_dataset_message(name: str, folder: str, files: Sequence[str]) -> str:
-    """The one error a user sees when a dataset is missing: where, how to get it, what to run instead."""
+    ``folder`` is where the files were expected; ``root`` (the data module's ``root``, a parent of ``folder``)
+    lets the message say which part of the layout the user chooses and which part torchvision imposes.
+    The options it names (``--data.root``, ``--data.download``) work in every recipe that reads files,
+    including those whose image module is wrapped by ``SequentialImageDataModule``.
+    """
+    below = Path(folder).relative_to(root).as_posix() if root is not None and Path(folder).is_relative_to(root) else ""
+    layout = f" (the files go in DIR/{below})" if below else ""
     return (
         f"{name} was not found in {folder} (expected {', '.join(files)}).\n"
-        f"  - On a machine with internet: set download=true on the data module (torchvision downloads the files):\n"
-        f"    --data.init_args.download=true, or --data.init_args.images.init_args.download=true when it is wrapped\n"
-        f"    by SequentialImageDataModule. Or copy the files there yourself and point `root` at the parent folder.\n"
+        f"  - Files elsewhere? Point the recipe at their folder: --data.root=DIR{layout}.\n"
+        f"  - On a machine with internet: add --data.download=true (torchvision downloads the files into root).\n"
         f"  - No network? Run the same model on the embedded handwritten digits instead (bundled with\n"
         f"    scikit-learn, no download): lightning-ortho fit --config recipes/fcnn_digits.yaml (or rnn_digits.yaml)."
     )

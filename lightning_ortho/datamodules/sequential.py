@@ -7,9 +7,13 @@ from typing import Literal
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
+from lightning_ortho.datamodules.splits import SplitDataModule
+
+
+class DataOptionError(TypeError):
+    """An option was given to a data module that cannot honour it (``root`` for embedded data, ...)."""
 
 
 def describe_module(module: object) -> dict:
@@ -44,7 +48,7 @@ class ImageSequences(Dataset):
         return sequence, label
 
 
-class SequentialImageDataModule(pl.LightningDataModule):
+class SequentialImageDataModule(SplitDataModule):
     """Any image data module read as sequences: the pixel-MNIST and permuted-MNIST tasks of Arjovsky et al.
     (2016) and the RNN experiment of "One Reflection Suffice" (section 3.2).
 
@@ -54,10 +58,24 @@ class SequentialImageDataModule(pl.LightningDataModule):
         mode: ``"pixel"`` (one pixel per step; 784 steps for MNIST) or ``"row"`` (one row per step).
         permute: apply a fixed random permutation of the time steps (permuted MNIST).
         permutation_seed: seed of that permutation. It is drawn from this seed alone, so it is the same in
-            every process and after a resume; it is also saved in the data module's ``state_dict``.
+            every process and after a resume; it is also saved in the data module's ``state_dict``. It also
+            seeds the per-epoch shuffling of the training sequences.
         batch_size: overrides the wrapped module's batch size when given.
+        shuffle: shuffle the training batches.
+        num_workers: DataLoader workers; ``None`` takes the wrapped module's ``num_workers`` (0 if it has none).
+        root: when given, replaces the wrapped module's ``root`` (the folder its files are read from), so
+            ``--data.root=DIR`` points a sequential recipe at its data like a flat one.
+        download: when given, replaces the wrapped module's ``download``.
 
-    Batches are ``(x (B, L, F), labels (B,))``; ``num_features`` is ``F`` (the per-step input size).
+    Batches are ``(x (B, L, F), labels (B,))``; ``num_features`` is ``F`` (the per-step input size). The
+    loaders come from :class:`~lightning_ortho.datamodules.SplitDataModule`.
+
+    Raises:
+        ValueError: ``mode`` is neither ``"pixel"`` nor ``"row"``; or ``root``/``download`` is given for a
+            wrapped module that has already loaded its data.
+        TypeError: ``images`` is not an image data module.
+        DataOptionError: ``root``/``download`` is given but the wrapped module has no such argument
+            (``DigitsDataModule``: its data is embedded, there are no files); a ``TypeError``.
     """
 
     def __init__(
@@ -68,6 +86,9 @@ class SequentialImageDataModule(pl.LightningDataModule):
         permutation_seed: int = 0,
         batch_size: int | None = None,
         shuffle: bool = True,
+        num_workers: int | None = None,
+        root: str | None = None,
+        download: bool | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("pixel", "row"):
@@ -78,18 +99,37 @@ class SequentialImageDataModule(pl.LightningDataModule):
                     f"SequentialImageDataModule: the wrapped data module {type(images).__name__} has no `{attribute}`; "
                     "wrap an image data module such as MNISTDataModule or DigitsDataModule."
                 )
+        for name, value in (("root", root), ("download", download)):
+            if value is not None:
+                _forward(images, name, value)
         self.save_hyperparameters(ignore=["images"])
-        # Record the wrapped module too (class and constructor arguments, read back from its attributes), so a
-        # checkpoint knows its data: which images, which normalisation, which split.
+        # Record the wrapped module too (class and constructor arguments, read back from its attributes, after
+        # root/download were forwarded), so a checkpoint knows its data: which images, normalisation and split.
         self.hparams["images"] = describe_module(images)
         self.images, self.mode, self.permute, self.shuffle = images, mode, permute, shuffle
         self.permutation_seed = permutation_seed
         self.batch_size = batch_size or getattr(images, "batch_size", 64)
+        self.num_workers = getattr(images, "num_workers", 0) if num_workers is None else num_workers
         self.permutation = (
             torch.randperm(self.sequence_length, generator=torch.Generator().manual_seed(permutation_seed))
             if permute
             else None
         )
+
+    @property
+    def root(self) -> str | None:
+        """The folder the wrapped module reads its files from (``None`` for embedded data)."""
+        return getattr(self.images, "root", None)
+
+    @property
+    def download(self) -> bool | None:
+        """Whether the wrapped module may download its files (``None`` for embedded data)."""
+        return getattr(self.images, "download", None)
+
+    @property
+    def shuffle_seed(self) -> int:
+        """The training batches are shuffled from ``permutation_seed``."""
+        return self.permutation_seed
 
     @property
     def num_classes(self) -> int:
@@ -115,17 +155,6 @@ class SequentialImageDataModule(pl.LightningDataModule):
     def split(self, name: str) -> Dataset:
         return ImageSequences(self.images.split(name), self.images.image_shape, self.mode, self.permutation)
 
-    def train_dataloader(self) -> DataLoader:
-        data = self.split("train")
-        sampler = EpochSeededRandomSampler(len(data), self.permutation_seed) if self.shuffle else None
-        return DataLoader(data, batch_size=self.batch_size, sampler=sampler)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.split("val"), batch_size=self.batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.split("test"), batch_size=self.batch_size)
-
     def state_dict(self) -> dict:
         return {"permutation": self.permutation}
 
@@ -136,3 +165,20 @@ class SequentialImageDataModule(pl.LightningDataModule):
                 "SequentialImageDataModule: the checkpoint was trained on a different pixel permutation "
                 "(permutation_seed differs); resume with the same permutation_seed."
             )
+
+
+def _forward(images: object, name: str, value: object) -> None:
+    """Set the wrapped module's ``root`` or ``download`` (see :class:`SequentialImageDataModule`)."""
+    kind = type(images).__name__
+    if not hasattr(images, name):
+        raise DataOptionError(
+            f"SequentialImageDataModule: {name}={value!r} was given, but the wrapped {kind} has no `{name}`: it does "
+            f"not read files from a folder (DigitsDataModule's data is embedded), so there is nothing to point "
+            f"elsewhere. Leave {name} unset (drop --data.{name})."
+        )
+    if getattr(images, "_splits", None) is not None and getattr(images, name) != value:
+        raise ValueError(
+            f"SequentialImageDataModule: the wrapped {kind} has already loaded its data ({name}="
+            f"{getattr(images, name)!r}); give {name}={value!r} to {kind} itself, or wrap it before setup()."
+        )
+    setattr(images, name, value)

@@ -1,7 +1,13 @@
 import pytest
 import torch
 
-from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule, SequentialImageDataModule
+from lightning_ortho.datamodules import (
+    DataOptionError,
+    DatasetNotFoundError,
+    DigitsDataModule,
+    MNISTDataModule,
+    SequentialImageDataModule,
+)
 from tests.datasets_on_disk import write_mnist
 
 
@@ -72,3 +78,43 @@ def test_hyperparameters_record_the_wrapped_images(tmp_path):
     args = recorded["init_args"]
     assert args["root"] == str(tmp_path) and args["seed"] == 3 and args["val_size"] == 5
     assert tuple(args["mean"]) == (0.1307,) and tuple(args["std"]) == (0.3081,)
+
+
+def test_root_and_download_are_forwarded_to_the_wrapped_module_and_recorded(tmp_path):
+    write_mnist(tmp_path, n_train=30, n_test=10)
+    inner = MNISTDataModule(root=str(tmp_path / "elsewhere"), flatten=False, val_size=5)
+    seq = SequentialImageDataModule(inner, root=str(tmp_path), download=False)
+    assert seq.root == inner.root == str(tmp_path) and seq.download is False
+    assert seq.hparams["images"]["init_args"]["root"] == str(tmp_path) and seq.hparams["root"] == str(tmp_path)
+    assert len(seq.split("test")) == 10  # read from tmp_path, not from "elsewhere"
+    untouched = SequentialImageDataModule(MNISTDataModule(root=str(tmp_path / "elsewhere")))
+    assert untouched.root == str(tmp_path / "elsewhere") and untouched.hparams["root"] is None
+    with pytest.raises(DatasetNotFoundError, match="--data.root=DIR"):
+        untouched.setup()
+
+
+def test_root_for_embedded_digits_is_a_clear_error():
+    with pytest.raises(DataOptionError, match="DigitsDataModule has no `root`"):
+        SequentialImageDataModule(DigitsDataModule(), root="data")
+    with pytest.raises(DataOptionError, match="no `download`"):
+        SequentialImageDataModule(DigitsDataModule(), download=True)
+    assert SequentialImageDataModule(DigitsDataModule()).root is None
+
+
+def test_root_cannot_change_under_a_module_that_has_loaded_its_data(tmp_path):
+    write_mnist(tmp_path, n_train=30, n_test=10)
+    inner = MNISTDataModule(root=str(tmp_path), val_size=5)
+    inner.setup()
+    with pytest.raises(ValueError, match="already loaded"):
+        SequentialImageDataModule(inner, root=str(tmp_path / "other"))
+    assert SequentialImageDataModule(inner, root=str(tmp_path)).root == str(tmp_path)  # the same root is fine
+
+
+def test_num_workers_come_from_the_wrapped_module_unless_given():
+    inherited = SequentialImageDataModule(DigitsDataModule(flatten=False, num_workers=2))
+    assert all(
+        loader.num_workers == 2
+        for loader in (inherited.train_dataloader(), inherited.val_dataloader(), inherited.test_dataloader())
+    )
+    given = SequentialImageDataModule(DigitsDataModule(flatten=False, num_workers=2), num_workers=0)
+    assert given.train_dataloader().num_workers == 0

@@ -33,7 +33,8 @@ def test_missing_dataset_error_says_where_and_what_to_do(module, folder, tmp_pat
         module(root=str(tmp_path / "nowhere")).setup()
     message = str(info.value)
     assert str(tmp_path / "nowhere" / folder) in message
-    assert "download=true" in message and "recipes/fcnn_digits.yaml" in message
+    assert f"--data.root=DIR (the files go in DIR/{folder})" in message
+    assert "--data.download=true" in message and "recipes/fcnn_digits.yaml" in message
 
 
 @pytest.mark.parametrize("module,dataset", [(MNISTDataModule, "MNIST"), (CIFAR10DataModule, "CIFAR10")])
