@@ -42,6 +42,17 @@ def finite_checks_enabled(tensor: torch.Tensor | None = None) -> bool:
     return tensor is None or not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
 
 
+@contextlib.contextmanager
+def full_precision(x: torch.Tensor) -> Iterator[None]:
+    """Inside the block autocast is off for ``x``'s device: reflection math runs in float32/float64 even inside an
+    autocast region (the design's rule for mixed precision; inputs are promoted by :func:`compute_dtype`)."""
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            yield
+    else:
+        yield
+
+
 def check_features(x: torch.Tensor, features: int, *, name: str, layer: str) -> None:
     """Raise a clear error unless ``x`` is a floating-point tensor of shape ``(..., features)``.
 
@@ -70,6 +81,13 @@ def check_finite(x: torch.Tensor, *, name: str, layer: str) -> None:
             f"{layer}: {name} contains NaN or infinite values. Check the data and the layers before this one "
             f"(a diverged optimizer step is a common cause; try a lower learning rate or gradient clipping)."
         )
+
+
+def check_module_finite(module: torch.nn.Module, *, layer: str) -> None:
+    """Raise ``ValueError`` naming the first parameter of ``module`` that holds NaN/inf (before solvers whose
+    own failure would name nothing)."""
+    for name, parameter in module.named_parameters():
+        check_finite(parameter, name=name, layer=layer)
 
 
 def check_parameters_finite(
@@ -101,6 +119,25 @@ def compute_dtype(x: torch.Tensor, parameter_dtype: torch.dtype | None, *, layer
             f"Call layer.to({x.dtype}) or convert the input to {parameter_dtype}."
         )
     return x.dtype
+
+
+def prepare_input(
+    x: torch.Tensor, features: int, module: torch.nn.Module, *, name: str, layer: str, columns: bool = False
+) -> torch.Tensor:
+    """Check ``x`` (``(..., features)``, or ``(..., features, L)`` with ``columns=True``) and convert it to the
+    dtype ``module`` computes in (:func:`compute_dtype` against its first parameter).
+
+    Raises:
+        TypeError, ValueError: as :func:`check_features` and :func:`compute_dtype`.
+    """
+    if columns:
+        if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[-2] != features:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{layer}: columns input {name} must have shape (..., {features}, L), got {shape}.")
+        return prepare_input(x.mT, features, module, name=name, layer=layer).mT
+    check_features(x, features, name=name, layer=layer)
+    parameter = next(module.parameters(), None)
+    return x.to(compute_dtype(x, None if parameter is None else parameter.dtype, layer=layer))
 
 
 def check_orthogonal(matrix: torch.Tensor, d: int, where: str) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from lightning_ortho.nn.symmetric_eigenbasis import _reflection_scale
+from lightning_ortho.nn._undefined import reflection_scale
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,27 @@ class GeneralEigenbasis:
             back_inverse=torch.cat((kept_rows.mT.real, -kept_rows.mT.imag), dim=1),
         )
 
+    def reflect_and_log_abs_det(
+        self, x: torch.Tensor, weight: torch.Tensor, rotation: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`general_reflect_and_log_abs_det` of ``R x`` (``R`` an optional fixed ``(d, d)`` matrix)."""
+        return general_reflect_and_log_abs_det(x if rotation is None else rotation @ x, weight, self)
+
+    def solve_shifted(self, s: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``(N, d)``: ``(I - 2 s_i W)^{-1} b_i`` for rows ``b: (N, d)`` and scalars ``s: (N,)``, O(d^2) per row.
+
+        ``A^{-1} b = P diag(1 / (1 - 2 s lambda)) P^{-1} b``, with each conjugate pair computed once and counted
+        twice (its two terms are conjugate): two real GEMMs per call, no complex arithmetic on ``d x d`` data.
+        """
+        d, m = b.shape[-1], self.eigenvalues.shape[0]
+        c_re, c_im = (b @ self.stacked[d + 2 * m :].mT).split([m, m], dim=-1)  # P^{-1} b, kept rows
+        scale = -2.0 * s.unsqueeze(-1)
+        d_re, d_im = 1.0 + scale * self.eigenvalues.real, scale * self.eigenvalues.imag
+        modulus2 = d_re.square() + d_im.square()
+        z_re = self.weights * (c_re * d_re + c_im * d_im) / modulus2
+        z_im = self.weights * (c_im * d_re - c_re * d_im) / modulus2
+        return torch.cat((z_re, z_im), dim=-1) @ self.back.mT  # Re(P_h z)
+
 
 def general_reflect_and_log_abs_det(
     x: torch.Tensor, weight: torch.Tensor, basis: GeneralEigenbasis
@@ -135,7 +156,7 @@ class _GeneralReflectLogDet(torch.autograd.Function):
         _, _, w_lam2_re, w_lam2_im, _, _ = _powers(basis)
         u, a_re, a_im, b_re, b_im = (basis.stacked @ x).split([d, m, m, m, m], dim=-2)
         t, q = (u * x).sum(-2), u.square().sum(-2)
-        s, q, defined = _reflection_scale(t, q)
+        s, q, defined = reflection_scale(t, q)
         scale = s.unsqueeze(-2)
         d_re, d_im = 1.0 - 2.0 * scale * lam_re, -2.0 * scale * lam_im  # D = 1 - 2 s lambda
         modulus2 = d_re.square() + d_im.square()

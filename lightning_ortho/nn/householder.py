@@ -10,13 +10,15 @@ from typing import Literal
 import torch
 from torch import nn
 
-from lightning_ortho.nn._checks import check_features, check_orthogonal, check_parameters_finite, compute_dtype
+from lightning_ortho.nn._checks import check_orthogonal, check_parameters_finite, prepare_input
+from lightning_ortho.nn._undefined import safe_squared_norm
+from lightning_ortho.nn.base import OrthogonalMap
 from lightning_ortho.nn.reflection import reflect_unchecked
 
 Strategy = Literal["sequential", "wy"]
 
 
-class HouseholderProduct(nn.Module):
+class HouseholderProduct(OrthogonalMap):
     """The orthogonal map ``x -> H(v_1) H(v_2) ... H(v_k) x`` with learnable ``v_i`` ("normal reflections").
 
     Any ``d x d`` orthogonal matrix is a product of ``d`` reflections, so ``k = d`` (the default) represents
@@ -84,6 +86,11 @@ class HouseholderProduct(nn.Module):
         layer = cls(orthogonal.shape[0], strategy=strategy).to(device=orthogonal.device, dtype=orthogonal.dtype)
         return layer.reset_orthogonal_(orthogonal)
 
+    @property
+    def represents_every_orthogonal(self) -> bool:
+        """True for ``k = d`` reflections, which span the orthogonal group; fewer do not."""
+        return self.k == self.d
+
     @torch.no_grad()
     def reset_orthogonal_(self, orthogonal: torch.Tensor) -> HouseholderProduct:
         """Set the ``k = d`` vectors in place so that the product equals ``U``. Returns ``self``."""
@@ -97,10 +104,10 @@ class HouseholderProduct(nn.Module):
         return self
 
     def _normalised(self, dtype: torch.dtype) -> torch.Tensor:
+        """``(k, d)`` unit vectors; a zero vector stays zero (``H(0) = I``) and a NaN vector stays NaN."""
         vectors = self.vectors.to(dtype)
-        norms = torch.linalg.vector_norm(vectors, dim=-1, keepdim=True)
-        defined = norms > torch.finfo(dtype).tiny
-        return torch.where(defined, vectors / torch.where(defined, norms, torch.ones_like(norms)), 0.0)
+        squared, defined = safe_squared_norm(torch.linalg.vecdot(vectors, vectors))
+        return torch.where(defined.unsqueeze(-1), vectors * squared.rsqrt().unsqueeze(-1), 0.0)
 
     def _wy_factors(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``(U, S)``: ``(k, d)`` unit vectors as rows and the ``(k, k)`` upper-triangular ``S``."""
@@ -125,9 +132,8 @@ class HouseholderProduct(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., d) -> (..., d)``: ``Q x`` for every row."""
-        check_features(x, self.d, name="x", layer="HouseholderProduct")
-        dtype = compute_dtype(x, self.vectors.dtype, layer="HouseholderProduct")
-        xc = x.to(dtype)
+        xc = prepare_input(x, self.d, self, name="x", layer="HouseholderProduct")
+        dtype = xc.dtype
         if self._cached_matrix is not None:
             y = xc @ self._cached_matrix.to(dtype).mT
         elif self.strategy == "sequential":

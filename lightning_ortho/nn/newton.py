@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,19 @@ class NewtonResult:
     @property
     def all_converged(self) -> bool:
         return bool(self.converged.all())
+
+    def with_solution(self, x: torch.Tensor, batch_shape: tuple[int, ...] | None = None) -> NewtonResult:
+        """The same result with ``x`` replaced (cast, transposed, rotated) and, given ``batch_shape``, the
+        per-sample ``iterations``, ``residual`` and ``converged`` reshaped to it."""
+        if batch_shape is None:
+            return dataclasses.replace(self, x=x)
+        return NewtonResult(
+            x,
+            self.iterations.reshape(batch_shape),
+            self.residual.reshape(batch_shape),
+            self.converged.reshape(batch_shape),
+            self.tolerance,
+        )
 
     def raise_if_failed(self, layer: str) -> torch.Tensor:
         """Return ``x``, or raise :class:`NewtonInverseError` naming how many samples failed and by how much."""

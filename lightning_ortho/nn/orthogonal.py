@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from torch import nn
+from typing import Any, Literal, get_args
 
 from lightning_ortho.nn.auxiliary import AuxiliaryReflection
+from lightning_ortho.nn.base import OrthogonalMap
 from lightning_ortho.nn.householder import HouseholderProduct
 from lightning_ortho.nn.parametrized import ParametrizedOrthogonal
 
 OrthogonalMethod = Literal["aux", "householder", "cayley", "matrix_exp", "torch_householder"]
 
-#: Every method :func:`orthogonal_map` accepts.
-ORTHOGONAL_METHODS: tuple[str, ...] = ("aux", "householder", "cayley", "matrix_exp", "torch_householder")
+#: Every method :func:`orthogonal_map` accepts (read from :data:`OrthogonalMethod`).
+ORTHOGONAL_METHODS: tuple[str, ...] = get_args(OrthogonalMethod)
 
 
-def orthogonal_map(d: int, method: OrthogonalMethod = "aux", **kwargs: Any) -> nn.Module:
+def orthogonal_map(d: int, method: OrthogonalMethod = "aux", **kwargs: Any) -> OrthogonalMap:
     """A module ``(..., d) -> (..., d)`` computing an orthogonal(-like) map of the chosen kind.
 
     Args:

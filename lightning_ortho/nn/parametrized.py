@@ -9,12 +9,13 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from lightning_ortho.nn._checks import check_features, check_orthogonal, compute_dtype
+from lightning_ortho.nn._checks import check_orthogonal, prepare_input
+from lightning_ortho.nn.base import OrthogonalMap
 
 TorchOrthogonalMap = Literal["cayley", "matrix_exp", "householder"]
 
 
-class ParametrizedOrthogonal(nn.Module):
+class ParametrizedOrthogonal(OrthogonalMap):
     """``x -> Q x`` with ``Q`` from PyTorch's own orthogonal parametrisation (not re-implemented here).
 
     ``"cayley"`` and ``"matrix_exp"`` are the maps of Lezcano-Casado & Martinez-Rubio (2019) and Casado
@@ -47,6 +48,11 @@ class ParametrizedOrthogonal(nn.Module):
         layer = cls(orthogonal.shape[0], orthogonal_map).to(device=orthogonal.device, dtype=orthogonal.dtype)
         return layer.reset_orthogonal_(orthogonal)
 
+    @property
+    def represents_every_orthogonal(self) -> bool:
+        """True: PyTorch's ``right_inverse`` sets ``Q`` to any orthogonal matrix."""
+        return True
+
     @torch.no_grad()
     def reset_orthogonal_(self, orthogonal: torch.Tensor) -> ParametrizedOrthogonal:
         """Set ``Q = U`` in place. Returns ``self``."""
@@ -60,9 +66,7 @@ class ParametrizedOrthogonal(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., d) -> (..., d)``: ``Q x`` for every row."""
-        check_features(x, self.d, name="x", layer="ParametrizedOrthogonal")
-        dtype = compute_dtype(x, self.linear.parametrizations.weight.original.dtype, layer="ParametrizedOrthogonal")
-        return self.linear(x.to(dtype)).to(x.dtype)
+        return self.linear(prepare_input(x, self.d, self, name="x", layer="ParametrizedOrthogonal")).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"d={self.d}, orthogonal_map={self.orthogonal_map!r}"

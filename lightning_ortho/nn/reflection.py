@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from lightning_ortho.nn._checks import check_features, check_parameters_finite
+from lightning_ortho.nn._undefined import is_defined
 
 
 def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -26,13 +27,13 @@ def _row_axpy(x: torch.Tensor, scale: torch.Tensor, v: torch.Tensor) -> torch.Te
 def _coefficients(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(c, k, summary)`` of ``H(v) x = x - c v``: ``c = 2 v.x / v.v``, ``k = 2 / v.v``, ``summary = v.x + v.v``.
 
-    Where ``v.v`` is zero (or below the dtype's smallest normal number) ``H(v)`` is undefined; we take
-    ``H(0) = I``: ``k = 2 / inf = 0`` and ``c = 0``. Dividing by ``inf`` instead of masking the quotient keeps
-    gradients finite too (``d(2/w)/dw = -2/w^2 = 0`` at ``w = inf``), with a single ``where``.
+    Where ``H(v)`` is undefined (:mod:`~lightning_ortho.nn._undefined`) we take ``H(0) = I``: ``k = 2 / inf = 0``
+    and ``c = 0``. Dividing by ``inf`` instead of masking the quotient keeps gradients finite too
+    (``d(2/w)/dw = -2/w^2 = 0`` at ``w = inf``), with a single ``where``. A NaN ``v`` gives NaN, never identity.
     """
     vx = _rowdot(v, x)
     vv = _rowdot(v, v)
-    k = 2.0 / torch.where(vv > torch.finfo(vv.dtype).tiny, vv, torch.inf)
+    k = 2.0 / torch.where(is_defined(vv), vv, torch.inf)
     return k * vx, k, vx + vv
 
 

@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
 from lightning_ortho.nn._checks import check_features, check_finite
 from lightning_ortho.nn.orthogonal import OrthogonalMethod, orthogonal_map
@@ -98,15 +97,13 @@ class OrthogonalRNNCell(nn.Module):
         """Make ``U`` equal the orthogonal ``(hidden, hidden)`` matrix (Appendix B.2: every map starts from the
         same ``U``; normal reflections through QR, the auxiliary reflection through ``W = I - U``).
 
-        Returns ``False`` (and leaves ``U`` unchanged) when the map cannot represent ``U`` exactly, e.g. fewer
-        than ``hidden_size`` normal reflections.
+        Returns ``False`` (and leaves ``U`` unchanged) when the map does not declare that it can represent every
+        orthogonal matrix (:attr:`~lightning_ortho.nn.base.OrthogonalMap.represents_every_orthogonal`), e.g.
+        fewer than ``hidden_size`` normal reflections.
         """
-        reset = getattr(self.transition, "reset_orthogonal_", None)
-        if reset is None or getattr(self.transition, "k", self.hidden_size) != self.hidden_size:
+        if not self.transition.represents_every_orthogonal:
             return False
-        if getattr(self.transition, "invertible", False) or getattr(self.transition, "network", None) is not None:
-            return False
-        reset(orthogonal.to(next(self.transition.parameters()).dtype))
+        self.transition.reset_orthogonal_(orthogonal.to(next(self.transition.parameters()).dtype))
         return True
 
     def preactivation(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -191,10 +188,5 @@ class OrthogonalRNN(nn.Module):
 
     def transition_cached(self) -> contextlib.AbstractContextManager:
         """Build a matrix transition (Householder, Cayley, matrix exponential) once per sequence instead of
-        once per step, as expRNN does; the auxiliary reflection has no matrix to cache."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(parametrize.cached())
-        cached = getattr(self.cell.transition, "cached", None)
-        if callable(cached):
-            stack.enter_context(cached())
-        return stack
+        once per step, as expRNN does (:meth:`~lightning_ortho.nn.base.OrthogonalMap.cached`)."""
+        return self.cell.transition.cached()

@@ -25,10 +25,12 @@ Vectors are stored as columns, ``x: (..., d, L)``: an NCHW image viewed as ``(N,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from lightning_ortho.nn._undefined import reflection_scale
 from lightning_ortho.nn.newton import NewtonResult
 
 
@@ -44,11 +46,20 @@ class SymmetricEigenbasis:
     eigenvalues: torch.Tensor
     vectors: torch.Tensor
 
+    #: An orthogonal eigenbasis is always well conditioned (same attribute as the general eigenbasis).
+    reliable: ClassVar[bool] = True
+
     @classmethod
     def of(cls, weight: torch.Tensor) -> SymmetricEigenbasis:
         """Eigendecomposition of a symmetric ``(d, d)`` ``weight`` (detached)."""
         eigenvalues, vectors = torch.linalg.eigh(weight.detach())
         return cls(eigenvalues, vectors)
+
+    def reflect_and_log_abs_det(
+        self, x: torch.Tensor, weight: torch.Tensor, rotation: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`symmetric_reflect_and_log_abs_det` with this basis."""
+        return symmetric_reflect_and_log_abs_det(x, weight, self, rotation)
 
 
 def symmetric_reflect_and_log_abs_det(
@@ -71,16 +82,6 @@ def symmetric_reflect_and_log_abs_det(
     """
     projection = basis.vectors.mT if rotation is None else basis.vectors.mT @ rotation
     return _SymmetricReflectLogDet.apply(x, weight, basis.eigenvalues, basis.vectors, projection)
-
-
-def _reflection_scale(t: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(s, q, defined)``: ``s = t / q`` with ``q = ||W x||^2`` replaced by 1 (and ``s`` by 0) where it vanishes.
-
-    NaN counts as defined, so a NaN input propagates to the log-determinant (where the NaN check sees it).
-    """
-    defined = ~(q <= torch.finfo(q.dtype).tiny)
-    q = torch.where(defined, q, torch.ones_like(q))
-    return torch.where(defined, t / q, torch.zeros_like(q)), q, defined
 
 
 #: Factors multiplied before one logarithm in ``sum_i log|D_i|``. Under Theorem 2 every ``|D_i|`` lies in
@@ -122,7 +123,7 @@ class _SymmetricReflectLogDet(torch.autograd.Function):
         lam = eigenvalues.unsqueeze(-1)
         z = projection @ x
         t, q, weighted = _moments(eigenvalues, z)
-        s, q, defined = _reflection_scale(t, q)
+        s, q, defined = reflection_scale(t, q)
         diagonal = (s.unsqueeze(-2) * (-2.0 * lam)).add_(1.0)
         inverse = diagonal.reciprocal()
         quadratic = (lam * weighted * inverse).sum(-2)
@@ -227,7 +228,7 @@ def symmetric_newton_inverse(
     x_hat = z_y / (1.0 - 2.0 * s.unsqueeze(-2) * lam)
     # The residual of the returned x, computed exactly: s(x) from x itself, then f(x) in the eigenbasis.
     t_x, q_x, _ = _moments(basis.eigenvalues, x_hat)
-    s_x, _, _ = _reflection_scale(t_x, q_x)
+    s_x, _, _ = reflection_scale(t_x, q_x)
     y_hat = (1.0 - 2.0 * s_x.unsqueeze(-2) * lam) * x_hat
     norm_y = torch.linalg.vector_norm(z_y, dim=-2)
     residual = torch.linalg.vector_norm(y_hat - z_y, dim=-2) / torch.where(norm_y > 0, norm_y, torch.ones_like(norm_y))

@@ -107,7 +107,9 @@ def test_theorem2_weight_is_the_paper_construction():
     expected = theorem2_weight(layer.factor.detach())
     # our W uses a 1e-3 safety factor on sigma_max; undo it to compare with the paper's formula
     eye = torch.eye(7, dtype=DTYPE)
-    torch.testing.assert_close((layer.auxiliary_weight().detach() - eye) * (1 + layer.spectral_margin) + eye, expected)
+    torch.testing.assert_close(
+        (layer.auxiliary_weight().detach() - eye) * (1 + layer.constraint.spectral_margin) + eye, expected
+    )
 
 
 @pytest.mark.parametrize("make", [plain, invertible], ids=["plain", "theorem2"])

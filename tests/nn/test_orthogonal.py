@@ -49,3 +49,35 @@ def test_parametrized_orthogonal_is_torch_and_settable(kind):
 def _skew(d):
     a = torch.randn(d, d, dtype=torch.float64)
     return a - a.T
+
+
+def test_methods_are_read_from_the_literal_and_every_map_declares_its_capabilities():
+    from typing import get_args
+
+    from lightning_ortho.nn import OrthogonalMap, OrthogonalMethod
+
+    assert ORTHOGONAL_METHODS == get_args(OrthogonalMethod)
+    for method in ORTHOGONAL_METHODS:
+        layer = orthogonal_map(4, method)
+        assert isinstance(layer, OrthogonalMap) and layer.represents_every_orthogonal, method
+    # What cannot represent an arbitrary orthogonal U says so, and refuses to be reset.
+    limited = [
+        orthogonal_map(4, "householder", k=2),
+        AuxiliaryReflection(4, invertible=True),
+        AuxiliaryReflection(4, network=torch.nn.Linear(4, 4)),
+    ]
+    for layer in limited:
+        assert not layer.represents_every_orthogonal
+        with pytest.raises(ValueError):
+            layer.reset_orthogonal_(torch.eye(4))
+
+
+def test_theorem2_layer_loads_a_checkpoint_of_the_previous_layout():
+    # Version 0.1 stored V as `factor` and the power-iteration vector as `power_vector`.
+    layer = AuxiliaryReflection(5, invertible=True, spectral_method="power").double()
+    old = {"factor": torch.randn(5, 5, dtype=torch.float64), "power_vector": torch.ones(5, dtype=torch.float64) / 5**0.5}
+    fresh = AuxiliaryReflection(5, invertible=True, spectral_method="power").double()
+    fresh.load_state_dict(old)
+    torch.testing.assert_close(fresh.factor.detach(), old["factor"])
+    torch.testing.assert_close(fresh.constraint.power_vector, old["power_vector"])
+    assert set(layer.state_dict()) == {"parametrizations.weight.original", "parametrizations.weight.0.power_vector"}
