@@ -20,7 +20,7 @@ and parameters) are timed separately in the same loop; forward+backward is their
 adds time) beside the median (``*_median_ms``), and ratios to nn.Linear are ratios of best rounds.
 
 FCNN epochs (rows with ``"section": "fcnn_epoch"``): the FCNN of Appendix B.1 (three SVDLinear layers
-``U diag(s) V^T`` of width d = 784 with ReLU, then a linear layer to 10 classes, as OrthoClassifier; Adam lr
+``U diag(s) V^T`` of width d = 784 with ReLU, then a linear layer to 10 classes, as OrthogonalClassifier; Adam lr
 1e-3, batch 128, cross-entropy) trained in a plain PyTorch loop for one epoch per round on the same 4,000
 images in the same order for every method: real MNIST digits from benchmarks/mnist5k.py where it can be
 prepared, else random data of the same shape (top-level ``fcnn.data`` says which). U and V are aux,
@@ -178,7 +178,7 @@ def measure(
 
 
 def build_fcnn(method: str, d: int, geotorch: ModuleType | None = None) -> nn.Module:
-    """OrthoClassifier's network as a plain nn.Sequential: FCNN_DEPTH SVDLinear layers with ReLU after each,
+    """OrthogonalClassifier's network as a plain nn.Sequential: FCNN_DEPTH SVDLinear layers with ReLU after each,
     then nn.Linear(d, 10). For a geotorch method, each SVDLinear's ``left`` (U) and ``right`` (V^T) maps are
     replaced by geotorch's orthogonal ``nn.Linear(d, d, bias=False)``; the singular values, bias and forward stay."""
     layers: list[nn.Module] = []
@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> Path:
         fcnn_rows, source = measure_fcnn(d, images, fcnn_rounds, device, geotorch=geotorch, geotorch_missing=missing)
         rows += fcnn_rows
         extra["fcnn"] = {
-            "model": f"{FCNN_DEPTH} SVDLinear(d, d) layers with ReLU, then Linear(d, {FCNN_CLASSES}), as OrthoClassifier",
+            "model": f"{FCNN_DEPTH} SVDLinear(d, d) layers with ReLU, then Linear(d, {FCNN_CLASSES}), as OrthogonalClassifier",
             "d": d,
             "images": images,
             "batch_size": FCNN_BATCH,

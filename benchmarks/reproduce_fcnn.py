@@ -35,7 +35,7 @@ from _reproduce import aggregate, final_means, plot_curves, train_once  # noqa: 
 from mnist5k import prepare as prepare_mnist5k  # noqa: E402
 
 from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule  # noqa: E402
-from lightning_ortho.models import OrthoClassifier  # noqa: E402
+from lightning_ortho.models import OrthogonalClassifier  # noqa: E402
 
 #: label -> (orthogonal map, Adam learning rate). The paper uses Adam's defaults (lr 1e-3) for every map;
 #: d normal reflections train poorly at that rate here, so the same map at lr 1e-4 is reported beside it.
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> Path:
                     data = MNISTDataModule(root=str(root), batch_size=args.batch_size, val_size=0)
                 else:
                     data = DigitsDataModule(batch_size=args.batch_size, image_size=args.image_size)
-                return OrthoClassifier(in_features=args.image_size**2, orthogonal=orthogonal, lr=lr), data
+                return OrthogonalClassifier(in_features=args.image_size**2, orthogonal=orthogonal, lr=lr), data
 
             extra = {"limit_train_batches": 2, "limit_val_batches": 2} if args.quick else {}
             for row in train_once(build, seed, args.epochs, **extra):

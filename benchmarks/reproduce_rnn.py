@@ -38,7 +38,7 @@ from _reproduce import aggregate, final_means, plot_curves, train_once  # noqa: 
 from mnist5k import prepare as prepare_mnist5k  # noqa: E402
 
 from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule, SequentialImageDataModule  # noqa: E402
-from lightning_ortho.models import OrthoRNNClassifier  # noqa: E402
+from lightning_ortho.models import OrthogonalRNNClassifier  # noqa: E402
 
 TRANSITIONS = {
     "aux (1 auxiliary reflection)": {"transition": "aux"},
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> Path:
             if mnist
             else {
                 "data": "sklearn digits, 64-step pixel sequences",
-                "defaults": "OrthoRNNClassifier defaults (lr 1e-3 RMSprop, transition 1e-4 Adam)",
+                "defaults": "OrthogonalRNNClassifier defaults (lr 1e-3 RMSprop, transition 1e-4 Adam)",
             }
         ),
     }
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> Path:
                 else:
                     images = DigitsDataModule(flatten=False, batch_size=args.batch_size)
                 data = SequentialImageDataModule(images, mode="pixel")
-                model = OrthoRNNClassifier(in_features=1, hidden_size=args.hidden_size, **rates, **kwargs)
+                model = OrthogonalRNNClassifier(in_features=1, hidden_size=args.hidden_size, **rates, **kwargs)
                 return model, data
 
             extra = {"limit_train_batches": 2, "limit_val_batches": 2} if args.quick else {}

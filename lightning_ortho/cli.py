@@ -18,7 +18,7 @@ import lightning_ortho.datamodules  # noqa: F401
 import lightning_ortho.models  # noqa: F401
 
 
-class OrthoCLI(LightningCLI):
+class LightningOrthoCLI(LightningCLI):
     """LightningCLI with the data module's sizes linked into the model and a closing summary."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -63,9 +63,9 @@ class OrthoCLI(LightningCLI):
             console.print(f"validation bits/dim: {metrics['val_bpd']:.4f}")
 
 
-def run_cli(args: list[str] | None = None) -> OrthoCLI:
+def run_cli(args: list[str] | None = None) -> LightningOrthoCLI:
     """Build and run the CLI; ``args`` replaces ``sys.argv[1:]``. Returns the CLI (trainer, model, datamodule)."""
-    return OrthoCLI(
+    return LightningOrthoCLI(
         pl.LightningModule,
         pl.LightningDataModule,
         subclass_mode_model=True,

@@ -9,18 +9,20 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_ortho.datamodules import DigitsDataModule, SequentialImageDataModule
-from lightning_ortho.models import OrthoClassifier, OrthoRNNClassifier
+from lightning_ortho.models import OrthogonalClassifier, OrthogonalRNNClassifier
 from tests.conftest import make_tiny_trainer
 
 
 def fcnn(batch_size: int, shuffle: bool = True):
-    return OrthoClassifier(in_features=64, orthogonal="aux"), DigitsDataModule(batch_size=batch_size, shuffle=shuffle)
+    return OrthogonalClassifier(in_features=64, orthogonal="aux"), DigitsDataModule(
+        batch_size=batch_size, shuffle=shuffle
+    )
 
 
 def rnn(batch_size: int, shuffle: bool = True):
     images = DigitsDataModule(flatten=False, batch_size=batch_size, shuffle=shuffle)
     data = SequentialImageDataModule(images, mode="row", shuffle=shuffle)
-    return OrthoRNNClassifier(in_features=8, hidden_size=24, transition="aux"), data
+    return OrthogonalRNNClassifier(in_features=8, hidden_size=24, transition="aux"), data
 
 
 BUILDERS = {"fcnn": fcnn, "rnn": rnn}

@@ -1,8 +1,26 @@
 """LightningModules wrapping the layers of :mod:`lightning_ortho.nn`."""
 
+import warnings
+
 from lightning_ortho.models.classification import ClassifierModule
 from lightning_ortho.models.glow_module import GlowModule
-from lightning_ortho.models.ortho_classifier import OrthoClassifier
-from lightning_ortho.models.ortho_rnn_classifier import OrthoRNNClassifier
+from lightning_ortho.models.orthogonal_classifier import OrthogonalClassifier
+from lightning_ortho.models.orthogonal_rnn_classifier import OrthogonalRNNClassifier
 
-__all__ = ["ClassifierModule", "GlowModule", "OrthoClassifier", "OrthoRNNClassifier"]
+__all__ = ["ClassifierModule", "GlowModule", "OrthogonalClassifier", "OrthogonalRNNClassifier"]
+
+#: Names of version 0.1, kept so that old configs (``class_path: lightning_ortho.models.OrthoClassifier``) and
+#: code keep working; they warn once and resolve to the new classes.
+_RENAMED = {"OrthoClassifier": OrthogonalClassifier, "OrthoRNNClassifier": OrthogonalRNNClassifier}
+
+
+def __getattr__(name: str):
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"lightning_ortho.models.{name} was renamed {new.__name__}; update the import or the config's class_path.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return new
+    raise AttributeError(f"module 'lightning_ortho.models' has no attribute {name!r}")

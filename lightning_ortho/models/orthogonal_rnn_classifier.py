@@ -14,7 +14,7 @@ from lightning_ortho.nn.rnn import Nonlinearity, OrthogonalRNN
 OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}
 
 
-class OrthoRNNClassifier(ClassifierModule):
+class OrthogonalRNNClassifier(ClassifierModule):
     """``OrthogonalRNN`` over the sequence, then a linear read-out of the last hidden state.
 
     Args:
@@ -56,7 +56,9 @@ class OrthoRNNClassifier(ClassifierModule):
         self.save_hyperparameters()
         for name in (optimizer, transition_optimizer):
             if name not in OPTIMIZERS:
-                raise ValueError(f"OrthoRNNClassifier: optimizer must be one of {sorted(OPTIMIZERS)}, got {name!r}.")
+                raise ValueError(
+                    f"OrthogonalRNNClassifier: optimizer must be one of {sorted(OPTIMIZERS)}, got {name!r}."
+                )
         self.automatic_optimization = False
         self.rnn = OrthogonalRNN(
             in_features,

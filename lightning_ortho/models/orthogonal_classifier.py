@@ -10,7 +10,7 @@ from lightning_ortho.nn import SVDLinear
 from lightning_ortho.nn.orthogonal import OrthogonalMethod
 
 
-class OrthoClassifier(ClassifierModule):
+class OrthogonalClassifier(ClassifierModule):
     """``depth`` SVD layers ``U Sigma V^T`` of width ``in_features`` with ReLU between, then a linear layer.
 
     Args:

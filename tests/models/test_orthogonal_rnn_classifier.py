@@ -3,11 +3,11 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_ortho.datamodules import DigitsDataModule, SequentialImageDataModule
-from lightning_ortho.models import OrthoRNNClassifier
+from lightning_ortho.models import OrthogonalRNNClassifier
 
 
 def test_two_optimizers_split_the_transition_from_the_rest():
-    model = OrthoRNNClassifier(in_features=1, hidden_size=12, transition="cayley", optimizer="rmsprop")
+    model = OrthogonalRNNClassifier(in_features=1, hidden_size=12, transition="cayley", optimizer="rmsprop")
     transition_opt, rest_opt = model.configure_optimizers()
     assert isinstance(transition_opt, torch.optim.Adam) and isinstance(rest_opt, torch.optim.RMSprop)
     transition = {id(p) for p in model.rnn.cell.transition.parameters()}
@@ -16,11 +16,11 @@ def test_two_optimizers_split_the_transition_from_the_rest():
     assert not rest & transition and len(rest) + len(transition) == len(list(model.parameters()))
     assert transition_opt.param_groups[0]["lr"] == model.hparams.transition_lr
     with pytest.raises(ValueError, match="optimizer"):
-        OrthoRNNClassifier(optimizer="sgd")
+        OrthogonalRNNClassifier(optimizer="sgd")
 
 
 def test_forward_shapes_and_hidden_default():
-    model = OrthoRNNClassifier(in_features=3)
+    model = OrthogonalRNNClassifier(in_features=3)
     assert model.rnn.hidden_size == 170
     assert model(torch.randn(4, 9, 3)).shape == (4, 10)
 
@@ -40,7 +40,7 @@ class GradientNorms(pl.Callback):
 def test_training_learns_and_clips(transition, tiny_trainer):
     pl.seed_everything(0)
     dm = SequentialImageDataModule(DigitsDataModule(flatten=False, batch_size=32), mode="row")
-    model = OrthoRNNClassifier(in_features=8, hidden_size=32, transition=transition, gradient_clip_val=0.05)
+    model = OrthogonalRNNClassifier(in_features=8, hidden_size=32, transition=transition, gradient_clip_val=0.05)
     norms = GradientNorms()
     trainer = tiny_trainer(max_epochs=2, callbacks=[norms])
     trainer.fit(model, dm)
