@@ -11,7 +11,7 @@ from lightning_ortho.flows import diagnostics
 
 
 class GlowInvertibilityCheck(pl.Callback):
-    """At the end of every validation epoch, checks the invertibility of the model's :class:`~lightning_ortho.flows.Glow`.
+    """After every validation epoch, checks that the model's :class:`~lightning_ortho.flows.Glow` still inverts.
 
     The probe is the first ``num_images`` dequantised images the Glow sees in the epoch (a forward hook, on
     each process). Logged on every process with ``sync_dist`` (a metric logged on only some processes would
@@ -39,7 +39,8 @@ class GlowInvertibilityCheck(pl.Callback):
     def __init__(self, num_images: int = 16) -> None:
         if not isinstance(num_images, int) or isinstance(num_images, bool) or num_images < 1:
             raise ValueError(
-                f"GlowInvertibilityCheck: num_images must be a positive integer (images in the probe), got {num_images!r}."
+                "GlowInvertibilityCheck: num_images must be a positive integer (images in the probe), "
+                f"got {num_images!r}."
             )
         self.num_images = num_images
         self._probe = ValidationProbe(num_images)
