@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.hooks import RemovableHandle
 
 from lightning_ortho.flows import Glow
@@ -36,6 +37,7 @@ class ValidationProbe:
         self.images: torch.Tensor | None = None
         self._armed = False
         self._handle: RemovableHandle | None = None
+        self._warned = False
 
     def attach(self, glow: Glow) -> None:
         self.detach()
@@ -48,6 +50,17 @@ class ValidationProbe:
 
     def arm(self) -> None:
         self.images, self._armed = None, True
+
+    def take(self, callback: str) -> torch.Tensor | None:
+        """The probe of this epoch, or ``None`` with a warning (once) when the Glow's forward was not called."""
+        if self.images is None and not self._warned:
+            self._warned = True
+            rank_zero_warn(
+                f"{callback}: the Glow was not called as a module during validation, so there is no probe and "
+                "nothing is checked. Call it as `glow(y)` or `glow.bits_per_dim(x)` (not `glow.encode`), so the "
+                "forward hook sees the batch."
+            )
+        return self.images
 
     def _capture(self, module: torch.nn.Module, args: tuple, output: object) -> None:
         if self._armed and args and isinstance(args[0], torch.Tensor):

@@ -73,8 +73,8 @@ class GlowImageGrids(pl.Callback):
         if not trainer.is_global_zero:
             return
         grids = {}
-        y = self._probe.images
-        if self.num_reconstructions and y is not None:
+        y = self._probe.take(type(self).__name__) if self.num_reconstructions else None
+        if y is not None:
             try:
                 grids["reconstructions"] = (torch.cat([y, self._glow.reconstruct(y)]) + 0.5).clamp(0, 1), 8
             except NewtonInverseError:

@@ -27,7 +27,8 @@ class GlowInvertibilityCheck(pl.Callback):
     * ``min_invertibility_margin`` (models with ``aux_invertible`` layers): the smallest Theorem 2 margin
       ``3/2 lambda_min(W) - lambda_max(W)`` (positive: provably invertible). Min over processes.
 
-    Nothing is logged during the sanity check or in an epoch whose Glow saw no input.
+    Nothing is logged during the sanity check, nor (with a warning) in an epoch where the Glow was not called
+    as a module (``glow(y)``, ``glow.bits_per_dim(x)``), since the probe comes from its forward hook.
 
     Args:
         num_images: images in the probe (the first of the first validation batch).
@@ -56,8 +57,10 @@ class GlowInvertibilityCheck(pl.Callback):
         self._probe.arm()
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        y = self._probe.images
-        if trainer.sanity_checking or y is None:
+        if trainer.sanity_checking:
+            return
+        y = self._probe.take(type(self).__name__)
+        if y is None:
             return
         glow = self._glow
         margin = diagnostics.min_invertibility_margin(glow)

@@ -166,3 +166,18 @@ def test_callbacks_log_on_every_process_under_ddp_without_hanging(tmp_path, tiny
         "reconstructions-epoch000.png",
         "samples-epoch000.png",
     ]
+
+
+class EncodesOnly(GlowModule):
+    """Validates through ``glow.encode``: the Glow's forward (and so the probe's hook) is never called."""
+
+    def validation_step(self, batch, batch_idx):
+        y = batch[0] - 0.5
+        self.log("val_log_prob", self.glow.encode(y).log_prob.mean())
+
+
+def test_without_a_probe_the_check_warns_and_logs_nothing(tiny_trainer):
+    trainer = tiny_trainer(limit_val_batches=1, callbacks=[GlowInvertibilityCheck()])
+    with pytest.warns(UserWarning, match=r"not called as a module .* `glow\(y\)`"):
+        trainer.validate(EncodesOnly(image_size=8, levels=3, steps=1, hidden_channels=8), digits(), verbose=False)
+    assert set(trainer.callback_metrics) == {"val_log_prob"}
