@@ -66,7 +66,7 @@ def train_once(
     pl.seed_everything(seed, verbose=False)
     model, data = build()
     recorder = EpochRecorder()
-    # Run outputs (GlowModule's image grids) go to a scratch folder, never into the working tree.
+    # Run outputs (logs, image grids of callbacks) go to a scratch folder, never into the working tree.
     trainer_kwargs.setdefault("default_root_dir", tempfile.mkdtemp(prefix="lightning-ortho-bench-"))
     trainer = pl.Trainer(
         max_epochs=epochs,

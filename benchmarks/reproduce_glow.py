@@ -28,32 +28,22 @@ from _common import RESULTS, hardware_name, keep_freed_memory, write_result  # n
 from _reproduce import aggregate, final_means, plot_curves, train_once  # noqa: E402
 
 from lightning_ortho.datamodules import DigitsDataModule  # noqa: E402
-from lightning_ortho.flows import CONV1X1_KINDS, Invertible1x1Conv, dequantize  # noqa: E402
+from lightning_ortho.flows import CONV1X1_KINDS, dequantize, diagnostics  # noqa: E402
 from lightning_ortho.models import GlowModule  # noqa: E402
 from lightning_ortho.nn import NewtonInverseError  # noqa: E402
 
 
-@torch.no_grad()
 def inversion_check(model: GlowModule, data: DigitsDataModule) -> dict:
-    """Encode and decode every validation image; count Newton failures and the worst reconstruction error."""
-    model.eval()
+    """Encode and decode every validation image (pixel centres); count Newton failures and the worst
+    reconstruction error (lightning_ortho.flows.diagnostics, as GlowInvertibilityCheck logs them)."""
     images = data.split("val").tensors[0]
     y = dequantize(images, model.hparams.num_levels, noise=torch.full_like(images, 0.5))
-    flips = model._jacobian_sign_flips(y) if model.hparams.conv1x1.startswith("aux") else 0.0
-    encoding = model.glow.encode(y)
-    failures, worst = 0, 0.0
-    convs = [m for m in model.glow.modules() if isinstance(m, Invertible1x1Conv)]
-    try:
-        reconstructed = model.glow.decode(encoding.zs)
-        worst = float((reconstructed - y).abs().max())
-    except NewtonInverseError as error:
-        failures = int((~error.result.converged).sum())
-        worst = float("inf")
+    result = diagnostics.reconstruction(model.glow, y)
     return {
-        "newton_failures": failures,
-        "reconstruction_max_error": worst,
-        "jacobian_sign_flips": flips,
-        "layers": len(convs),
+        "newton_failures": result.newton_failures,
+        "reconstruction_max_error": result.max_error,
+        "jacobian_sign_flips": diagnostics.jacobian_sign_flips(model.glow, y),
+        "layers": len(diagnostics.conv1x1_layers(model.glow)),
     }
 
 
@@ -97,6 +87,7 @@ def main(argv: list[str] | None = None) -> Path:
                     f"{kind:15s} seed {seed} epoch {row['epoch']:2d}: val bits/dim {row['val_bpd']:.4f}  train {row['train_seconds']:7.2f} s",
                     flush=True,
                 )
+            model.eval()
             check = {"method": kind, "seed": seed, **inversion_check(model, data)}
             inversions.append(check)
             print(f"{kind:15s} seed {seed} inversion: {check}", flush=True)

@@ -14,6 +14,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.utilities import rank_zero_only
 
 # Importing registers the subclasses that `class_path: ...` may name by their short names too.
+import lightning_ortho.callbacks  # noqa: F401
 import lightning_ortho.datamodules  # noqa: F401
 import lightning_ortho.models  # noqa: F401
 

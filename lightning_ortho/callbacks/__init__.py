@@ -1,3 +1,6 @@
 """Lightning callbacks (Jacobian determinants, invertibility, orthogonality, ...) live here."""
 
-__all__: list[str] = []
+from lightning_ortho.callbacks.glow_images import GlowImageGrids
+from lightning_ortho.callbacks.glow_invertibility import GlowInvertibilityCheck
+
+__all__ = ["GlowImageGrids", "GlowInvertibilityCheck"]

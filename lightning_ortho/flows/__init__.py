@@ -6,21 +6,40 @@ Every layer: ``forward(x) -> (y, log_abs_det)`` per sample and ``inverse(y) -> x
 from lightning_ortho.flows.actnorm import ActNorm
 from lightning_ortho.flows.base import FlowLayer, FlowSequence
 from lightning_ortho.flows.bits import bits_per_dim, dequantize
-from lightning_ortho.flows.conv1x1 import CONV1X1_KINDS, Invertible1x1Conv
+from lightning_ortho.flows.conv1x1 import (
+    CONV1X1,
+    CONV1X1_KINDS,
+    AuxConv1x1,
+    AuxiliaryConv1x1,
+    HouseholderConv1x1,
+    Invertible1x1Conv,
+    InvertibleAuxConv1x1,
+    LinearConv1x1,
+    LUConv1x1,
+    PlainConv1x1,
+)
 from lightning_ortho.flows.coupling import AffineCoupling, ZeroConv2d
 from lightning_ortho.flows.glow import Encoding, Glow
 from lightning_ortho.flows.split import Split, gaussian_log_prob
 from lightning_ortho.flows.squeeze import Squeeze
 
 __all__ = [
+    "CONV1X1",
     "CONV1X1_KINDS",
     "ActNorm",
     "AffineCoupling",
+    "AuxConv1x1",
+    "AuxiliaryConv1x1",
     "Encoding",
     "FlowLayer",
     "FlowSequence",
     "Glow",
+    "HouseholderConv1x1",
     "Invertible1x1Conv",
+    "InvertibleAuxConv1x1",
+    "LUConv1x1",
+    "LinearConv1x1",
+    "PlainConv1x1",
     "Split",
     "Squeeze",
     "ZeroConv2d",

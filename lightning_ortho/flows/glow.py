@@ -125,5 +125,11 @@ class Glow(nn.Module):
         return self.decode(self.encode(y).zs)
 
     def bits_per_dim(self, x: torch.Tensor, num_levels: int = 256, noise: torch.Tensor | None = None) -> torch.Tensor:
-        """``(N,)`` bits/dim of images ``x`` in [0, 1] quantised to ``num_levels`` (uniform dequantisation)."""
-        return bits_per_dim(self.log_prob(dequantize(x, num_levels, noise)), self.dims, num_levels)
+        """``(N,)`` bits/dim of images ``x`` in [0, 1] quantised to ``num_levels`` (uniform dequantisation).
+
+        Calls the module (``self(y)``), so forward hooks on the Glow see the dequantised batch ``y``.
+
+        Raises:
+            ValueError: values outside [0, 1] (see :func:`dequantize`), or not ``(N, C, S, S)``.
+        """
+        return bits_per_dim(self(dequantize(x, num_levels, noise)), self.dims, num_levels)

@@ -1,7 +1,10 @@
+import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from PIL import Image
 
+from lightning_ortho.callbacks import GlowImageGrids, GlowInvertibilityCheck
 from lightning_ortho.datamodules import DigitsDataModule
 from lightning_ortho.models import GlowModule
 
@@ -12,19 +15,33 @@ def small_glow(conv1x1: str) -> GlowModule:
     )
 
 
-def test_training_lowers_bits_per_dim_and_writes_image_grids(tmp_path, tiny_trainer):
+def test_training_lowers_bits_per_dim_and_the_callbacks_check_inversion_and_write_image_grids(tmp_path, tiny_trainer):
     pl.seed_everything(0)
     model = small_glow("aux_invertible")
     data = DigitsDataModule(batch_size=64, flatten=False, standardize=False)
-    trainer = tiny_trainer(max_epochs=2, gradient_clip_val=50.0)
+    callbacks = [GlowInvertibilityCheck(), GlowImageGrids()]
+    trainer = tiny_trainer(max_epochs=2, gradient_clip_val=50.0, callbacks=callbacks)
     before = trainer.validate(model, data, verbose=False)[0]["val_bpd"]
     trainer.fit(model, data)
     metrics = trainer.callback_metrics
     assert float(metrics["val_bpd"]) < before - 0.5
-    assert float(metrics["min_invertibility_margin"]) > 0
+    assert float(metrics["min_invertibility_margin"]) > 0 and float(metrics["aux_jacobian_sign_flips"]) == 0
     assert float(metrics["val_newton_failures"]) == 0 and float(metrics["val_reconstruction_error"]) < 1e-3
     images = sorted(p.name for p in (tmp_path / "images").glob("*.png"))
-    assert "samples-epoch001.png" in images and "reconstructions-epoch001.png" in images
+    assert images == [f"{name}-epoch{epoch:03d}.png" for name in ("reconstructions", "samples") for epoch in (0, 1)]
+    for name in ("samples-epoch001.png", "reconstructions-epoch001.png"):
+        grid = np.asarray(Image.open(tmp_path / "images" / name))
+        assert grid.shape[:2] == ((6 * 9 + 1, 6 * 9 + 1) if name.startswith("samples") else (4 * 9 + 1, 8 * 9 + 1))
+        assert grid.std() > 0  # not a blank image
+
+
+def test_without_callbacks_the_module_logs_bits_per_dim_only(tmp_path, tiny_trainer):
+    model = small_glow("aux")
+    data = DigitsDataModule(batch_size=64, flatten=False, standardize=False)
+    trainer = tiny_trainer(fast_dev_run=True)
+    trainer.fit(model, data)
+    assert set(trainer.callback_metrics) == {"train_bpd", "train_bpd_step", "train_bpd_epoch", "val_bpd"}
+    assert not (tmp_path / "images").exists()
 
 
 def test_warmup_schedule():

@@ -1,0 +1,100 @@
+"""1x1 convolutions made of one auxiliary reflection ("One Reflection Suffice", section 3.3 and Appendix B.3)."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_ortho.flows.conv1x1.base import Invertible1x1Conv, random_orthogonal
+from lightning_ortho.nn import AuxiliaryReflection
+from lightning_ortho.nn.newton import NewtonResult
+
+
+class AuxiliaryConv1x1(Invertible1x1Conv):
+    """``g(x) = f(R x)`` at every pixel, with ``f(u) = H(W u) u`` an auxiliary reflection and ``R`` a fixed
+    orthogonal matrix (:meth:`rotation`; ``None`` means ``R = I``).
+
+    ``log|det J_g| = log|det J_f(R x)|`` by Lemma 1 (one eigendecomposition of ``W`` per call, then O(C^2) per
+    pixel), summed over pixels. The inverse is batched Newton (one solve per pixel): :meth:`inverse` raises
+    :class:`~lightning_ortho.nn.NewtonInverseError` where it does not converge, :meth:`inverse_with_result`
+    reports iterations, residual and convergence per pixel. ``sign det J_g = sign det J_f(R x) * sign det R``
+    with ``J_f`` from Theorem 3.
+
+    Submodule: ``reflection`` (:class:`~lightning_ortho.nn.AuxiliaryReflection`).
+    """
+
+    reflection: AuxiliaryReflection
+
+    def rotation(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """``(C, C)`` in ``dtype``: the fixed ``R`` applied before the reflection, or ``None`` for ``R = I``."""
+        return None
+
+    def forward_columns(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, log_abs_det = self.reflection.forward_and_log_abs_det_columns(x, rotation=self.rotation(x.dtype))
+        return y, log_abs_det.sum(-1)
+
+    def inverse_columns(
+        self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50
+    ) -> tuple[torch.Tensor, NewtonResult | None]:
+        result = self.reflection.newton_inverse_columns(y, rotation=self.rotation(y.dtype), tol=tol, max_iter=max_iter)
+        return result.x, result
+
+    def pixel_jacobian_signs(self, x: torch.Tensor) -> torch.Tensor:
+        rotation = self.rotation(x.dtype)
+        if rotation is None:
+            return torch.sign(torch.linalg.det(self.reflection.jacobian(x)))
+        return torch.sign(torch.linalg.det(self.reflection.jacobian(x @ rotation.mT))) * torch.sign(
+            torch.linalg.det(rotation)
+        )
+
+
+class AuxConv1x1(AuxiliaryConv1x1, kind="aux"):
+    """``g(x) = H(W x) x`` with an unconstrained learnable ``W`` (``R = I``).
+
+    ``W = I - Q`` at init for a random orthogonal ``Q`` (Lemma 5), so ``g(x) = Q x`` there; once ``W`` trains,
+    nothing guarantees invertibility (watch :meth:`jacobian_sign_flips` and the Newton results).
+    """
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels)
+        self.reflection = AuxiliaryReflection.from_orthogonal(random_orthogonal(channels))
+
+
+class InvertibleAuxConv1x1(AuxiliaryConv1x1, kind="aux_invertible"):
+    """``g(x) = H(W Q x) Q x`` with ``W = I + V V^T / (2 sigma_max(V V^T))`` (Theorem 2; ``V = I`` at init) and
+    a fixed symmetric orthogonal ``Q = I - 2 P P^T`` (Appendix B.3): provably invertible on all of ``R^C``.
+
+    ``P`` is an orthonormal basis of a random ``C // 2``-dimensional subspace, stored as the raw basis
+    (buffer ``fixed_basis``, ``(C, C // 2)``) and orthonormalised in the working dtype, so ``Q`` is
+    orthogonal to machine precision in float32 and float64 alike.
+    """
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels)
+        self.register_buffer("fixed_basis", torch.randn(channels, channels // 2))
+        self.reflection = AuxiliaryReflection(channels, invertible=True)
+        with torch.no_grad():
+            self.reflection.factor.copy_(torch.eye(channels))
+        self._fixed_orthogonal_cache: tuple[tuple, torch.Tensor] | None = None
+
+    def rotation(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.fixed_orthogonal(dtype)
+
+    def fixed_orthogonal(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``(C, C)``: the fixed symmetric orthogonal ``Q`` (cached per dtype, device and buffer version)."""
+        dtype = dtype or self.fixed_basis.dtype
+        key = (dtype, self.fixed_basis.device, self.fixed_basis._version, self.fixed_basis.data_ptr())
+        if self._fixed_orthogonal_cache is None or self._fixed_orthogonal_cache[0] != key:
+            self._fixed_orthogonal_cache = (key, self._compute_fixed_orthogonal(dtype))
+        return self._fixed_orthogonal_cache[1]
+
+    def _compute_fixed_orthogonal(self, dtype: torch.dtype) -> torch.Tensor:
+        basis = self.fixed_basis.to(dtype)
+        eye = torch.eye(self.channels, dtype=basis.dtype, device=basis.device)
+        if basis.shape[1] == 0:
+            return eye
+        p = torch.linalg.qr(basis).Q
+        return eye - 2.0 * p @ p.T
+
+    def invertibility_margin(self) -> float:
+        """Theorem 2's ``3/2 lambda_min(W) - lambda_max(W)`` (exact eigensolver): positive means invertible."""
+        return self.reflection.invertibility_margin()
