@@ -7,7 +7,6 @@ from typing import Literal, get_args
 
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
 from lightning_ortho.nn._checks import (
     check_features,
@@ -39,13 +38,13 @@ from lightning_ortho.nn.reflection import reflect_linear_with_summary, reflect_u
 from lightning_ortho.nn.symmetric_eigenbasis import SymmetricEigenbasis, symmetric_newton_inverse
 
 LogDetMethod = Literal["auto", "eig", "dense"]
-NAME = "AuxiliaryReflection"  # for messages: with invertible=True, parametrize renames the class
+NAME = "AuxiliaryReflection"
 
 
 class AuxiliaryReflection(OrthogonalMap):
     """One auxiliary reflection ``f(x) = H(n(x)) x`` with ``H(v) = I - 2 v v^T / ||v||^2``.
 
-    By default the auxiliary network is one linear map, ``n(x) = W x`` (``self.weight``). Theorem 1: for every
+    By default the auxiliary network is one linear map, ``n(x) = W x`` (:meth:`auxiliary_weight`). Theorem 1: for every
     orthogonal ``U`` (any product of reflections) ``W = I - U`` gives ``f(x) = U x`` for all ``x != 0``
     (:meth:`from_orthogonal`). ``f`` preserves norms, ``||f(x)|| = ||x||``, and is homogeneous,
     ``f(c x) = c f(x)``, but it is not linear.
@@ -56,9 +55,10 @@ class AuxiliaryReflection(OrthogonalMap):
             "auxiliary neural network"). Its Jacobian is taken with ``torch.func`` where needed, so it must be
             a pure function of its input (no batch statistics).
         invertible: constrain ``W`` as in Theorem 2 so that ``f`` is invertible on all of ``R^d``:
-            ``self.weight`` becomes the parametrisation ``W = I + V V^T / (2 (1 + spectral_margin)
-            sigma_max(V V^T))`` of a free ``V`` (:class:`~lightning_ortho.nn.invertible_weight.InvertibleAuxiliaryWeight`,
-            ``self.factor``).
+            ``W = I + V V^T / (2 (1 + spectral_margin) sigma_max(V V^T))`` from a free ``V`` (``self.factor``),
+            computed by the submodule ``self.constraint``
+            (:class:`~lightning_ortho.nn.invertible_weight.InvertibleAuxiliaryWeight`). Otherwise ``W`` is the
+            parameter ``self.weight``.
         spectral_method, spectral_margin: how ``sigma_max`` is found and the safety factor, for ``invertible=True``.
 
     Conventions:
@@ -94,12 +94,11 @@ class AuxiliaryReflection(OrthogonalMap):
             )
         check_spectral_options(spectral_method, spectral_margin, NAME)
         self.d, self.invertible, self.network = d, invertible, network
-        if network is None:
-            bound = 1.0 / math.sqrt(d)  # Appendix B.1/B.3: W_ij (or V_ij) ~ U(-1/sqrt(d), 1/sqrt(d)).
+        if invertible:
+            self.constraint = InvertibleAuxiliaryWeight(d, spectral_method, spectral_margin)
+        elif network is None:
+            bound = 1.0 / math.sqrt(d)  # Appendix B.1: W_ij ~ U(-1/sqrt(d), 1/sqrt(d)).
             self.weight = nn.Parameter(torch.empty(d, d).uniform_(-bound, bound))
-            if invertible:
-                constraint = InvertibleAuxiliaryWeight(d, spectral_method, spectral_margin)
-                parametrize.register_parametrization(self, "weight", constraint)
         self._register_load_state_dict_pre_hook(rename_legacy_theorem2_keys)
 
     @classmethod
@@ -139,12 +138,7 @@ class AuxiliaryReflection(OrthogonalMap):
         """``(d, d)``: the free ``V`` of a Theorem-2 layer; raises ``AttributeError`` unless ``invertible=True``."""
         if not self.invertible:
             raise AttributeError(f"{NAME}.factor exists only for invertible=True (Theorem 2); use .weight.")
-        return self.parametrizations.weight.original
-
-    @property
-    def constraint(self) -> InvertibleAuxiliaryWeight | None:
-        """The Theorem-2 parametrisation of ``weight`` (``None`` unless ``invertible=True``)."""
-        return self.parametrizations.weight[0] if self.invertible else None
+        return self.constraint.factor
 
     # ------------------------------------------------------------------ the auxiliary map n(x)
 
@@ -156,7 +150,7 @@ class AuxiliaryReflection(OrthogonalMap):
         """
         if self.network is not None:
             raise ValueError(f"{NAME}.auxiliary_weight: this layer uses a custom auxiliary network, not W x.")
-        return self.weight
+        return self.constraint() if self.invertible else self.weight
 
     def weight_and_eigenbasis(self) -> tuple[torch.Tensor, SymmetricEigenbasis | GeneralEigenbasis]:
         """``W`` and its eigendecomposition: the one O(d^3) step behind the O(d^2)-per-vector log-determinant.
@@ -167,18 +161,20 @@ class AuxiliaryReflection(OrthogonalMap):
             ValueError: the layer uses a custom network.
         """
         if self.invertible:
-            return self.constraint.weight_and_eigenbasis(self.factor)
+            return self.constraint.weight_and_eigenbasis()
         weight = self.auxiliary_weight()
         check_finite(weight, name="weight", layer=NAME)  # before eig, whose own error names nothing
         return weight, GeneralEigenbasis.of(weight)
 
     def auxiliary(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., d)``: the reflection vectors ``n(x)``."""
-        return x @ self.weight.mT if self.network is None else self.network(x)
+        return x @ self.auxiliary_weight().mT if self.network is None else self.network(x)
 
     def _auxiliary_and_jacobian(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(n(x), dn/dx)``: ``(..., d)`` and ``(..., d, d)``."""
-        return linear_and_jacobian(self.weight, x) if self.network is None else network_and_jacobian(self.network, x)
+        if self.network is None:
+            return linear_and_jacobian(self.auxiliary_weight(), x)
+        return network_and_jacobian(self.network, x)
 
     def _check_result(self, summary: torch.Tensor, x: torch.Tensor, where: str = "") -> None:
         """Raise naming the NaN/inf input or parameter if the (small) ``summary`` of a result is not finite."""
@@ -191,7 +187,7 @@ class AuxiliaryReflection(OrthogonalMap):
         with full_precision(x):
             xc = prepare_input(x, self.d, self, name="x", layer=NAME)
             if self.network is None:
-                y, summary = reflect_linear_with_summary(xc, self.weight)
+                y, summary = reflect_linear_with_summary(xc, self.auxiliary_weight())
             else:
                 y, summary = reflect_with_summary(xc, self.network(xc))
             self._check_result(summary, x)
@@ -324,7 +320,7 @@ class AuxiliaryReflection(OrthogonalMap):
             check_finite(yc, name="y", layer=f"{NAME}.inverse")
             tol = DEFAULT_TOLERANCE.get(yc.dtype, 1e-5) if tol is None else float(tol)
             if self.network is None:
-                weight = self.weight
+                weight = self.auxiliary_weight()
                 auxiliary = lambda x: x @ weight.mT  # noqa: E731  (W built once for every Newton evaluation)
             else:
                 auxiliary = self.network

@@ -5,14 +5,15 @@ Theorem 2 ("One Reflection Suffice", Appendix A.2.1): ``f(x) = H(W x) x`` is inv
 ``sigma >= sigma_max(V V^T)`` the eigenvalues of ``W`` lie in ``[1, 3/2]``; the safety factor ``1 + m`` (``m > 0``)
 makes the inequality strict when ``V`` is rank deficient, where the paper's ``1/2`` would make it an equality.
 
-:class:`InvertibleAuxiliaryWeight` is a ``torch.nn.utils.parametrize`` parametrisation ``V -> W``: an
-:class:`~lightning_ortho.nn.AuxiliaryReflection` built with ``invertible=True`` registers it on its ``weight``,
-so ``layer.weight`` is ``W`` and ``layer.parametrizations.weight.original`` is ``V``, as with PyTorch's own
-orthogonal parametrisation.
+:class:`InvertibleAuxiliaryWeight` is the module that owns the free ``V`` (``factor``) and computes ``W``; an
+:class:`~lightning_ortho.nn.AuxiliaryReflection` built with ``invertible=True`` holds one as ``constraint``.
+(It is deliberately not a ``torch.nn.utils.parametrize`` parametrisation: PyTorch refuses to pickle parametrised
+modules, and ``ddp_spawn`` pickles the model to start its processes.)
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal, get_args
 
 import torch
@@ -39,7 +40,7 @@ def check_spectral_options(spectral_method: str, spectral_margin: float, layer: 
 
 
 class InvertibleAuxiliaryWeight(nn.Module):
-    """The parametrisation ``V -> W = I + V V^T / (2 (1 + margin) sigma_max(V V^T))`` of Theorem 2.
+    """``W = I + V V^T / (2 (1 + margin) sigma_max(V V^T))`` (Theorem 2) from a free ``(d, d)`` parameter ``V``.
 
     Args:
         d: size of the square ``V`` and ``W``.
@@ -49,8 +50,9 @@ class InvertibleAuxiliaryWeight(nn.Module):
             always reports the exact margin.
         spectral_margin: the relative safety factor ``m`` on ``sigma_max``.
 
-    ``sigma_max`` keeps its gradient through the Rayleigh quotient of the top eigenvector (the gradient of the
-    top eigenvalue). ``V = 0`` gives ``W = I`` (never a division by zero).
+    ``V`` (``factor``) starts ``U(-1/sqrt(d), 1/sqrt(d))`` (Appendix B.3). ``sigma_max`` keeps its gradient
+    through the Rayleigh quotient of the top eigenvector (the gradient of the top eigenvalue). ``V = 0`` gives
+    ``W = I`` (never a division by zero).
 
     Raises:
         ValueError: unknown ``spectral_method`` or negative ``spectral_margin``.
@@ -64,6 +66,8 @@ class InvertibleAuxiliaryWeight(nn.Module):
         if spectral_method == "auto":
             spectral_method = "eigh" if d <= EXACT_SPECTRAL_MAX_DIM else "power"
         self.spectral_method = spectral_method
+        bound = 1.0 / math.sqrt(d)
+        self.factor = nn.Parameter(torch.empty(d, d).uniform_(-bound, bound))
         self.register_buffer("power_vector", nn.functional.normalize(torch.randn(d), dim=0))
 
     def _scale(self, sigma: torch.Tensor) -> torch.Tensor:
@@ -80,21 +84,21 @@ class InvertibleAuxiliaryWeight(nn.Module):
                 self.power_vector.copy_(vector)
         return vector @ gram @ vector  # gradient through the Rayleigh quotient, vector held fixed
 
-    def _gram(self, factor: torch.Tensor) -> torch.Tensor:
+    def _gram(self) -> torch.Tensor:
         # A NaN V would reach the eigensolver, which fails with a LAPACK message that names nothing.
-        check_finite(factor, name="the Theorem-2 factor V (parametrizations.weight.original)", layer=LAYER)
-        return factor @ factor.mT
+        check_finite(self.factor, name="the Theorem-2 factor V (constraint.factor)", layer=LAYER)
+        return self.factor @ self.factor.mT
 
-    def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        """``(d, d)`` ``V`` -> ``(d, d)`` ``W``. Raises ``ValueError`` if ``V`` holds NaN/inf."""
-        gram = self._gram(factor)
+    def forward(self) -> torch.Tensor:
+        """``(d, d)``: ``W``. Raises ``ValueError`` if ``V`` holds NaN/inf."""
+        gram = self._gram()
         eye = torch.eye(self.d, dtype=gram.dtype, device=gram.device)
         return eye + gram / self._scale(self.sigma_max(gram))
 
-    def weight_and_eigenbasis(self, factor: torch.Tensor) -> tuple[torch.Tensor, SymmetricEigenbasis]:
+    def weight_and_eigenbasis(self) -> tuple[torch.Tensor, SymmetricEigenbasis]:
         """``W`` and its eigendecomposition from one ``eigh`` of ``V V^T``: same eigenvectors, eigenvalues
         ``1 + mu / (2 (1 + m) sigma_max)``; with ``spectral_method="eigh"`` the same ``eigh`` gives ``sigma_max``."""
-        gram = self._gram(factor)
+        gram = self._gram()
         mu, vectors = torch.linalg.eigh(gram.detach())
         if self.spectral_method == "eigh":
             top = vectors[:, -1]
@@ -131,8 +135,8 @@ def theorem2_margin(weight: torch.Tensor) -> float:
 
 def rename_legacy_theorem2_keys(state_dict: dict, prefix: str, *args) -> None:
     """Load-state-dict pre-hook: version 0.1 stored a Theorem-2 layer's ``V`` and power vector as ``factor`` and
-    ``power_vector``; they now live in the parametrisation of ``weight``. Old checkpoints keep loading."""
-    renames = {"factor": "parametrizations.weight.original", "power_vector": "parametrizations.weight.0.power_vector"}
+    ``power_vector``; they now live in its ``constraint`` module. Old checkpoints keep loading."""
+    renames = {"factor": "constraint.factor", "power_vector": "constraint.power_vector"}
     for old, new in renames.items():
         if prefix + old in state_dict and prefix + new not in state_dict:
             state_dict[prefix + new] = state_dict.pop(prefix + old)

@@ -68,5 +68,19 @@ class ParametrizedOrthogonal(OrthogonalMap):
         """``(..., d) -> (..., d)``: ``Q x`` for every row."""
         return self.linear(prepare_input(x, self.d, self, name="x", layer="ParametrizedOrthogonal")).to(x.dtype)
 
+    def __reduce_ex__(self, protocol: int):
+        # PyTorch refuses to pickle a parametrised module, and ddp_spawn (like torch.save(model)) pickles the model:
+        # rebuild it from its arguments and state_dict instead.
+        return _rebuild, (self.d, self.orthogonal_map, self.state_dict(), self.training)
+
     def extra_repr(self) -> str:
         return f"d={self.d}, orthogonal_map={self.orthogonal_map!r}"
+
+
+def _rebuild(d: int, orthogonal_map: TorchOrthogonalMap, state: dict, training: bool) -> ParametrizedOrthogonal:
+    """Unpickle a :class:`ParametrizedOrthogonal` (see ``__reduce_ex__``) without drawing from the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        layer = ParametrizedOrthogonal(d, orthogonal_map)
+    like = next(iter(state.values()))
+    layer.to(device=like.device, dtype=like.dtype).load_state_dict(state)
+    return layer.train(training)

@@ -6,6 +6,7 @@ from lightning_ortho.nn import (
     AuxiliaryReflection,
     HouseholderProduct,
     ParametrizedOrthogonal,
+    SVDLinear,
     orthogonal_map,
 )
 from tests.helpers import random_orthogonal
@@ -83,4 +84,31 @@ def test_theorem2_layer_loads_a_checkpoint_of_the_previous_layout():
     fresh.load_state_dict(old)
     torch.testing.assert_close(fresh.factor.detach(), old["factor"])
     torch.testing.assert_close(fresh.constraint.power_vector, old["power_vector"])
-    assert set(layer.state_dict()) == {"parametrizations.weight.original", "parametrizations.weight.0.power_vector"}
+    assert set(layer.state_dict()) == {"constraint.factor", "constraint.power_vector"}
+
+
+@pytest.mark.parametrize("make", [lambda: AuxiliaryReflection(5), lambda: AuxiliaryReflection(5, invertible=True)])
+def test_auxiliary_layers_pickle_as_ddp_spawn_needs(make):
+    import pickle
+
+    layer = make().double()
+    copy = pickle.loads(pickle.dumps(layer))
+    x = torch.randn(3, 5, dtype=torch.float64)
+    torch.testing.assert_close(copy(x), layer(x))
+
+
+@pytest.mark.parametrize("method", ["cayley", "matrix_exp", "torch_householder"])
+def test_torch_parametrized_maps_pickle_as_ddp_spawn_needs(method):
+    # PyTorch refuses to pickle parametrized modules; ours rebuild from their state_dict.
+    import pickle
+
+    layer = SVDLinear(6, 6, orthogonal=method).double()
+    with torch.no_grad():
+        layer.left.linear.parametrizations.weight.original.add_(0.1)  # move away from the initial state
+    state = torch.random.get_rng_state()
+    copy = pickle.loads(pickle.dumps(layer))
+    assert torch.equal(torch.random.get_rng_state(), state)  # unpickling draws no random numbers
+    x = torch.randn(3, 6, dtype=torch.float64)
+    torch.testing.assert_close(copy(x), layer(x))
+    copy(x).sum().backward()
+    assert copy.left.linear.parametrizations.weight.original.grad is not None

@@ -87,7 +87,7 @@ def layer_with_a_nan(mode: str) -> tuple[AuxiliaryReflection, str]:
     layer = AuxiliaryReflection(5, invertible=mode == "theorem2").to(DTYPE)
     with torch.no_grad():
         (layer.factor if mode == "theorem2" else layer.weight)[1, 2] = NAN
-    return layer, "weight" if mode == "plain" else "parametrizations.weight.original"
+    return layer, "weight" if mode == "plain" else "constraint.factor"
 
 
 X = torch.randn(4, 5, dtype=DTYPE)
