@@ -65,3 +65,22 @@ class ValidationProbe:
     def _capture(self, module: torch.nn.Module, args: tuple, output: object) -> None:
         if self._armed and args and isinstance(args[0], torch.Tensor):
             self.images, self._armed = args[0][: self.num_images].detach().clone(), False
+
+
+class GlowProbeCallback(pl.Callback):
+    """Base of the Glow callbacks: finds the model's Glow at setup and keeps a :class:`ValidationProbe` of the
+    first ``num_images`` inputs it sees in each validation epoch (``num_images = 0``: no probe)."""
+
+    def __init__(self, num_images: int) -> None:
+        self._probe = ValidationProbe(num_images)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._glow = find_glow(pl_module, type(self).__name__)
+        if self._probe.num_images:
+            self._probe.attach(self._glow)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._probe.detach()
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._probe.arm()

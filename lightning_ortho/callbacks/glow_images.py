@@ -8,11 +8,11 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
-from lightning_ortho.callbacks._glow_probe import ValidationProbe, find_glow
+from lightning_ortho.callbacks._glow_probe import GlowProbeCallback
 from lightning_ortho.nn import NewtonInverseError
 
 
-class GlowImageGrids(pl.Callback):
+class GlowImageGrids(GlowProbeCallback):
     """After every validation epoch, writes ``samples-epochEEE.png`` and ``reconstructions-epochEEE.png`` under
     ``<log_dir>/images/`` (rank zero only), and hands them to the logger when it takes images (TensorBoard).
 
@@ -50,20 +50,9 @@ class GlowImageGrids(pl.Callback):
             )
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ValueError(f"GlowImageGrids: seed must be an integer or None, got {seed!r}.")
+        super().__init__(num_reconstructions)
         self.num_samples, self.temperature = num_samples, float(temperature)
         self.num_reconstructions, self.seed = num_reconstructions, seed
-        self._probe = ValidationProbe(max(1, num_reconstructions))
-
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._glow = find_glow(pl_module, type(self).__name__)
-        if self.num_reconstructions:
-            self._probe.attach(self._glow)
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._probe.detach()
-
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._probe.arm()
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:

@@ -6,11 +6,11 @@ import warnings
 
 import pytorch_lightning as pl
 
-from lightning_ortho.callbacks._glow_probe import ValidationProbe, find_glow
+from lightning_ortho.callbacks._glow_probe import GlowProbeCallback
 from lightning_ortho.flows import diagnostics
 
 
-class GlowInvertibilityCheck(pl.Callback):
+class GlowInvertibilityCheck(GlowProbeCallback):
     """After every validation epoch, checks that the model's :class:`~lightning_ortho.flows.Glow` still inverts.
 
     The probe is the first ``num_images`` dequantised images the Glow sees in the epoch (a forward hook, on
@@ -43,18 +43,8 @@ class GlowInvertibilityCheck(pl.Callback):
                 "GlowInvertibilityCheck: num_images must be a positive integer (images in the probe), "
                 f"got {num_images!r}."
             )
+        super().__init__(num_images)
         self.num_images = num_images
-        self._probe = ValidationProbe(num_images)
-
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._glow = find_glow(pl_module, type(self).__name__)
-        self._probe.attach(self._glow)
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._probe.detach()
-
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._probe.arm()
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
