@@ -186,7 +186,27 @@ def render_bench_flows(data: dict) -> str:
     return "\n".join(lines)
 
 
+def render_rnn_initial_loss(data: dict) -> str:
+    lines = [
+        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` "
+        f"(mean over the first {data['setup']['batches']} training batches of {data['setup']['batch_size']}).",
+        "",
+        "| input scaling | transition | initial training loss | mean ‖h_T‖ | logit std |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        lines.append(
+            f"| {row['scaling']} | {row['transition']} | {row['initial_loss']:.2f} | {row['final_state_norm']:.1f} "
+            f"| {row['logit_std']:.2f} |"
+        )
+    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
+    for claim in data["claims"]:
+        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
+    return "\n".join(lines)
+
+
 RENDERERS = {
+    "rnn_initial_loss": render_rnn_initial_loss,
     "bench_flows": render_bench_flows,
     "reproduce_glow": render_reproduction,
     "peer_normflows": render_reproduction,
