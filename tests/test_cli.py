@@ -153,3 +153,22 @@ def test_missing_dataset_ends_the_command_with_one_clear_message(tmp_path):
     assert "MNIST was not found" in result.stderr and str(tmp_path / "empty" / "MNIST" / "raw") in result.stderr
     assert "--data.root=DIR" in result.stderr and "--data.download=true" in result.stderr
     assert "init_args" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("recipe", ["fcnn_digits", "rnn_digits", "glow_digits"])
+def test_predict_subcommand_predicts_the_test_split(recipe, tmp_path):
+    # Issue 9.11: `lightning-ortho predict` was offered but no data module had a predict_dataloader.
+    path = ROOT / "recipes" / f"{recipe}.yaml"
+    args = ["predict", "--config", str(path), f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
+    cli = run_cli([*args, "--trainer.limit_predict_batches=2"])
+    predictions = cli.trainer.predict_loop.predictions
+    data = cli.datamodule
+    batch = data.batch_size
+    assert len(predictions) == 2
+    expected = (batch, 10) if recipe != "glow_digits" else (batch,)
+    assert all(p.shape == expected and torch.isfinite(p).all() for p in predictions)
+    test_inputs = next(iter(data.test_dataloader()))[0]
+    with torch.no_grad():
+        reference = cli.model(test_inputs) if recipe != "glow_digits" else None
+    if reference is not None:
+        torch.testing.assert_close(predictions[0], reference)  # the test split, in order

@@ -159,8 +159,24 @@ class SequentialImageDataModule(SplitDataModule):
         return {"permutation": self.permutation}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        saved = state_dict.get("permutation")
-        if saved is not None and self.permutation is not None and not torch.equal(saved, self.permutation):
+        """Refuse a checkpoint whose pixel order differs from this module's: a permuted checkpoint evaluated on
+        unpermuted pixels (or the reverse, or another permutation) scores the wrong sequences without error.
+
+        Raises:
+            ValueError: the checkpoint's permutation (or its absence) differs; the message says what to set.
+        """
+        if "permutation" not in state_dict:  # written by something else: nothing to compare
+            return
+        saved = state_dict["permutation"]
+        if saved is None and self.permutation is None:
+            return
+        if saved is None or self.permutation is None:
+            trained, now = ("permuted", "unpermuted") if saved is not None else ("unpermuted", "permuted")
+            raise ValueError(
+                f"SequentialImageDataModule: the checkpoint was trained on {trained} pixel sequences but this data "
+                f"module reads them {now}; set permute={saved is not None} (and the checkpoint's permutation_seed)."
+            )
+        if not torch.equal(saved.to(self.permutation.device), self.permutation):
             raise ValueError(
                 "SequentialImageDataModule: the checkpoint was trained on a different pixel permutation "
                 "(permutation_seed differs); resume with the same permutation_seed."

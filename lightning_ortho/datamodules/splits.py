@@ -14,7 +14,8 @@ class SplitDataModule(pl.LightningDataModule):
     It builds their DataLoaders, identically for every subclass: batches of ``batch_size`` items loaded by
     ``num_workers`` worker processes; the training set is shuffled by an :class:`EpochSeededRandomSampler`
     drawn from ``shuffle_seed`` (so a resumed run sees the same batches as an uninterrupted one) when
-    ``shuffle`` is true, and read in order otherwise; validation and test sets are always read in order.
+    ``shuffle`` is true, and read in order otherwise; validation and test sets are always read in order, and
+    prediction reads the test set.
     Under DDP, Lightning replaces the sampler by a ``DistributedSampler``.
 
     Subclasses implement :meth:`split` and set the attributes ``batch_size`` (int), ``num_workers`` (int),
@@ -54,4 +55,8 @@ class SplitDataModule(pl.LightningDataModule):
         return self._loader("val")
 
     def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """The test split, in order (what ``lightning-ortho predict`` and ``Trainer.predict`` read)."""
         return self._loader("test")

@@ -42,10 +42,16 @@ class FlowSequence(FlowLayer):
         return y
 
 
-def check_images(x: torch.Tensor, channels: int | None, layer: str) -> None:
-    """Raise a clear error unless ``x`` is a floating ``(N, C, H, W)`` tensor with ``channels`` channels."""
+def check_images(x: torch.Tensor, channels: int | None, layer: str, size: int | None = None) -> None:
+    """Raise a clear error unless ``x`` is a floating ``(N, C, H, W)`` tensor with ``channels`` channels (and,
+    given ``size``, ``H = W = size``)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"{layer}: expected a floating-point (N, C, H, W) tensor, got {getattr(x, 'dtype', type(x))}.")
     if x.dim() != 4 or (channels is not None and x.shape[1] != channels):
         expected = f"(N, {channels}, H, W)" if channels is not None else "(N, C, H, W)"
         raise ValueError(f"{layer}: expected shape {expected}, got {tuple(x.shape)}.")
+    if size is not None and tuple(x.shape[2:]) != (size, size):
+        raise ValueError(
+            f"{layer}: built for {size}x{size} images, got {x.shape[2]}x{x.shape[3]} (shape {tuple(x.shape)}). "
+            f"Build it with image_size={x.shape[2]} if the images are square, or resize them to {size}x{size}."
+        )

@@ -82,7 +82,7 @@ class Glow(nn.Module):
 
     def encode(self, y: torch.Tensor) -> Encoding:
         """``(N, C, S, S)`` dequantised images -> latents, log-determinant and prior log-density."""
-        check_images(y, self.in_channels, "Glow")
+        check_images(y, self.in_channels, "Glow", self.image_size)  # bits/dim divide by this size's dims
         h, zs = y, []
         log_det = y.new_zeros(y.shape[0])
         log_prior = y.new_zeros(y.shape[0])

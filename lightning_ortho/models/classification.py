@@ -43,6 +43,11 @@ class ClassifierModule(pl.LightningModule):
     def test_step(self, batch, batch_idx):  # noqa: D102
         self.shared_step(batch, "test")
 
+    def predict_step(self, batch, batch_idx):
+        """``(N, num_classes)`` logits of the batch's inputs (labels, if the batch has them, are ignored)."""
+        inputs = batch[0] if isinstance(batch, list | tuple) else batch
+        return self(inputs)
+
     def on_train_epoch_start(self) -> None:
         self._epoch_start = time.perf_counter()
 

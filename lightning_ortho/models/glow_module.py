@@ -19,7 +19,8 @@ class GlowModule(pl.LightningModule):
             images must arrive in [0, 1] (data modules with standardisation turned off).
         lr: Adam learning rate, reached by a linear warm-up over ``warmup_steps`` optimizer steps.
 
-    Batches are ``(images, ...)`` with images ``(N, C, S, S)``. Logs ``train_bpd``, ``val_bpd`` and ``test_bpd``.
+    Batches are ``(images, ...)`` with images ``(N, C, S, S)``. Logs ``train_bpd``, ``val_bpd`` and ``test_bpd``;
+    ``predict`` returns each image's bits/dim.
     Invertibility diagnostics and image grids are callbacks:
     :class:`~lightning_ortho.callbacks.GlowInvertibilityCheck`, :class:`~lightning_ortho.callbacks.GlowImageGrids`.
     Gradient clipping: the Trainer's ``gradient_clip_val``.
@@ -60,6 +61,11 @@ class GlowModule(pl.LightningModule):
 
     def test_step(self, batch, batch_idx):  # noqa: D102
         self.log("test_bpd", self._bits_per_dim(batch[0]), sync_dist=True)
+
+    def predict_step(self, batch, batch_idx):
+        """``(N,)`` bits/dim of each image of the batch (uniform dequantisation noise, as in validation)."""
+        images = batch[0] if isinstance(batch, list | tuple) else batch
+        return self.glow.bits_per_dim(images, self.hparams.num_levels)
 
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)

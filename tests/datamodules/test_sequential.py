@@ -51,6 +51,18 @@ def test_permutation_is_fixed_recorded_and_shared(tmp_path):
         other.load_state_dict(a.state_dict())
 
 
+def test_a_permuted_checkpoint_is_refused_by_an_unpermuted_module_and_back():
+    # Issue 9.8: the check was skipped when one side was unpermuted.
+    permuted = SequentialImageDataModule(DigitsDataModule(flatten=False), permute=True, permutation_seed=3)
+    plain = SequentialImageDataModule(DigitsDataModule(flatten=False))
+    with pytest.raises(ValueError, match="trained on permuted .* set permute=True"):
+        plain.load_state_dict(permuted.state_dict())
+    with pytest.raises(ValueError, match="trained on unpermuted .* set permute=False"):
+        permuted.load_state_dict(plain.state_dict())
+    plain.load_state_dict(SequentialImageDataModule(DigitsDataModule(flatten=False)).state_dict())  # both plain
+    plain.load_state_dict({})  # a state without the key (not ours): nothing to compare
+
+
 def test_batches_and_shuffling_are_epoch_seeded():
     seq = SequentialImageDataModule(DigitsDataModule(flatten=False, batch_size=16))
     loader = seq.train_dataloader()

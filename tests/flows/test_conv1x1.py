@@ -188,3 +188,16 @@ def test_aux_invertible_fixed_orthogonal_is_symmetric_orthogonal_in_each_dtype()
         assert q.dtype == dtype
         torch.testing.assert_close(q, q.T, rtol=0, atol=tol)
         torch.testing.assert_close(q @ q.T, torch.eye(5, dtype=dtype), rtol=0, atol=10 * tol)
+
+
+def test_aux_invertible_under_bf16_autocast_keeps_an_exact_fixed_rotation_and_inverse():
+    # Issue 9.1: the fixed Q was built inside autocast in bfloat16, cached, and reused in float32.
+    torch.manual_seed(0)
+    layer = Invertible1x1Conv(16, "aux_invertible")
+    x = torch.rand(2, 16, 4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = layer(x)
+    q = layer.fixed_orthogonal(torch.float32)
+    assert float((q.T @ q - torch.eye(16)).abs().max()) < 1e-6
+    assert float((layer.inverse(y.float()) - x).abs().max()) < 1e-5
+    assert layer.fixed_orthogonal(torch.bfloat16).dtype == torch.float32  # the rotation is never rounded to bf16

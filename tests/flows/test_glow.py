@@ -83,3 +83,13 @@ def test_glow_validates_configuration():
         Glow(image_size=6, levels=2)
     with pytest.raises(ValueError, match=r"\(N, 1, H, W\)"):
         Glow(image_size=8, levels=2)(torch.rand(2, 3, 8, 8))
+
+
+def test_images_of_another_size_are_refused_not_scored_per_the_wrong_dimension():
+    # Issue 9.6: an 8x8 Glow scored 16x16 images and divided by 64 dims instead of 256.
+    glow = Glow(1, 8, 2, 1, 8)
+    with pytest.raises(ValueError, match=r"built for 8x8 images, got 16x16"):
+        glow.bits_per_dim(torch.rand(3, 1, 16, 16), 17)
+    with pytest.raises(ValueError, match="8x8"):
+        glow.log_prob(torch.rand(3, 1, 8, 16))
+    assert glow.bits_per_dim(torch.rand(3, 1, 8, 8), 17).shape == (3,)

@@ -6,6 +6,7 @@ import torch
 
 from lightning_ortho.flows.conv1x1.base import Invertible1x1Conv, random_orthogonal
 from lightning_ortho.nn import AuxiliaryReflection
+from lightning_ortho.nn._checks import LOW_PRECISION, full_precision
 from lightning_ortho.nn.newton import NewtonResult
 
 
@@ -64,7 +65,7 @@ class InvertibleAuxConv1x1(AuxiliaryConv1x1, kind="aux_invertible"):
     a fixed symmetric orthogonal ``Q = I - 2 P P^T`` (Appendix B.3): provably invertible on all of ``R^C``.
 
     ``P`` is an orthonormal basis of a random ``C // 2``-dimensional subspace, stored as the raw basis
-    (buffer ``fixed_basis``, ``(C, C // 2)``) and orthonormalised in the working dtype, so ``Q`` is
+    (buffer ``fixed_basis``, ``(C, C // 2)``), orthonormalised in float64 and rounded to the working dtype, so ``Q`` is
     orthogonal to machine precision in float32 and float64 alike.
     """
 
@@ -80,20 +81,26 @@ class InvertibleAuxConv1x1(AuxiliaryConv1x1, kind="aux_invertible"):
         return self.fixed_orthogonal(dtype)
 
     def fixed_orthogonal(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """``(C, C)``: the fixed symmetric orthogonal ``Q`` (cached per dtype, device and buffer version)."""
+        """``(C, C)``: the fixed symmetric orthogonal ``Q`` (cached per dtype, device and buffer version), in
+        ``dtype``, or float32 for a half-precision ``dtype`` (the reflection math runs in float32 there)."""
         dtype = dtype or self.fixed_basis.dtype
+        if dtype in LOW_PRECISION:
+            dtype = torch.float32
         key = (dtype, self.fixed_basis.device, self.fixed_basis._version, self.fixed_basis.data_ptr())
         if self._fixed_orthogonal_cache is None or self._fixed_orthogonal_cache[0] != key:
             self._fixed_orthogonal_cache = (key, self._compute_fixed_orthogonal(dtype))
         return self._fixed_orthogonal_cache[1]
 
     def _compute_fixed_orthogonal(self, dtype: torch.dtype) -> torch.Tensor:
-        basis = self.fixed_basis.to(dtype)
-        eye = torch.eye(self.channels, dtype=basis.dtype, device=basis.device)
-        if basis.shape[1] == 0:
-            return eye
-        p = torch.linalg.qr(basis).Q
-        return eye - 2.0 * p @ p.T
+        # Built once in float64 with autocast off, then rounded: under bf16 autocast the matmul would run in
+        # bfloat16 and the cached Q would be orthogonal only to ~1e-2, silently breaking every inverse.
+        with full_precision(self.fixed_basis):
+            basis = self.fixed_basis.to(torch.float64)
+            eye = torch.eye(self.channels, dtype=basis.dtype, device=basis.device)
+            if basis.shape[1] == 0:
+                return eye.to(dtype)
+            p = torch.linalg.qr(basis).Q
+            return (eye - 2.0 * p @ p.T).to(dtype)
 
     def invertibility_margin(self) -> float:
         """Theorem 2's ``3/2 lambda_min(W) - lambda_max(W)`` (exact eigensolver): positive means invertible."""
