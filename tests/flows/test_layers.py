@@ -100,3 +100,29 @@ def test_bad_inputs():
         Squeeze()(torch.randn(1, 1, 3, 4))
     with pytest.raises(TypeError, match="floating-point"):
         ActNorm(1)(torch.ones(1, 1, 2, 2, dtype=torch.long))
+
+
+def test_actnorm_init_is_not_ruined_by_empty_nan_single_or_constant_batches():
+    # Issue 9.5: an empty or NaN batch set NaN and marked the layer initialised; zero variance gave log-scale 13.8.
+    layer = ActNorm(3)
+    y, log_det = layer(torch.randn(0, 3, 4, 4))
+    assert y.shape == (0, 3, 4, 4) and not bool(layer.initialized)  # nothing seen: still uninitialised
+    nan = torch.randn(8, 3, 4, 4)
+    nan[2, 1, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        layer(nan)
+    assert not bool(layer.initialized) and torch.isfinite(layer.log_scale).all()
+    with pytest.warns(UserWarning, match="no reliable statistics"):
+        layer(torch.randn(1, 3, 1, 1))
+    assert bool(layer.initialized) and float(layer.log_scale.abs().max()) == 0 and float(layer.bias.abs().max()) == 0
+
+    constant = torch.randn(16, 3, 4, 4)
+    constant[:, 1] = 0.25  # a channel with zero spread
+    layer = ActNorm(3)
+    with pytest.warns(UserWarning, match="1 channel"):
+        y, _ = layer(constant)
+    assert float(layer.log_scale[0, 1]) == 0.0 and float(y[:, 1].abs().max()) == 0.0  # centred, not blown up
+    reference = constant[:, [0, 2]]
+    torch.testing.assert_close(
+        layer.log_scale[0, [0, 2], 0, 0], -torch.log(reference.std(dim=(0, 2, 3), unbiased=False) + 1e-6)
+    )

@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 import pytorch_lightning as pl
@@ -63,3 +65,15 @@ def test_standardised_data_is_refused_with_a_clear_message(tiny_trainer):
     with pytest.raises(ValueError, match="standardisation"):
         trainer.fit(model, data)
     assert torch.isfinite(next(model.parameters())).all()
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_tiny_first_batches_do_not_ruin_the_actnorm_initialisation(batch_size, tiny_trainer):
+    # Issue 9.5: glow_digits with batch_size=1 reported validation bits/dim 5e11 (1e14 with batch_size=2).
+    pl.seed_everything(0)
+    model = small_glow("aux_invertible")
+    data = DigitsDataModule(batch_size=batch_size, flatten=False, standardize=False)
+    with pytest.warns(UserWarning, match="no reliable statistics"):
+        tiny_trainer(max_steps=1, limit_val_batches=4).fit(model, data)
+    uniform = math.log2(17)  # bits/dim of a uniform model over 17 levels, what an untrained flow is near
+    assert float(tiny_trainer(limit_val_batches=4).validate(model, data, verbose=False)[0]["val_bpd"]) < 2 * uniform
