@@ -99,7 +99,7 @@ def main(args: list[str] | None = None) -> None:
 def _user_error(error: BaseException) -> tuple[str, BaseException] | None:
     """``(title, error)`` for the data errors a user fixes on the command line, found along the ``__cause__``
     chain (jsonargparse re-raises errors of the data module's constructor ``from`` them); ``None`` otherwise."""
-    from lightning_ortho.datamodules import DataOptionError, DatasetNotFoundError
+    from lightning_ortho.datamodules import DataOptionError, DatasetFormatError, DatasetNotFoundError
 
     seen: set[int] = set()
     current: BaseException | None = error
@@ -107,6 +107,8 @@ def _user_error(error: BaseException) -> tuple[str, BaseException] | None:
         seen.add(id(current))
         if isinstance(current, DatasetNotFoundError):
             return "Dataset not found.", current
+        if isinstance(current, DatasetFormatError):
+            return "Dataset file damaged.", current
         if isinstance(current, DataOptionError):
             return "Data option not accepted.", current
         current = current.__cause__

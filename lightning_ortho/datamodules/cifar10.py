@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_ortho.datamodules.file_formats import check_cifar10_batch
 from lightning_ortho.datamodules.images import ImageDataModule
 
 CIFAR10_FILES = ("data_batch_1", "...", "data_batch_5", "test_batch", "batches.meta")
@@ -24,7 +25,8 @@ class CIFAR10DataModule(ImageDataModule):
             (default statistics are CIFAR-10's per-channel mean and standard deviation).
 
     Raises:
-        DatasetNotFoundError: the files are missing (or corrupted) and ``download`` is false.
+        DatasetNotFoundError: the files are missing (or fail their checksums) and ``download`` is false.
+        DatasetFormatError: a batch file is damaged (cannot be unpickled, wrong shape, labels out of range).
     """
 
     image_shape = (3, 32, 32)
@@ -60,6 +62,9 @@ class CIFAR10DataModule(ImageDataModule):
 
             cls = CIFAR10WithoutChecksums
         folder = str(Path(self.root) / "cifar-10-batches-py")
+        for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+            if (Path(folder) / name).exists():  # missing files are reported by the loader
+                check_cifar10_batch(Path(folder) / name, self.num_classes)
         train, test = self._open_torchvision(cls, "CIFAR-10", folder, CIFAR10_FILES)
         as_images = lambda data: torch.as_tensor(data).permute(0, 3, 1, 2).contiguous()  # noqa: E731
         return (

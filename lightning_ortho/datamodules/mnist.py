@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_ortho.datamodules.file_formats import check_mnist_folder
 from lightning_ortho.datamodules.images import ImageDataModule
 
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -25,6 +26,8 @@ class MNISTDataModule(ImageDataModule):
     Raises:
         DatasetNotFoundError: the files are missing and ``download`` is false; the message gives the expected
             path, how to get the files, and the embedded-digits recipe to run instead.
+        DatasetFormatError: a file is damaged (truncated, wrong header, not 28x28, a label outside 0..9); the
+            message names it.
     """
 
     image_shape = (1, 28, 28)
@@ -48,6 +51,7 @@ class MNISTDataModule(ImageDataModule):
         from torchvision.datasets import MNIST
 
         folder = str(Path(self.root) / "MNIST" / "raw")
+        check_mnist_folder(Path(folder), self.num_classes)  # a damaged file is named, not a torchvision traceback
         train, test = self._open_torchvision(MNIST, "MNIST", folder, MNIST_FILES)
         return (
             train.data.unsqueeze(1),
