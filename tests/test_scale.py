@@ -120,6 +120,17 @@ def test_bf16_mixed_precision_trains_without_nan(name, tmp_path):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+@pytest.mark.parametrize("name", BUILDERS)
+def test_bf16_true_precision_trains_in_bfloat16_parameters(name, tmp_path):
+    # Issue 9.9: --trainer.precision=bf16-true failed with "expected m1 and m2 to have the same dtype".
+    pl.seed_everything(0)
+    model, data = BUILDERS[name](32)
+    fit = trainer(tmp_path, max_epochs=1, limit_train_batches=8, limit_val_batches=2, precision="bf16-true")
+    fit.fit(model, data)
+    assert torch.isfinite(fit.callback_metrics["train_loss"]) and torch.isfinite(fit.callback_metrics["val_loss"])
+    assert all(p.dtype == torch.bfloat16 and torch.isfinite(p).all() for p in model.parameters())
+
+
 class ReplicasAgree(pl.Callback):
     """At the end of training every process must hold identical weights (ActNorm's data-dependent init
     included, which averages its statistics over processes)."""

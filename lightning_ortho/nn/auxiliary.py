@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from lightning_ortho.nn._checks import (
+    LOW_PRECISION,
     check_features,
     check_finite,
     check_module_finite,
@@ -142,17 +143,23 @@ class AuxiliaryReflection(OrthogonalMap):
 
     # ------------------------------------------------------------------ the auxiliary map n(x)
 
-    def auxiliary_weight(self) -> torch.Tensor:
-        """``(d, d)``: the matrix ``W`` of ``n(x) = W x`` (built from ``V`` when ``invertible=True``).
+    def auxiliary_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``(d, d)``: the matrix ``W`` of ``n(x) = W x`` (built from ``V`` when ``invertible=True``), in ``dtype``
+        (default: the parameters' dtype, float32 for float16/bfloat16 parameters, in which the math runs).
 
         Raises:
             ValueError: the layer uses a custom network, which has no single ``W``.
         """
         if self.network is not None:
             raise ValueError(f"{NAME}.auxiliary_weight: this layer uses a custom auxiliary network, not W x.")
-        return self.constraint() if self.invertible else self.weight
+        weight = self.constraint() if self.invertible else self.weight
+        if dtype is None:
+            dtype = torch.float32 if weight.dtype in LOW_PRECISION else weight.dtype
+        return weight.to(dtype)
 
-    def weight_and_eigenbasis(self) -> tuple[torch.Tensor, SymmetricEigenbasis | GeneralEigenbasis]:
+    def weight_and_eigenbasis(
+        self, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, SymmetricEigenbasis | GeneralEigenbasis]:
         """``W`` and its eigendecomposition: the one O(d^3) step behind the O(d^2)-per-vector log-determinant.
 
         One ``eigh`` of ``V V^T`` for ``invertible=True`` (gives ``sigma_max`` too), otherwise one ``eig`` of ``W``.
@@ -161,20 +168,30 @@ class AuxiliaryReflection(OrthogonalMap):
             ValueError: the layer uses a custom network.
         """
         if self.invertible:
-            return self.constraint.weight_and_eigenbasis()
-        weight = self.auxiliary_weight()
+            weight, basis = self.constraint.weight_and_eigenbasis()
+            if dtype is None or weight.dtype == dtype:
+                return weight, basis
+            return weight.to(dtype), SymmetricEigenbasis(basis.eigenvalues.to(dtype), basis.vectors.to(dtype))
+        weight = self.auxiliary_weight(dtype)
         check_finite(weight, name="weight", layer=NAME)  # before eig, whose own error names nothing
         return weight, GeneralEigenbasis.of(weight)
 
     def auxiliary(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., d)``: the reflection vectors ``n(x)``."""
-        return x @ self.auxiliary_weight().mT if self.network is None else self.network(x)
+        return x @ self.auxiliary_weight(x.dtype).mT if self.network is None else self._network(x)
 
     def _auxiliary_and_jacobian(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(n(x), dn/dx)``: ``(..., d)`` and ``(..., d, d)``."""
         if self.network is None:
-            return linear_and_jacobian(self.auxiliary_weight(), x)
-        return network_and_jacobian(self.network, x)
+            return linear_and_jacobian(self.auxiliary_weight(x.dtype), x)
+        return network_and_jacobian(self._network, x)
+
+    def _network(self, x: torch.Tensor) -> torch.Tensor:
+        """``n(x)`` of the custom network, run in its parameters' dtype and returned in ``x``'s."""
+        parameter = next(self.network.parameters(), None)
+        if parameter is None or parameter.dtype == x.dtype:
+            return self.network(x)
+        return self.network(x.to(parameter.dtype)).to(x.dtype)
 
     def _check_result(self, summary: torch.Tensor, x: torch.Tensor, where: str = "") -> None:
         """Raise naming the NaN/inf input or parameter if the (small) ``summary`` of a result is not finite."""
@@ -187,9 +204,9 @@ class AuxiliaryReflection(OrthogonalMap):
         with full_precision(x):
             xc = prepare_input(x, self.d, self, name="x", layer=NAME)
             if self.network is None:
-                y, summary = reflect_linear_with_summary(xc, self.auxiliary_weight())
+                y, summary = reflect_linear_with_summary(xc, self.auxiliary_weight(xc.dtype))
             else:
-                y, summary = reflect_with_summary(xc, self.network(xc))
+                y, summary = reflect_with_summary(xc, self._network(xc))
             self._check_result(summary, x)
         return y.to(x.dtype)
 
@@ -279,7 +296,7 @@ class AuxiliaryReflection(OrthogonalMap):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(f(R x), log|det J|)`` for columns ``x`` in ``W``'s eigenbasis, or with dense per-vector determinants
         when ``W``'s eigenvectors are ill-conditioned (unless ``force_eigenbasis``)."""
-        weight, basis = self.weight_and_eigenbasis()
+        weight, basis = self.weight_and_eigenbasis(x.dtype)
         if basis.reliable or force_eigenbasis:
             return basis.reflect_and_log_abs_det(x, weight, rotation)
         rows = (x if rotation is None else rotation @ x).mT
@@ -320,12 +337,16 @@ class AuxiliaryReflection(OrthogonalMap):
             check_finite(yc, name="y", layer=f"{NAME}.inverse")
             tol = DEFAULT_TOLERANCE.get(yc.dtype, 1e-5) if tol is None else float(tol)
             if self.network is None:
-                weight = self.auxiliary_weight()
+                weight = self.auxiliary_weight(yc.dtype)
                 auxiliary = lambda x: x @ weight.mT  # noqa: E731  (W built once for every Newton evaluation)
             else:
-                auxiliary = self.network
+                auxiliary = self._network
             result = homogeneous_newton(
-                lambda x: reflect_unchecked(x, auxiliary(x)), self._newton_step(), yc, tol=tol, max_iter=max_iter
+                lambda x: reflect_unchecked(x, auxiliary(x)),
+                self._newton_step(yc.dtype),
+                yc,
+                tol=tol,
+                max_iter=max_iter,
             )
         return result.with_solution(result.x.to(y.dtype))
 
@@ -352,15 +373,15 @@ class AuxiliaryReflection(OrthogonalMap):
         with full_precision(y), torch.no_grad():
             check_finite(yc, name="y", layer=f"{NAME}.inverse")
             tol = DEFAULT_TOLERANCE.get(yc.dtype, 1e-5) if tol is None else float(tol)
-            _, basis = self.weight_and_eigenbasis()
+            _, basis = self.weight_and_eigenbasis(yc.dtype)
             rotation = None if rotation is None else rotation.to(yc.dtype)
             result = symmetric_newton_inverse(yc, basis, rotation, tol=tol, max_iter=max_iter)
         return result.with_solution(result.x.to(y.dtype))
 
-    def _newton_step(self) -> NewtonStep:
+    def _newton_step(self, dtype: torch.dtype) -> NewtonStep:
         """Sherman-Morrison on Theorem 3's rank-one structure when ``n(x) = W x`` has a reliable eigenbasis."""
         if self.network is None:
-            weight, basis = self.weight_and_eigenbasis()
+            weight, basis = self.weight_and_eigenbasis(dtype)
             if basis.reliable:
                 return rank_one_step(weight, basis)
         return dense_step(lambda x: dense_jacobian(x, *self._auxiliary_and_jacobian(x)))

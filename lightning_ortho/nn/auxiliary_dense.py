@@ -14,13 +14,16 @@ Where ``n(x) = 0`` the reflection is undefined and ``f`` is the identity there (
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from torch import nn
 
 from lightning_ortho.nn._undefined import reflection_scalars
 
 
-def network_and_jacobian(network: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def network_and_jacobian(
+    network: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(n(x), dn/dx)`` with shapes ``(..., d)`` and ``(..., d, d)``; the Jacobian by ``torch.func``, so the
     network must be a pure function of its input (no batch statistics)."""
     d = x.shape[-1]

@@ -10,7 +10,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from lightning_ortho.nn._checks import check_orthogonal, check_parameters_finite, prepare_input
+from lightning_ortho.nn._checks import LOW_PRECISION, check_orthogonal, check_parameters_finite, prepare_input
 from lightning_ortho.nn._undefined import safe_squared_norm
 from lightning_ortho.nn.base import OrthogonalMap
 from lightning_ortho.nn.reflection import reflect_unchecked
@@ -116,8 +116,8 @@ class HouseholderProduct(OrthogonalMap):
         return unit, torch.triu(unit @ unit.mT, diagonal=1) + 0.5 * eye
 
     def matrix(self) -> torch.Tensor:
-        """``(d, d)``: the dense product ``Q = H(v_1) ... H(v_k)``."""
-        dtype = self.vectors.dtype
+        """``(d, d)``: the dense product ``Q = H(v_1) ... H(v_k)`` (float32 for half-precision vectors)."""
+        dtype = torch.float32 if self.vectors.dtype in LOW_PRECISION else self.vectors.dtype
         if self.strategy == "sequential":
             eye = torch.eye(self.d, dtype=dtype, device=self.vectors.device)
             return self._sequential(eye).mT

@@ -19,7 +19,7 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
-from lightning_ortho.nn._checks import check_finite
+from lightning_ortho.nn._checks import LOW_PRECISION, check_finite
 from lightning_ortho.nn.symmetric_eigenbasis import SymmetricEigenbasis
 
 SpectralMethod = Literal["auto", "eigh", "power"]
@@ -87,10 +87,11 @@ class InvertibleAuxiliaryWeight(nn.Module):
     def _gram(self) -> torch.Tensor:
         # A NaN V would reach the eigensolver, which fails with a LAPACK message that names nothing.
         check_finite(self.factor, name="the Theorem-2 factor V (constraint.factor)", layer=LAYER)
-        return self.factor @ self.factor.mT
+        factor = self.factor.float() if self.factor.dtype in LOW_PRECISION else self.factor  # eigh has no half
+        return factor @ factor.mT
 
     def forward(self) -> torch.Tensor:
-        """``(d, d)``: ``W``. Raises ``ValueError`` if ``V`` holds NaN/inf."""
+        """``(d, d)``: ``W`` (float32 when ``V`` is float16/bfloat16). Raises ``ValueError`` if ``V`` holds NaN/inf."""
         gram = self._gram()
         eye = torch.eye(self.d, dtype=gram.dtype, device=gram.device)
         return eye + gram / self._scale(self.sigma_max(gram))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from lightning_ortho.nn._checks import check_orthogonal, prepare_input
+from lightning_ortho.nn._checks import LOW_PRECISION, check_orthogonal, prepare_input
 from lightning_ortho.nn.base import OrthogonalMap
 
 TorchOrthogonalMap = Literal["cayley", "matrix_exp", "householder"]
@@ -67,6 +67,18 @@ class ParametrizedOrthogonal(OrthogonalMap):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., d) -> (..., d)``: ``Q x`` for every row."""
         return self.linear(prepare_input(x, self.d, self, name="x", layer="ParametrizedOrthogonal")).to(x.dtype)
+
+    def _apply(self, fn, recurse: bool = True):
+        # Refuse a cast to half precision before any tensor is converted (an empty slice tells fn's result dtype).
+        dtype = fn(self.linear.parametrizations.weight.original.detach()[:0]).dtype
+        if dtype in LOW_PRECISION:
+            raise TypeError(
+                f"ParametrizedOrthogonal({self.orthogonal_map!r}): PyTorch's orthogonal parametrisation cannot run in "
+                f"{dtype} (its LU / matrix exponential have no half-precision kernels). Keep these maps in float32 and "
+                "train with mixed precision instead (autocast, e.g. --trainer.precision=bf16-mixed), or use "
+                "orthogonal='aux' or 'householder', which accept half-precision parameters and compute in float32."
+            )
+        return super()._apply(fn, recurse)
 
     def __reduce_ex__(self, protocol: int):
         # PyTorch refuses to pickle a parametrised module, and ddp_spawn (like torch.save(model)) pickles the model:

@@ -201,3 +201,22 @@ def test_aux_invertible_under_bf16_autocast_keeps_an_exact_fixed_rotation_and_in
     assert float((q.T @ q - torch.eye(16)).abs().max()) < 1e-6
     assert float((layer.inverse(y.float()) - x).abs().max()) < 1e-5
     assert layer.fixed_orthogonal(torch.bfloat16).dtype == torch.float32  # the rotation is never rounded to bf16
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_half_precision_layers_compute_in_float32(kind, dtype):
+    # Issue 9.9: half-precision 1x1 convolutions failed (slogdet, inv, triangular solve, eigh have no half kernels).
+    torch.manual_seed(0)
+    layer = Invertible1x1Conv(4, kind).to(dtype)
+    reference = Invertible1x1Conv(4, kind)
+    reference.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
+    x = torch.rand(2, 4, 3, 3).to(dtype)
+    y, log_det = layer(x)
+    y_ref, log_det_ref = reference(x.float())
+    assert y.dtype == dtype and log_det.dtype == dtype
+    torch.testing.assert_close(y, y_ref.to(dtype))
+    torch.testing.assert_close(log_det, log_det_ref.to(dtype))
+    (y.float().sum() + log_det.float().sum()).backward()
+    assert all(p.grad.dtype == dtype and torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+    assert float((layer.inverse(y).float() - x.float()).abs().max()) <= 4 * torch.finfo(dtype).eps

@@ -112,3 +112,43 @@ def test_torch_parametrized_maps_pickle_as_ddp_spawn_needs(method):
     torch.testing.assert_close(copy(x), layer(x))
     copy(x).sum().backward()
     assert copy.left.linear.parametrizations.weight.original.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "make,rounded_once",
+    [
+        (lambda: AuxiliaryReflection(6), True),
+        (lambda: AuxiliaryReflection(6, invertible=True), True),
+        (lambda: HouseholderProduct(6), True),
+        # Composites round between their parts (the maps of SVDLinear; the custom network runs in its own dtype).
+        (lambda: SVDLinear(6, 4), False),
+        (lambda: AuxiliaryReflection(6, network=torch.nn.Linear(6, 6)), False),
+    ],
+    ids=["aux", "aux_invertible", "householder", "svd_aux", "aux_network"],
+)
+def test_half_precision_parameters_compute_in_float32_and_return_their_dtype(make, rounded_once, dtype):
+    # Issue 9.9: .half() / .bfloat16() layers failed with "expected m1 and m2 to have the same dtype" (or eigh).
+    torch.manual_seed(0)
+    reference = make()
+    layer = make().to(dtype)
+    layer.load_state_dict({k: v.to(dtype) for k, v in reference.state_dict().items()})
+    reference.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})  # the same rounded values
+    x = torch.randn(5, 6)
+    y = layer(x.to(dtype))
+    assert y.dtype == dtype
+    expected = reference(x.to(dtype).float()).to(dtype).float()  # the same math in float32, rounded at the end
+    tolerance = {} if rounded_once else {"rtol": 0.0, "atol": 4 * torch.finfo(dtype).eps}
+    torch.testing.assert_close(y.float(), expected, **tolerance)
+    y.float().sum().backward()
+    assert all(
+        p.grad is not None and p.grad.dtype == dtype and torch.isfinite(p.grad).all() for p in layer.parameters()
+    )
+
+
+@pytest.mark.parametrize("method", ["cayley", "matrix_exp", "torch_householder"])
+def test_torch_parametrized_maps_refuse_half_precision_with_a_message(method):
+    layer = orthogonal_map(4, method)
+    with pytest.raises(TypeError, match="bf16-mixed"):
+        layer.to(torch.bfloat16)
+    assert layer.matrix().dtype == torch.float32  # nothing was converted

@@ -40,6 +40,7 @@ class AuxiliaryConv1x1(Invertible1x1Conv):
         return result.x, result
 
     def pixel_jacobian_signs(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float() if x.dtype in LOW_PRECISION else x  # determinants in full precision (and det has no bf16)
         rotation = self.rotation(x.dtype)
         if rotation is None:
             return torch.sign(torch.linalg.det(self.reflection.jacobian(x)))

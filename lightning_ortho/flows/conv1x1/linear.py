@@ -7,7 +7,13 @@ from torch import nn
 
 from lightning_ortho.flows.conv1x1.base import Invertible1x1Conv, random_orthogonal
 from lightning_ortho.nn import HouseholderProduct
+from lightning_ortho.nn._checks import LOW_PRECISION
 from lightning_ortho.nn.newton import NewtonResult
+
+
+def full_precision_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 if it is float16/bfloat16 (a differentiable copy), else ``t`` itself."""
+    return t.float() if t.dtype in LOW_PRECISION else t
 
 
 class LinearConv1x1(Invertible1x1Conv):
@@ -18,7 +24,8 @@ class LinearConv1x1(Invertible1x1Conv):
     """
 
     def matrix(self) -> torch.Tensor:  # pragma: no cover - interface
-        """``(C, C)``: ``M``, differentiable in the parameters."""
+        """``(C, C)``: ``M``, differentiable in the parameters, in full precision (float32 for half-precision
+        parameters: ``slogdet``, ``inv`` and triangular solves have no half kernels)."""
         raise NotImplementedError
 
     def log_abs_det_matrix(self) -> torch.Tensor:  # pragma: no cover - interface
@@ -31,13 +38,17 @@ class LinearConv1x1(Invertible1x1Conv):
 
     def forward_columns(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # A batched (C, C) x (C, H W) product: about twice as fast on CPU as einsum or conv2d here.
-        y = self.matrix().to(x.dtype) @ x
+        matrix = self.matrix()
+        dtype = torch.promote_types(matrix.dtype, x.dtype)
+        y = (matrix.to(dtype) @ x.to(dtype)).to(x.dtype)
         return y, (x.shape[-1] * self.log_abs_det_matrix().to(x.dtype)).expand(x.shape[0])
 
     def inverse_columns(
         self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50
     ) -> tuple[torch.Tensor, NewtonResult | None]:
-        return self.inverse_matrix().to(y.dtype) @ y, None
+        inverse = self.inverse_matrix()
+        dtype = torch.promote_types(inverse.dtype, y.dtype)
+        return (inverse.to(dtype) @ y.to(dtype)).to(y.dtype), None
 
     def pixel_jacobian_signs(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sign(torch.linalg.det(self.matrix().detach())).to(x.dtype).expand(x.shape[0])
@@ -54,10 +65,10 @@ class PlainConv1x1(LinearConv1x1, kind="plain"):
         self.weight = nn.Parameter(random_orthogonal(channels))
 
     def matrix(self) -> torch.Tensor:
-        return self.weight
+        return full_precision_copy(self.weight)
 
     def log_abs_det_matrix(self) -> torch.Tensor:
-        return torch.linalg.slogdet(self.weight)[1]
+        return torch.linalg.slogdet(self.matrix())[1]
 
 
 class LUConv1x1(LinearConv1x1, kind="lu"):
@@ -79,13 +90,14 @@ class LUConv1x1(LinearConv1x1, kind="lu"):
         self.log_s = nn.Parameter(torch.log(torch.abs(s)))
 
     def matrix(self) -> torch.Tensor:
-        eye = torch.eye(self.channels, device=self.log_s.device, dtype=self.log_s.dtype)
-        lower = self.lower * self.lower_mask + eye
-        upper = torch.triu(self.upper, 1) + torch.diag(self.sign_s * torch.exp(self.log_s))
-        return self.permutation @ lower @ upper
+        lower_, upper_, log_s = (full_precision_copy(t) for t in (self.lower, self.upper, self.log_s))
+        eye = torch.eye(self.channels, device=log_s.device, dtype=log_s.dtype)
+        lower = lower_ * self.lower_mask.to(log_s.dtype) + eye
+        upper = torch.triu(upper_, 1) + torch.diag(self.sign_s.to(log_s.dtype) * torch.exp(log_s))
+        return self.permutation.to(log_s.dtype) @ lower @ upper
 
     def log_abs_det_matrix(self) -> torch.Tensor:
-        return self.log_s.sum()
+        return full_precision_copy(self.log_s).sum()
 
 
 class HouseholderConv1x1(LinearConv1x1, kind="householder"):
