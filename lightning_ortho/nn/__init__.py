@@ -8,7 +8,7 @@ from lightning_ortho.nn.auxiliary import AuxiliaryReflection
 from lightning_ortho.nn.base import OrthogonalMap
 from lightning_ortho.nn.householder import HouseholderProduct, householder_vectors
 from lightning_ortho.nn.invertible_weight import InvertibleAuxiliaryWeight
-from lightning_ortho.nn.newton import NewtonInverseError, NewtonResult
+from lightning_ortho.nn.newton import NewtonInverseError, NewtonResult, NotInvertibleError
 from lightning_ortho.nn.orthogonal import ORTHOGONAL_METHODS, OrthogonalMethod, orthogonal_map
 from lightning_ortho.nn.parametrized import ParametrizedOrthogonal
 from lightning_ortho.nn.reflection import householder_matrix, reflect
@@ -22,6 +22,7 @@ __all__ = [
     "InvertibleAuxiliaryWeight",
     "NewtonInverseError",
     "NewtonResult",
+    "NotInvertibleError",
     "OrthogonalMap",
     "OrthogonalMethod",
     "OrthogonalRNN",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Literal, get_args
 
@@ -34,7 +35,7 @@ from lightning_ortho.nn.invertible_weight import (
     rename_legacy_theorem2_keys,
     theorem2_margin,
 )
-from lightning_ortho.nn.newton import DEFAULT_TOLERANCE, NewtonResult, homogeneous_newton
+from lightning_ortho.nn.newton import DEFAULT_TOLERANCE, NewtonResult, NotInvertibleError, homogeneous_newton
 from lightning_ortho.nn.reflection import reflect_linear_with_summary, reflect_unchecked, reflect_with_summary
 from lightning_ortho.nn.symmetric_eigenbasis import SymmetricEigenbasis, symmetric_newton_inverse
 
@@ -321,9 +322,10 @@ class AuxiliaryReflection(OrthogonalMap):
             max_iter: Newton iterations at most.
 
         Returns:
-            :class:`~lightning_ortho.nn.newton.NewtonResult` with ``x``, ``iterations``, ``residual`` and the
-            per-row ``converged`` flag. It does not raise on non-convergence: check ``converged``, or use
-            :meth:`inverse`, which raises.
+            :class:`~lightning_ortho.nn.newton.NewtonResult` with ``x``, ``iterations``, ``residual``, the
+            per-row ``converged`` flag (``x`` is *a* preimage) and ``provably_unique`` (True only for
+            ``invertible=True``: otherwise another input may map to the same ``y``). It does not raise on
+            non-convergence: check ``converged``, or use :meth:`inverse`, which raises.
         """
         check_features(y, self.d, name="y", layer=NAME)
         if max_iter < 0:
@@ -348,7 +350,7 @@ class AuxiliaryReflection(OrthogonalMap):
                 tol=tol,
                 max_iter=max_iter,
             )
-        return result.with_solution(result.x.to(y.dtype))
+        return dataclasses.replace(result, x=result.x.to(y.dtype), provably_unique=False)
 
     def newton_inverse_columns(
         self,
@@ -386,12 +388,27 @@ class AuxiliaryReflection(OrthogonalMap):
                 return rank_one_step(weight, basis)
         return dense_step(lambda x: dense_jacobian(x, *self._auxiliary_and_jacobian(x)))
 
-    def inverse(self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50) -> torch.Tensor:
+    def inverse(
+        self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50, allow_non_unique: bool = False
+    ) -> torch.Tensor:
         """``(..., d) -> (..., d)``: ``f^{-1}(y)`` by Newton's method (see :meth:`newton_inverse`).
 
+        Only a Theorem-2 layer (``invertible=True``) is provably one-to-one. An unconstrained ``W`` (or a custom
+        network) can map two inputs to the same output, and Newton's method then converges to *a* preimage that
+        need not be the input (at d = 4, for about a third of random rows of a random ``W``). So this method
+        refuses such a layer unless ``allow_non_unique=True`` says that any ``x`` with ``f(x) = y`` will do.
+
         Raises:
+            NotInvertibleError: the layer is not provably invertible and ``allow_non_unique`` is false.
             NewtonInverseError: some row did not converge; the exception's ``result`` holds the details.
         """
+        if not self.invertible and not allow_non_unique:
+            raise NotInvertibleError(
+                f"{NAME}.inverse: this layer is not provably invertible (Theorem 2 needs invertible=True), so "
+                "Newton's method may return a different x with f(x) = y instead of the input. Build it with "
+                "invertible=True for a unique inverse, or pass allow_non_unique=True (or call newton_inverse, "
+                "whose result says provably_unique=False) to accept any preimage."
+            )
         return self.newton_inverse(y, tol=tol, max_iter=max_iter).raise_if_failed(NAME)
 
     # ------------------------------------------------------------------ Theorem 2

@@ -12,6 +12,10 @@ import torch
 DEFAULT_TOLERANCE = {torch.float64: 1e-11, torch.float32: 1e-5}
 
 
+class NotInvertibleError(ValueError):
+    """An inverse was asked of a layer that is not provably invertible, without accepting a non-unique answer."""
+
+
 class NewtonInverseError(RuntimeError):
     """Newton's method did not reach the tolerance for some samples; carries the :class:`NewtonResult`."""
 
@@ -28,8 +32,10 @@ class NewtonResult:
         x: ``(..., d)`` the inverse (rows with ``converged == False`` are the last iterate, not an inverse).
         iterations: ``(...)`` Newton steps each sample took.
         residual: ``(...)`` relative residual ``||f(x) - y|| / ||y||`` at the returned ``x``.
-        converged: ``(...)`` bool, ``residual <= tolerance``.
+        converged: ``(...)`` bool, ``residual <= tolerance``: ``x`` is *a* preimage of ``y`` to that accuracy.
         tolerance: the tolerance used.
+        provably_unique: whether the map is provably one-to-one (Theorem 2), so a converged ``x`` is *the*
+            preimage. ``False`` for an unconstrained auxiliary reflection: another ``x'`` may map to the same ``y``.
     """
 
     x: torch.Tensor
@@ -37,6 +43,7 @@ class NewtonResult:
     residual: torch.Tensor
     converged: torch.Tensor
     tolerance: float
+    provably_unique: bool = True
 
     @property
     def all_converged(self) -> bool:
@@ -47,12 +54,12 @@ class NewtonResult:
         per-sample ``iterations``, ``residual`` and ``converged`` reshaped to it."""
         if batch_shape is None:
             return dataclasses.replace(self, x=x)
-        return NewtonResult(
-            x,
-            self.iterations.reshape(batch_shape),
-            self.residual.reshape(batch_shape),
-            self.converged.reshape(batch_shape),
-            self.tolerance,
+        return dataclasses.replace(
+            self,
+            x=x,
+            iterations=self.iterations.reshape(batch_shape),
+            residual=self.residual.reshape(batch_shape),
+            converged=self.converged.reshape(batch_shape),
         )
 
     def raise_if_failed(self, layer: str) -> torch.Tensor:

@@ -220,3 +220,19 @@ def test_half_precision_layers_compute_in_float32(kind, dtype):
     (y.float().sum() + log_det.float().sum()).backward()
     assert all(p.grad.dtype == dtype and torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
     assert float((layer.inverse(y).float() - x.float()).abs().max()) <= 4 * torch.finfo(dtype).eps
+
+
+def test_aux_inverse_says_once_that_it_is_not_provably_unique():
+    # Issue 9.3 for flows: sampling or reconstructing through kind='aux' must not look like a guaranteed inverse.
+    import warnings
+
+    layer = Invertible1x1Conv(4, "aux")
+    y, _ = layer(torch.rand(2, 4, 3, 3))
+    with pytest.warns(UserWarning, match="not provably invertible"):
+        _, result = layer.inverse_with_result(y)
+    assert result.provably_unique is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer.inverse(y)  # said once per layer, not at every sampling step
+    theorem2 = Invertible1x1Conv(4, "aux_invertible")
+    assert theorem2.inverse_with_result(theorem2(torch.rand(2, 4, 3, 3))[0])[1].provably_unique is True

@@ -1,11 +1,12 @@
 import math
+from functools import partial
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_ortho.nn import AuxiliaryReflection, NewtonInverseError
+from lightning_ortho.nn import AuxiliaryReflection, NewtonInverseError, NotInvertibleError
 from tests.helpers import auxiliary_reference, dense_householder, random_orthogonal, theorem2_weight
 
 DTYPE = torch.float64
@@ -170,7 +171,8 @@ def test_zero_input_and_zero_auxiliary_vector_are_defined():
     torch.testing.assert_close(layer.jacobian(x), torch.eye(4, dtype=DTYPE).expand(2, 4, 4))
     (y.sum() + logdet.sum()).backward()
     assert torch.isfinite(x.grad).all() and torch.isfinite(layer.weight.grad).all()
-    assert torch.equal(layer.inverse(torch.zeros(1, 4, dtype=DTYPE)), torch.zeros(1, 4, dtype=DTYPE))
+    zero = torch.zeros(1, 4, dtype=DTYPE)
+    assert torch.equal(layer.inverse(zero, allow_non_unique=True), zero)
 
 
 # ---------------------------------------------------------------- Newton inverse
@@ -203,7 +205,25 @@ def test_newton_round_trip_from_orthogonal_init():
     u = random_orthogonal(10)
     layer = AuxiliaryReflection.from_orthogonal(u)
     x = torch.randn(32, 10, dtype=DTYPE)
-    torch.testing.assert_close(layer.inverse(layer(x)), x, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(layer.inverse(layer(x), allow_non_unique=True), x, rtol=1e-8, atol=1e-8)
+
+
+def test_inverse_of_a_layer_that_is_not_provably_invertible_needs_an_explicit_opt_in():
+    # Issue 9.3: an unconstrained layer returned a different preimage and called it converged.
+    torch.manual_seed(0)
+    layer = plain(4)
+    x = torch.randn(200, 4, dtype=DTYPE)
+    y = layer(x)
+    with pytest.raises(NotInvertibleError, match="invertible=True"):
+        layer.inverse(y)
+    result = layer.newton_inverse(y)
+    assert not result.provably_unique and invertible(4).newton_inverse(y).provably_unique
+    # What the opt-in accepts: a preimage of y, which for some rows is not the input (the map is not one-to-one).
+    ok = result.converged
+    preimage = layer.inverse(y[ok], allow_non_unique=True)
+    torch.testing.assert_close(layer(preimage), y[ok], rtol=1e-9, atol=1e-9)
+    other = torch.linalg.vector_norm(preimage - x[ok], dim=-1) > 1e-6 * torch.linalg.vector_norm(x[ok], dim=-1)
+    assert int(other.sum()) > 0
 
 
 def test_newton_failure_is_detected_never_silent():
@@ -224,7 +244,7 @@ def test_newton_failure_is_detected_never_silent():
     )
     assert (failed_residual > result.tolerance).all()
     with pytest.raises(NewtonInverseError, match="did not converge") as info:
-        layer.inverse(y, max_iter=30)
+        layer.inverse(y, max_iter=30, allow_non_unique=True)
     assert info.value.result.converged.sum() == ok.sum()
 
 
@@ -287,7 +307,7 @@ def test_bad_inputs():
         layer(torch.ones(3, 4, dtype=torch.int64))
     with pytest.raises(TypeError, match="does not match parameter dtype"):
         layer(torch.randn(3, 4, dtype=DTYPE))
-    for method in (layer, layer.log_abs_det_jacobian, layer.jacobian, layer.inverse):
+    for method in (layer, layer.log_abs_det_jacobian, layer.jacobian, partial(layer.inverse, allow_non_unique=True)):
         with pytest.raises(ValueError, match="NaN"):
             method(torch.tensor([[1.0, float("nan"), 0.0, 2.0]]))
     with torch.no_grad():

@@ -99,7 +99,7 @@ METHODS = {
     "log_det_dense": lambda layer: layer.log_abs_det_jacobian(X, method="dense"),
     "forward_and_log_det": lambda layer: layer.forward_and_log_abs_det(X),
     "newton_inverse": lambda layer: layer.newton_inverse(X),
-    "inverse": lambda layer: layer.inverse(X),
+    "inverse": lambda layer: layer.inverse(X, allow_non_unique=True),
 }
 
 

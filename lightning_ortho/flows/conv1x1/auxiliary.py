@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from lightning_ortho.flows.conv1x1.base import Invertible1x1Conv, random_orthogonal
@@ -59,6 +61,20 @@ class AuxConv1x1(AuxiliaryConv1x1, kind="aux"):
     def __init__(self, channels: int) -> None:
         super().__init__(channels)
         self.reflection = AuxiliaryReflection.from_orthogonal(random_orthogonal(channels))
+        self._warned_not_unique = False
+
+    def inverse_columns(
+        self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50
+    ) -> tuple[torch.Tensor, NewtonResult | None]:
+        if not self._warned_not_unique:  # once per layer: sampling calls this every step
+            self._warned_not_unique = True
+            warnings.warn(
+                "AuxConv1x1 (kind='aux') is not provably invertible: its inverse is a pixel vector that maps to the "
+                "target (Newton converged), not necessarily the input that produced it. Watch "
+                "jacobian_sign_flips / the GlowInvertibilityCheck callback, or use kind='aux_invertible' (Theorem 2).",
+                stacklevel=3,
+            )
+        return super().inverse_columns(y, tol=tol, max_iter=max_iter)
 
 
 class InvertibleAuxConv1x1(AuxiliaryConv1x1, kind="aux_invertible"):
