@@ -417,7 +417,7 @@ class AuxiliaryReflection(OrthogonalMap):
         """``3/2 lambda_min(W) - lambda_max(W)`` from an exact eigensolver (Theorem 2).
 
         Positive means ``f`` is provably invertible on ``R^d``. Always positive for ``invertible=True`` with
-        the exact spectral method; worth logging with ``spectral_method="power"``.
+        any spectral method (``"upper_bound"`` only narrows the spectrum).
 
         Raises:
             ValueError: ``W`` is not symmetric (Theorem 2 does not apply) or the layer has a custom network.

@@ -22,16 +22,23 @@ from torch import nn
 from lightning_ortho.nn._checks import LOW_PRECISION, check_finite
 from lightning_ortho.nn.symmetric_eigenbasis import SymmetricEigenbasis
 
-SpectralMethod = Literal["auto", "eigh", "power"]
+SpectralMethod = Literal["auto", "eigh", "upper_bound"]
 
 LAYER = "AuxiliaryReflection"
 
-#: Largest ``d`` for which ``sigma_max(V V^T)`` is computed exactly (``eigh``) under ``spectral_method="auto"``.
+#: Largest ``d`` for which ``sigma_max(V V^T)`` is computed exactly (``eigh``) under ``spectral_method="auto"``;
+#: above it, a certified upper bound.
 EXACT_SPECTRAL_MAX_DIM = 512
 
 
 def check_spectral_options(spectral_method: str, spectral_margin: float, layer: str) -> None:
     """Raise ``ValueError`` for an unknown ``spectral_method`` or a negative ``spectral_margin``."""
+    if spectral_method == "power":
+        raise ValueError(
+            f"{layer}: spectral_method='power' was removed: power iteration underestimates sigma_max(V V^T) until it "
+            "converges, and an underestimate breaks Theorem 2 (the layer was not invertible). Use 'eigh' (exact) "
+            "or 'upper_bound' (min(||V V^T||_F, max row sum), O(d^2), provably invertible but a narrower spectrum)."
+        )
     if spectral_method not in get_args(SpectralMethod):
         choices = ", ".join(repr(m) for m in get_args(SpectralMethod))
         raise ValueError(f"{layer}: spectral_method must be one of {choices}, got {spectral_method!r}.")
@@ -44,15 +51,17 @@ class InvertibleAuxiliaryWeight(nn.Module):
 
     Args:
         d: size of the square ``V`` and ``W``.
-        spectral_method: how ``sigma_max(V V^T)`` is found: ``"eigh"`` (exact), ``"power"`` (power iteration with
-            a persistent vector, one step per training forward, as in spectral normalisation) or ``"auto"``
-            (exact for ``d <= 512``). Power iteration can underestimate ``sigma_max``; :func:`theorem2_margin`
-            always reports the exact margin.
+        spectral_method: what ``W`` divides by; Theorem 2 holds at every call as long as it is at least
+            ``sigma_max(V V^T)``: ``"eigh"``, the exact top eigenvalue (one ``eigvalsh``, O(d^3));
+            ``"upper_bound"``, ``min(||V V^T||_F, max_i sum_j |(V V^T)_ij|)``, a certified upper bound in O(d^2)
+            after the Gram matrix (exact for rank one; larger otherwise, which narrows ``W``'s spectrum towards
+            ``I`` but never breaks invertibility); ``"auto"``, exact for ``d <= 512``, the bound above.
+            (Power iteration, as in spectral normalisation, underestimates until it converges, so it is not offered.)
         spectral_margin: the relative safety factor ``m`` on ``sigma_max``.
 
     ``V`` (``factor``) starts ``U(-1/sqrt(d), 1/sqrt(d))`` (Appendix B.3). ``sigma_max`` keeps its gradient
-    through the Rayleigh quotient of the top eigenvector (the gradient of the top eigenvalue). ``V = 0`` gives
-    ``W = I`` (never a division by zero).
+    (through the top eigenvalue, or the bound). ``V = 0`` gives ``W = I`` (never a division by zero). The
+    module has no state besides ``V``: computing ``W`` never changes anything.
 
     Raises:
         ValueError: unknown ``spectral_method`` or negative ``spectral_margin``.
@@ -64,25 +73,22 @@ class InvertibleAuxiliaryWeight(nn.Module):
         self.d = d
         self.spectral_margin = float(spectral_margin)
         if spectral_method == "auto":
-            spectral_method = "eigh" if d <= EXACT_SPECTRAL_MAX_DIM else "power"
+            spectral_method = "eigh" if d <= EXACT_SPECTRAL_MAX_DIM else "upper_bound"
         self.spectral_method = spectral_method
         bound = 1.0 / math.sqrt(d)
         self.factor = nn.Parameter(torch.empty(d, d).uniform_(-bound, bound))
-        self.register_buffer("power_vector", nn.functional.normalize(torch.randn(d), dim=0))
 
     def _scale(self, sigma: torch.Tensor) -> torch.Tensor:
         return 2.0 * (1.0 + self.spectral_margin) * torch.clamp(sigma, min=torch.finfo(sigma.dtype).tiny)
 
     def sigma_max(self, gram: torch.Tensor) -> torch.Tensor:
-        """``sigma_max(V V^T)`` (its largest eigenvalue, as it is positive semi-definite), with gradient."""
+        """``sigma_max(V V^T)`` (its largest eigenvalue, as it is positive semi-definite) or, for
+        ``"upper_bound"``, a certified upper bound of it; with gradient."""
         if self.spectral_method == "eigh":
             return torch.linalg.eigvalsh(gram)[-1]
-        with torch.no_grad():
-            vector = self.power_vector.to(gram.dtype)
-            if self.training:
-                vector = nn.functional.normalize(gram @ vector, dim=0)
-                self.power_vector.copy_(vector)
-        return vector @ gram @ vector  # gradient through the Rayleigh quotient, vector held fixed
+        frobenius = torch.linalg.matrix_norm(gram)  # sqrt(sum lambda_i^2) >= lambda_max
+        gershgorin = gram.abs().sum(-1).max()  # every eigenvalue lies in a Gershgorin disc
+        return torch.minimum(frobenius, gershgorin)
 
     def _gram(self) -> torch.Tensor:
         # A NaN V would reach the eigensolver, which fails with a LAPACK message that names nothing.
@@ -103,7 +109,7 @@ class InvertibleAuxiliaryWeight(nn.Module):
         mu, vectors = torch.linalg.eigh(gram.detach())
         if self.spectral_method == "eigh":
             top = vectors[:, -1]
-            sigma = top @ gram @ top
+            sigma = top @ gram @ top  # the top eigenvalue, with its gradient (vector held fixed)
         else:
             sigma = self.sigma_max(gram)
         scale = self._scale(sigma)
@@ -135,9 +141,9 @@ def theorem2_margin(weight: torch.Tensor) -> float:
 
 
 def rename_legacy_theorem2_keys(state_dict: dict, prefix: str, *args) -> None:
-    """Load-state-dict pre-hook: version 0.1 stored a Theorem-2 layer's ``V`` and power vector as ``factor`` and
-    ``power_vector``; they now live in its ``constraint`` module. Old checkpoints keep loading."""
-    renames = {"factor": "constraint.factor", "power_vector": "constraint.power_vector"}
-    for old, new in renames.items():
-        if prefix + old in state_dict and prefix + new not in state_dict:
-            state_dict[prefix + new] = state_dict.pop(prefix + old)
+    """Load-state-dict pre-hook: version 0.1 stored a Theorem-2 layer's ``V`` as ``factor`` (now in its
+    ``constraint`` module) and a power-iteration vector, which no longer exists. Old checkpoints keep loading."""
+    if prefix + "factor" in state_dict and prefix + "constraint.factor" not in state_dict:
+        state_dict[prefix + "constraint.factor"] = state_dict.pop(prefix + "factor")
+    for stale in ("power_vector", "constraint.power_vector"):
+        state_dict.pop(prefix + stale, None)

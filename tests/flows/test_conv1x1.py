@@ -26,14 +26,14 @@ from tests.flows.references import minority_fraction, pixel_jacobian_signs, pixe
 DTYPE = torch.float64
 KINDS = list(CONV1X1)
 
-#: state_dict keys per kind. Version 0.1 stored aux_invertible's V and power vector as ``reflection.factor`` and
-#: ``reflection.power_vector``; those checkpoints still load (test below).
+#: state_dict keys per kind. Version 0.1 stored aux_invertible's V as ``reflection.factor``, beside a power-iteration
+#: vector that no longer exists; those checkpoints still load (test below).
 STATE_DICT_KEYS = {
     "plain": ["weight"],
     "lu": ["log_s", "lower", "lower_mask", "permutation", "sign_s", "upper"],
     "householder": ["householder.vectors"],
     "aux": ["reflection.weight"],
-    "aux_invertible": ["fixed_basis", "reflection.constraint.factor", "reflection.constraint.power_vector"],
+    "aux_invertible": ["fixed_basis", "reflection.constraint.factor"],
 }
 
 
@@ -49,6 +49,7 @@ def generic(kind: str, channels: int = 4) -> Invertible1x1Conv:
 def test_aux_invertible_loads_a_checkpoint_of_version_0_1():
     layer = Invertible1x1Conv(4, "aux_invertible").to(DTYPE)
     state = {k.replace("constraint.", ""): v + 0.25 for k, v in generic("aux_invertible").state_dict().items()}
+    state["reflection.power_vector"] = torch.ones(4, dtype=DTYPE) / 2
     assert "reflection.factor" in state
     layer.load_state_dict(state)
     torch.testing.assert_close(layer.reflection.factor.detach(), state["reflection.factor"])

@@ -74,17 +74,16 @@ def test_methods_are_read_from_the_literal_and_every_map_declares_its_capabiliti
 
 
 def test_theorem2_layer_loads_a_checkpoint_of_the_previous_layout():
-    # Version 0.1 stored V as `factor` and the power-iteration vector as `power_vector`.
-    layer = AuxiliaryReflection(5, invertible=True, spectral_method="power").double()
+    # Version 0.1 stored V as `factor` and a power-iteration vector (no longer used) as `power_vector`.
+    layer = AuxiliaryReflection(5, invertible=True).double()
     old = {
         "factor": torch.randn(5, 5, dtype=torch.float64),
         "power_vector": torch.ones(5, dtype=torch.float64) / 5**0.5,
     }
-    fresh = AuxiliaryReflection(5, invertible=True, spectral_method="power").double()
+    fresh = AuxiliaryReflection(5, invertible=True).double()
     fresh.load_state_dict(old)
     torch.testing.assert_close(fresh.factor.detach(), old["factor"])
-    torch.testing.assert_close(fresh.constraint.power_vector, old["power_vector"])
-    assert set(layer.state_dict()) == {"constraint.factor", "constraint.power_vector"}
+    assert set(layer.state_dict()) == {"constraint.factor"}
 
 
 @pytest.mark.parametrize("make", [lambda: AuxiliaryReflection(5), lambda: AuxiliaryReflection(5, invertible=True)])
