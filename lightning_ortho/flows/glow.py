@@ -14,6 +14,7 @@ from lightning_ortho.flows.conv1x1 import Conv1x1Kind, Invertible1x1Conv
 from lightning_ortho.flows.coupling import AffineCoupling
 from lightning_ortho.flows.split import Split, gaussian_log_prob
 from lightning_ortho.flows.squeeze import Squeeze
+from lightning_ortho.nn._checks import check_positive_int
 
 
 @dataclass
@@ -54,6 +55,10 @@ class Glow(nn.Module):
         conv1x1: Conv1x1Kind = "lu",
     ) -> None:
         super().__init__()
+        for name, value in (("in_channels", in_channels), ("image_size", image_size), ("levels", levels)):
+            check_positive_int(value, name, "Glow")
+        check_positive_int(steps, "steps", "Glow")
+        check_positive_int(hidden_channels, "hidden_channels", "Glow")
         if image_size % (2**levels):
             raise ValueError(f"Glow: image_size {image_size} must be divisible by 2**levels = {2**levels}.")
         self.in_channels, self.image_size, self.conv1x1 = in_channels, image_size, conv1x1
@@ -114,7 +119,15 @@ class Glow(nn.Module):
 
     @torch.no_grad()
     def sample(self, n: int, temperature: float = 0.7) -> torch.Tensor:
-        """``(n, C, S, S)`` samples in the dequantised space ``[-1/2, 1/2)`` (add 1/2 and clamp to view)."""
+        """``(n, C, S, S)`` samples in the dequantised space ``[-1/2, 1/2)`` (add 1/2 and clamp to view).
+
+        Raises:
+            ValueError: ``n`` is not a non-negative integer, or ``temperature`` is negative or not finite.
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"Glow.sample: n must be a non-negative integer, got {n!r}.")
+        if not (0.0 <= temperature < float("inf")):
+            raise ValueError(f"Glow.sample: temperature must be a finite number >= 0, got {temperature!r}.")
         mean = self.top_mean.expand(n, *self.top_shape)
         top = mean + torch.exp(self.top_log_std) * temperature * torch.randn_like(mean)
         return self.decode([None] * len(self.splits) + [top], temperature)

@@ -53,6 +53,12 @@ def full_precision(x: torch.Tensor) -> Iterator[None]:
         yield
 
 
+def check_positive_int(value: object, name: str, layer: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is an ``int`` (not a bool) of at least 1."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{layer}: {name} must be a positive integer, got {value!r}.")
+
+
 def check_features(x: torch.Tensor, features: int, *, name: str, layer: str) -> None:
     """Raise a clear error unless ``x`` is a floating-point tensor of shape ``(..., features)``.
 
@@ -158,4 +164,20 @@ def check_orthogonal(matrix: torch.Tensor, d: int, where: str) -> None:
         raise ValueError(
             f"{where}: the matrix is not orthogonal (max row sum of |U^T U - I| = {error:.2e} > {tolerance:.1e}). "
             f"Orthogonalise it first, e.g. torch.linalg.qr(U).Q."
+        )
+
+
+def refuse_double_backward() -> None:
+    """Call first in a hand-written ``backward``: raise if a graph of the gradient is being built.
+
+    Raises:
+        RuntimeError: ``create_graph=True`` (a second derivative was asked of a closed-form first derivative that
+            does not record its own graph); the message says which route supports it.
+    """
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "The eigenbasis routes of the auxiliary reflection (forward_and_log_abs_det, log_abs_det_jacobian with "
+            "method='eig' or 'auto') have hand-written first derivatives and no second derivatives. For "
+            "create_graph=True, use log_abs_det_jacobian(x, method='dense') and forward(x), which autograd "
+            "differentiates twice."
         )

@@ -191,8 +191,15 @@ class AuxiliaryReflection(OrthogonalMap):
         """``n(x)`` of the custom network, run in its parameters' dtype and returned in ``x``'s."""
         parameter = next(self.network.parameters(), None)
         if parameter is None or parameter.dtype == x.dtype:
-            return self.network(x)
-        return self.network(x.to(parameter.dtype)).to(x.dtype)
+            n = self.network(x)
+        else:
+            n = self.network(x.to(parameter.dtype)).to(x.dtype)
+        if n.shape != x.shape:  # a (..., 1) output would broadcast into a wrong but finite answer
+            raise ValueError(
+                f"{NAME}: the auxiliary network must map (..., {self.d}) to (..., {self.d}); it returned shape "
+                f"{tuple(n.shape)} for an input of shape {tuple(x.shape)}."
+            )
+        return n
 
     def _check_result(self, summary: torch.Tensor, x: torch.Tensor, where: str = "") -> None:
         """Raise naming the NaN/inf input or parameter if the (small) ``summary`` of a result is not finite."""

@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from lightning_ortho.nn._checks import refuse_double_backward
 from lightning_ortho.nn._undefined import reflection_scale
 
 
@@ -173,8 +173,8 @@ class _GeneralReflectLogDet(torch.autograd.Function):
         return y, log_det
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y, grad_log_det):  # noqa: D102
+        refuse_double_backward()
         basis: GeneralEigenbasis = ctx.basis
         x, weight, u, a_re, a_im, b_re, b_im, inv_re, inv_im, s, q, quadratic, ratio, defined = ctx.saved_tensors
         w_lam_re, w_lam_im, _, _, w_lam3_re, w_lam3_im = _powers(basis)

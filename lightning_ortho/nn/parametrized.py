@@ -9,7 +9,13 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from lightning_ortho.nn._checks import LOW_PRECISION, check_orthogonal, prepare_input
+from lightning_ortho.nn._checks import (
+    LOW_PRECISION,
+    check_orthogonal,
+    check_parameters_finite,
+    check_positive_int,
+    prepare_input,
+)
 from lightning_ortho.nn.base import OrthogonalMap
 
 TorchOrthogonalMap = Literal["cayley", "matrix_exp", "householder"]
@@ -31,6 +37,7 @@ class ParametrizedOrthogonal(OrthogonalMap):
 
     def __init__(self, d: int, orthogonal_map: TorchOrthogonalMap = "cayley") -> None:
         super().__init__()
+        check_positive_int(d, "d", "ParametrizedOrthogonal")
         if orthogonal_map not in ("cayley", "matrix_exp", "householder"):
             raise ValueError(
                 f"ParametrizedOrthogonal: orthogonal_map must be 'cayley', 'matrix_exp' or 'householder', got {orthogonal_map!r}."
@@ -66,7 +73,10 @@ class ParametrizedOrthogonal(OrthogonalMap):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., d) -> (..., d)``: ``Q x`` for every row."""
-        return self.linear(prepare_input(x, self.d, self, name="x", layer="ParametrizedOrthogonal")).to(x.dtype)
+        y = self.linear(prepare_input(x, self.d, self, name="x", layer="ParametrizedOrthogonal"))
+        # PyTorch's maps turn a NaN input into a NaN output silently: check it as every other layer does.
+        check_parameters_finite(y.detach().sum(-1), lambda: {"x": x}, layer="ParametrizedOrthogonal")
+        return y.to(x.dtype)
 
     def _apply(self, fn, recurse: bool = True):
         # Refuse a cast to half precision before any tensor is converted (an empty slice tells fn's result dtype).

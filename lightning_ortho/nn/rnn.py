@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from lightning_ortho.nn._checks import check_features, check_finite
+from lightning_ortho.nn._checks import check_features, check_finite, check_positive_int
 from lightning_ortho.nn.orthogonal import OrthogonalMethod, orthogonal_map
 
 Nonlinearity = Literal["modrelu", "tanh"]
@@ -78,6 +78,8 @@ class OrthogonalRNNCell(nn.Module):
         **map_kwargs: Any,
     ) -> None:
         super().__init__()
+        check_positive_int(input_size, "input_size", "OrthogonalRNNCell")
+        check_positive_int(hidden_size, "hidden_size", "OrthogonalRNNCell")
         if nonlinearity not in ("modrelu", "tanh"):
             raise ValueError(f"OrthogonalRNNCell: nonlinearity must be 'modrelu' or 'tanh', got {nonlinearity!r}.")
         if reflections is not None:
@@ -148,6 +150,8 @@ class OrthogonalRNN(nn.Module):
         **map_kwargs: Any,
     ) -> None:
         super().__init__()
+        check_positive_int(input_size, "input_size", "OrthogonalRNN")
+        check_positive_int(hidden_size, "hidden_size", "OrthogonalRNN")
         if initial_orthogonal not in ("cayley", "default"):
             raise ValueError(
                 f"OrthogonalRNN: initial_orthogonal must be 'cayley' or 'default', got {initial_orthogonal!r}."
@@ -179,6 +183,8 @@ class OrthogonalRNN(nn.Module):
         check_features(x, self.cell.input_size, name="x", layer="OrthogonalRNN")
         check_finite(x, name="x", layer="OrthogonalRNN")
         h = self.initial_state.expand(x.shape[0], -1) if h0 is None else h0
+        if x.shape[1] == 0:  # no steps: no outputs, and the state is still h0
+            return x.new_zeros(x.shape[0], 0, self.hidden_size), h
         outputs = []
         with self.transition_cached():
             for t in range(x.shape[1]):

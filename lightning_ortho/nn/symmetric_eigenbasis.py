@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from lightning_ortho.nn._checks import refuse_double_backward
 from lightning_ortho.nn._undefined import reflection_scale
 from lightning_ortho.nn.newton import NewtonResult
 
@@ -134,8 +134,8 @@ class _SymmetricReflectLogDet(torch.autograd.Function):
         return y, log_det
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y, grad_log_det):  # noqa: D102
+        refuse_double_backward()
         eigenvalues, vectors, projection, z, inverse, s, q, quadratic, ratio, defined = ctx.saved_tensors
         lam = eigenvalues.unsqueeze(-1)
         row = lambda t: t.unsqueeze(-2)  # noqa: E731  (..., L) -> (..., 1, L), broadcast over the d features

@@ -93,3 +93,17 @@ def test_images_of_another_size_are_refused_not_scored_per_the_wrong_dimension()
     with pytest.raises(ValueError, match="8x8"):
         glow.log_prob(torch.rand(3, 1, 8, 16))
     assert glow.bits_per_dim(torch.rand(3, 1, 8, 8), 17).shape == (3,)
+
+
+def test_empty_batches_zero_samples_and_bad_arguments():
+    # Issue 9, smaller items: "cannot reshape tensor of 0 elements", sample(-1) and zero sizes were accepted.
+    glow = Glow(1, 8, 2, 1, 8)
+    assert glow.log_prob(torch.rand(0, 1, 8, 8)).shape == (0,)
+    assert glow.sample(0).shape == (0, 1, 8, 8)
+    with pytest.raises(ValueError, match="n must be a non-negative integer"):
+        glow.sample(-1)
+    with pytest.raises(ValueError, match="temperature"):
+        glow.sample(2, temperature=-1.0)
+    for kwargs, name in (({"image_size": 0}, "image_size"), ({"hidden_channels": 0}, "hidden_channels")):
+        with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+            Glow(**{"in_channels": 1, "image_size": 8, "levels": 2, "steps": 1, "hidden_channels": 8, **kwargs})

@@ -359,3 +359,26 @@ def test_forward_and_log_det_together_equal_the_separate_calls(make):
     torch.testing.assert_close(log_det, layer.log_abs_det_jacobian(x))
     xr = x[0, :3].detach().clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda x, *p: layer.forward_and_log_abs_det(x), (xr, *layer.parameters()))
+
+
+def test_a_custom_network_of_the_wrong_width_is_refused():
+    # Issue 9, smaller items: a (..., 1) output was broadcast into a finite, wrong answer.
+    layer = AuxiliaryReflection(4, network=torch.nn.Linear(4, 1))
+    with pytest.raises(ValueError, match=r"must map \(\.\.\., 4\) to \(\.\.\., 4\); it returned shape \(3, 1\)"):
+        layer(torch.randn(3, 4))
+
+
+def test_second_derivatives_raise_on_the_eigenbasis_route_and_work_on_the_dense_one():
+    # Issue 9, smaller items: create_graph=True silently gave a gradient with no graph (then None or an error).
+    layer = invertible(4)
+    x = torch.randn(3, 4, dtype=DTYPE, requires_grad=True)
+    _, log_det = layer.forward_and_log_abs_det(x)
+    with pytest.raises(RuntimeError, match="method='dense'"):
+        torch.autograd.grad(log_det.sum(), x, create_graph=True)
+    dense = layer.log_abs_det_jacobian(x, method="dense")
+    (first,) = torch.autograd.grad(dense.sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(first.sum(), x)
+    reference = torch.autograd.functional.hessian(
+        lambda v: torch.linalg.slogdet(autograd_jacobian(layer, v))[1].sum(), x.detach()
+    ).sum((0, 1))
+    torch.testing.assert_close(second, reference, rtol=1e-7, atol=1e-7)

@@ -151,3 +151,12 @@ def test_torch_parametrized_maps_refuse_half_precision_with_a_message(method):
     with pytest.raises(TypeError, match="bf16-mixed"):
         layer.to(torch.bfloat16)
     assert layer.matrix().dtype == torch.float32  # nothing was converted
+
+
+@pytest.mark.parametrize("method", ORTHOGONAL_METHODS)
+def test_every_map_refuses_zero_size_and_nan_input(method):
+    # Issue 9, smaller items: orthogonal_map(0, "cayley") divided by zero; PyTorch's maps returned NaN for NaN input.
+    with pytest.raises(ValueError, match="positive integer"):
+        orthogonal_map(0, method)
+    with pytest.raises(ValueError, match="x contains NaN"):
+        orthogonal_map(4, method)(torch.tensor([[float("nan"), 1.0, 2.0, 3.0]]))

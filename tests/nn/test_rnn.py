@@ -127,3 +127,14 @@ def test_initial_state_and_input_checks():
 def test_transition_types():
     assert isinstance(OrthogonalRNNCell(1, 4, transition="aux").transition, AuxiliaryReflection)
     assert isinstance(OrthogonalRNNCell(1, 4, transition="householder").transition, HouseholderProduct)
+
+
+def test_zero_time_steps_and_zero_sizes():
+    # Issue 9, smaller items: zero steps crashed in torch.stack; OrthogonalRNN(1, 0) divided by zero.
+    rnn = OrthogonalRNN(1, 4)
+    outputs, last = rnn(torch.rand(3, 0, 1))
+    assert outputs.shape == (3, 0, 4)
+    torch.testing.assert_close(last, rnn.initial_state.expand(3, 4))  # no step taken: the state is h0
+    for args in ((1, 0), (0, 4)):
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            OrthogonalRNN(*args)

@@ -20,7 +20,7 @@ CONV1X1: dict[str, type[Invertible1x1Conv]] = {}
 
 def to_columns(x: torch.Tensor) -> torch.Tensor:
     """``(N, C, H, W) -> (N, C, H W)``: one column per pixel, a view (no copy) of a contiguous image."""
-    return x.reshape(x.shape[0], x.shape[1], -1)
+    return x.reshape(x.shape[0], x.shape[1], x.shape[2] * x.shape[3])  # explicit: an empty batch has no -1
 
 
 def to_rows(x: torch.Tensor) -> torch.Tensor:
