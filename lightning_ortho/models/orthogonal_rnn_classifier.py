@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lightning_ortho.models.classification import ClassifierModule
+from lightning_ortho.models.optimizer_group import OptimizerGroup
 from lightning_ortho.nn.orthogonal import OrthogonalMethod
 from lightning_ortho.nn.rnn import Nonlinearity, OrthogonalRNN
 
@@ -33,8 +34,9 @@ class OrthogonalRNNClassifier(ClassifierModule):
             the paper found stable for auxiliary reflections where RMSprop was not (Appendix B.2).
         gradient_clip_val: clip each optimizer's gradient norm to this value (``None``: no clipping).
 
-    Two optimizers need manual optimisation in Lightning 2 (``automatic_optimization = False``); both step
-    once per batch, their states are checkpointed, and DDP synchronises the gradients in ``manual_backward``.
+    The two optimizers are one :class:`~lightning_ortho.models.optimizer_group.OptimizerGroup` to Lightning:
+    automatic optimisation, one step per batch (``Trainer(max_steps=N)`` trains N batches), both states in the
+    checkpoint (checkpoints of version 0.1, which had two optimizers, still resume).
     """
 
     def __init__(
@@ -59,7 +61,6 @@ class OrthogonalRNNClassifier(ClassifierModule):
                 raise ValueError(
                     f"OrthogonalRNNClassifier: optimizer must be one of {sorted(OPTIMIZERS)}, got {name!r}."
                 )
-        self.automatic_optimization = False
         self.rnn = OrthogonalRNN(
             in_features,
             hidden_size,
@@ -75,26 +76,26 @@ class OrthogonalRNNClassifier(ClassifierModule):
         _, last = self.rnn(x)
         return self.head(last)
 
-    def training_step(self, batch, batch_idx):  # noqa: D102
-        optimizers = self.optimizers()
-        for opt in optimizers:
-            opt.zero_grad()
-        loss = self.shared_step(batch, "train")
-        self.manual_backward(loss)
-        for opt in optimizers:
-            if self.hparams.gradient_clip_val is not None:
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """The Trainer's clipping (if any) over all parameters, then ``gradient_clip_val`` per member optimizer."""
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if self.hparams.gradient_clip_val is not None:
+            for member in getattr(optimizer, "optimizers", [optimizer]):
                 self.clip_gradients(
-                    opt, gradient_clip_val=self.hparams.gradient_clip_val, gradient_clip_algorithm="norm"
+                    member, gradient_clip_val=self.hparams.gradient_clip_val, gradient_clip_algorithm="norm"
                 )
-            opt.step()
-        return loss
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Version 0.1 saved the two optimizers separately (manual optimisation); they are one group now.
+        states = checkpoint.get("optimizer_states", [])
+        if len(states) == 2 and all("optimizers" not in state for state in states):
+            checkpoint["optimizer_states"] = [{"optimizers": states}]
 
     def configure_optimizers(self):
         transition = list(self.rnn.cell.transition.parameters())
         ids = {id(p) for p in transition}
         rest = [p for p in self.parameters() if id(p) not in ids]
         h = self.hparams
-        return (
-            OPTIMIZERS[h.transition_optimizer](transition, lr=h.transition_lr),
-            OPTIMIZERS[h.optimizer](rest, lr=h.lr),
+        return OptimizerGroup(
+            [OPTIMIZERS[h.transition_optimizer](transition, lr=h.transition_lr), OPTIMIZERS[h.optimizer](rest, lr=h.lr)]
         )
