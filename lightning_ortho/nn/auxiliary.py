@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Literal, get_args
 
@@ -13,19 +12,20 @@ from lightning_ortho.nn._checks import (
     LOW_PRECISION,
     check_features,
     check_finite,
-    check_module_finite,
     check_orthogonal,
     check_parameters_finite,
+    finite_checks_enabled,
     full_precision,
     prepare_input,
 )
+from lightning_ortho.nn._undefined import row_scale
 from lightning_ortho.nn.auxiliary_dense import (
     dense_jacobian,
     dense_log_abs_det_jacobian,
     linear_and_jacobian,
     network_and_jacobian,
 )
-from lightning_ortho.nn.auxiliary_newton import NewtonStep, dense_step, rank_one_step
+from lightning_ortho.nn.auxiliary_newton import AuxiliaryNewtonInverse
 from lightning_ortho.nn.base import OrthogonalMap
 from lightning_ortho.nn.general_eigenbasis import GeneralEigenbasis
 from lightning_ortho.nn.invertible_weight import (
@@ -35,15 +35,14 @@ from lightning_ortho.nn.invertible_weight import (
     rename_legacy_theorem2_keys,
     theorem2_margin,
 )
-from lightning_ortho.nn.newton import DEFAULT_TOLERANCE, NewtonResult, NotInvertibleError, homogeneous_newton
-from lightning_ortho.nn.reflection import reflect_linear_with_summary, reflect_unchecked, reflect_with_summary
-from lightning_ortho.nn.symmetric_eigenbasis import SymmetricEigenbasis, symmetric_newton_inverse
+from lightning_ortho.nn.reflection import reflect_linear_with_summary, reflect_with_summary
+from lightning_ortho.nn.symmetric_eigenbasis import SymmetricEigenbasis
 
 LogDetMethod = Literal["auto", "eig", "dense"]
 NAME = "AuxiliaryReflection"
 
 
-class AuxiliaryReflection(OrthogonalMap):
+class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
     """One auxiliary reflection ``f(x) = H(n(x)) x`` with ``H(v) = I - 2 v v^T / ||v||^2``.
 
     By default the auxiliary network is one linear map, ``n(x) = W x`` (:meth:`auxiliary_weight`). Theorem 1: for every
@@ -187,6 +186,18 @@ class AuxiliaryReflection(OrthogonalMap):
             return linear_and_jacobian(self.auxiliary_weight(x.dtype), x)
         return network_and_jacobian(self._network, x)
 
+    def _degree_zero_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(x, n(x), dn/dx)`` for the Jacobian and log-determinant, which for ``n(x) = W x`` do not change when
+        ``x`` is scaled: rows are brought to unit scale first, so a 1e-20 or 1e19 row is not lost to underflow or
+        overflow. (A custom network is not homogeneous; its rows are used as they are.)"""
+        if self.network is None:
+            x = x / row_scale(x)
+        return (x, *self._auxiliary_and_jacobian(x))
+
+    def _dense_log_abs_det(self, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        rows = rows / row_scale(rows)
+        return dense_log_abs_det_jacobian(rows, *linear_and_jacobian(weight, rows))
+
     def _network(self, x: torch.Tensor) -> torch.Tensor:
         """``n(x)`` of the custom network, run in its parameters' dtype and returned in ``x``'s."""
         parameter = next(self.network.parameters(), None)
@@ -208,7 +219,8 @@ class AuxiliaryReflection(OrthogonalMap):
     # ------------------------------------------------------------------ forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(..., d) -> (..., d)``: ``H(n(x)) x``."""
+        """``(..., d) -> (..., d)``: ``H(n(x)) x``. (The inverse methods come from
+        :class:`~lightning_ortho.nn.auxiliary_newton.AuxiliaryNewtonInverse`.)"""
         with full_precision(x):
             xc = prepare_input(x, self.d, self, name="x", layer=NAME)
             if self.network is None:
@@ -229,7 +241,7 @@ class AuxiliaryReflection(OrthogonalMap):
         with full_precision(x):
             xc = prepare_input(x, self.d, self, name="x", layer=NAME)
             check_finite(xc, name="x", layer=f"{NAME}.jacobian")
-            jac = dense_jacobian(xc, *self._auxiliary_and_jacobian(xc))
+            jac = dense_jacobian(*self._degree_zero_inputs(xc))
             self._check_result(jac.sum((-2, -1)), x, ".jacobian")
         return jac.to(x.dtype)
 
@@ -254,7 +266,7 @@ class AuxiliaryReflection(OrthogonalMap):
                 log_det = self._columns_and_log_det(columns, force_eigenbasis=method == "eig")[1]
                 log_det = log_det.reshape(x.shape[:-1])
             else:
-                log_det = dense_log_abs_det_jacobian(xc, *self._auxiliary_and_jacobian(xc))
+                log_det = dense_log_abs_det_jacobian(*self._degree_zero_inputs(xc))
             self._check_result(log_det.sum(), x, ".log_abs_det_jacobian")
         return log_det.to(x.dtype)
 
@@ -306,117 +318,20 @@ class AuxiliaryReflection(OrthogonalMap):
         when ``W``'s eigenvectors are ill-conditioned (unless ``force_eigenbasis``)."""
         weight, basis = self.weight_and_eigenbasis(x.dtype)
         if basis.reliable or force_eigenbasis:
-            return basis.reflect_and_log_abs_det(x, weight, rotation)
+            y, log_det, flagged = basis.reflect_and_log_abs_det(x, weight, rotation)
+            if x.numel() == 0 or not finite_checks_enabled(flagged) or not bool(flagged.any()):
+                return y, log_det
+            # Columns whose ||W R x||^2 lost its range (a 1e-20 or 1e19 pixel): f is homogeneous and its
+            # log-determinant of degree 0, so recompute them from unit-scale columns (detached scales).
+            index = flagged.nonzero(as_tuple=True)
+            columns = x.movedim(-1, -2)[index]  # (K, d)
+            scale = row_scale(columns)
+            y_hat, log_det_hat, _ = basis.reflect_and_log_abs_det((columns / scale).mT, weight, rotation)
+            y = y.movedim(-1, -2).index_put(index, y_hat.mT * scale).movedim(-2, -1)
+            return y, log_det.index_put(index, log_det_hat)
         rows = (x if rotation is None else rotation @ x).mT
         y, _ = reflect_linear_with_summary(rows, weight)
-        return y.mT, dense_log_abs_det_jacobian(rows, *linear_and_jacobian(weight, rows))
-
-    # ------------------------------------------------------------------ inverse
-
-    def newton_inverse(self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50) -> NewtonResult:
-        """Solve ``H(n(x)) x = y`` for ``x`` by Newton's method, batched over rows (section 2.2, A.2.1).
-
-        ``invertible=True``: ``f(x) = (I - 2 s W) x`` is diagonal in ``W``'s eigenbasis and the problem is one
-        scalar equation in ``s`` per row, solved by bracketed Newton with O(d) work per step
-        (:func:`~lightning_ortho.nn.symmetric_eigenbasis.symmetric_newton_inverse`); ``iterations`` counts those
-        scalar steps. Otherwise each row is solved on the unit sphere and rescaled (Lemma 2), from
-        ``x_0 = y / ||y||``, with damped Newton steps (:mod:`~lightning_ortho.nn.auxiliary_newton`: O(d^2) per row
-        for ``n(x) = W x``, a dense solve for a custom network).
-
-        Args:
-            y: ``(..., d)``.
-            tol: relative residual ``||f(x) - y|| / ||y||`` to reach (default 1e-5 in float32, 1e-11 in float64).
-            max_iter: Newton iterations at most.
-
-        Returns:
-            :class:`~lightning_ortho.nn.newton.NewtonResult` with ``x``, ``iterations``, ``residual``, the
-            per-row ``converged`` flag (``x`` is *a* preimage) and ``provably_unique`` (True only for
-            ``invertible=True``: otherwise another input may map to the same ``y``). It does not raise on
-            non-convergence: check ``converged``, or use :meth:`inverse`, which raises.
-        """
-        check_features(y, self.d, name="y", layer=NAME)
-        if max_iter < 0:
-            raise ValueError(f"{NAME}.newton_inverse: max_iter must be >= 0, got {max_iter}.")
-        check_module_finite(self, layer=NAME)
-        if self.invertible:
-            result = self.newton_inverse_columns(y.reshape(-1, self.d).mT, tol=tol, max_iter=max_iter)
-            return result.with_solution(result.x.mT.reshape(y.shape), y.shape[:-1])
-        with full_precision(y), torch.no_grad():
-            yc = prepare_input(y, self.d, self, name="y", layer=NAME)
-            check_finite(yc, name="y", layer=f"{NAME}.inverse")
-            tol = DEFAULT_TOLERANCE.get(yc.dtype, 1e-5) if tol is None else float(tol)
-            if self.network is None:
-                weight = self.auxiliary_weight(yc.dtype)
-                auxiliary = lambda x: x @ weight.mT  # noqa: E731  (W built once for every Newton evaluation)
-            else:
-                auxiliary = self._network
-            result = homogeneous_newton(
-                lambda x: reflect_unchecked(x, auxiliary(x)),
-                self._newton_step(yc.dtype),
-                yc,
-                tol=tol,
-                max_iter=max_iter,
-            )
-        return dataclasses.replace(result, x=result.x.to(y.dtype), provably_unique=False)
-
-    def newton_inverse_columns(
-        self,
-        y: torch.Tensor,
-        *,
-        rotation: torch.Tensor | None = None,
-        tol: float | None = None,
-        max_iter: int = 50,
-    ) -> NewtonResult:
-        """:meth:`newton_inverse` for columns: solve ``f(R x) = y`` with ``y: (..., d, L)`` (``R`` orthogonal).
-
-        The inverse of :meth:`forward_and_log_abs_det_columns`; ``x``, ``iterations``, ``residual`` and
-        ``converged`` have shapes ``(..., d, L)`` and ``(..., L)``.
-        """
-        if max_iter < 0:
-            raise ValueError(f"{NAME}.newton_inverse: max_iter must be >= 0, got {max_iter}.")
-        yc = prepare_input(y, self.d, self, name="y", layer=NAME, columns=True)
-        check_module_finite(self, layer=NAME)
-        if not self.invertible:
-            result = self.newton_inverse(y.mT, tol=tol, max_iter=max_iter)
-            return result.with_solution(result.x.mT if rotation is None else rotation.to(y.dtype).mT @ result.x.mT)
-        with full_precision(y), torch.no_grad():
-            check_finite(yc, name="y", layer=f"{NAME}.inverse")
-            tol = DEFAULT_TOLERANCE.get(yc.dtype, 1e-5) if tol is None else float(tol)
-            _, basis = self.weight_and_eigenbasis(yc.dtype)
-            rotation = None if rotation is None else rotation.to(yc.dtype)
-            result = symmetric_newton_inverse(yc, basis, rotation, tol=tol, max_iter=max_iter)
-        return result.with_solution(result.x.to(y.dtype))
-
-    def _newton_step(self, dtype: torch.dtype) -> NewtonStep:
-        """Sherman-Morrison on Theorem 3's rank-one structure when ``n(x) = W x`` has a reliable eigenbasis."""
-        if self.network is None:
-            weight, basis = self.weight_and_eigenbasis(dtype)
-            if basis.reliable:
-                return rank_one_step(weight, basis)
-        return dense_step(lambda x: dense_jacobian(x, *self._auxiliary_and_jacobian(x)))
-
-    def inverse(
-        self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50, allow_non_unique: bool = False
-    ) -> torch.Tensor:
-        """``(..., d) -> (..., d)``: ``f^{-1}(y)`` by Newton's method (see :meth:`newton_inverse`).
-
-        Only a Theorem-2 layer (``invertible=True``) is provably one-to-one. An unconstrained ``W`` (or a custom
-        network) can map two inputs to the same output, and Newton's method then converges to *a* preimage that
-        need not be the input (at d = 4, for about a third of random rows of a random ``W``). So this method
-        refuses such a layer unless ``allow_non_unique=True`` says that any ``x`` with ``f(x) = y`` will do.
-
-        Raises:
-            NotInvertibleError: the layer is not provably invertible and ``allow_non_unique`` is false.
-            NewtonInverseError: some row did not converge; the exception's ``result`` holds the details.
-        """
-        if not self.invertible and not allow_non_unique:
-            raise NotInvertibleError(
-                f"{NAME}.inverse: this layer is not provably invertible (Theorem 2 needs invertible=True), so "
-                "Newton's method may return a different x with f(x) = y instead of the input. Build it with "
-                "invertible=True for a unique inverse, or pass allow_non_unique=True (or call newton_inverse, "
-                "whose result says provably_unique=False) to accept any preimage."
-            )
-        return self.newton_inverse(y, tol=tol, max_iter=max_iter).raise_if_failed(NAME)
+        return y.mT, self._dense_log_abs_det(rows, weight)
 
     # ------------------------------------------------------------------ Theorem 2
 

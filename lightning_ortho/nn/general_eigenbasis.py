@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from lightning_ortho.nn._checks import refuse_double_backward
-from lightning_ortho.nn._undefined import reflection_scale
+from lightning_ortho.nn._undefined import reflection_scale, squared_norm_badly_scaled
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,9 @@ class GeneralEigenbasis:
     def reflect_and_log_abs_det(
         self, x: torch.Tensor, weight: torch.Tensor, rotation: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`general_reflect_and_log_abs_det` of ``R x`` (``R`` an optional fixed ``(d, d)`` matrix)."""
-        return general_reflect_and_log_abs_det(x if rotation is None else rotation @ x, weight, self)
+        """:func:`general_reflect_and_log_abs_det` of ``R x`` (``R`` an optional fixed ``(d, d)`` matrix), and
+        ``(..., L)`` flags of the columns whose ``||W R x||^2`` lost its range (the caller rescales them)."""
+        return _GeneralReflectLogDet.apply(x if rotation is None else rotation @ x, weight, self)
 
     def solve_shifted(self, s: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``(N, d)``: ``(I - 2 s_i W)^{-1} b_i`` for rows ``b: (N, d)`` and scalars ``s: (N,)``, O(d^2) per row.
@@ -121,7 +122,7 @@ def general_reflect_and_log_abs_det(
         ``y`` of shape ``(..., d, L)`` and the log-determinants ``(..., L)``; where ``W x = 0`` the reflection
         is undefined, ``f`` is the identity and the log-determinant is 0. Double backward is not supported.
     """
-    return _GeneralReflectLogDet.apply(x, weight, basis)
+    return _GeneralReflectLogDet.apply(x, weight, basis)[:2]
 
 
 def _times(a_re, a_im, b_re, b_im):
@@ -156,6 +157,7 @@ class _GeneralReflectLogDet(torch.autograd.Function):
         _, _, w_lam2_re, w_lam2_im, _, _ = _powers(basis)
         u, a_re, a_im, b_re, b_im = (basis.stacked @ x).split([d, m, m, m, m], dim=-2)
         t, q = (u * x).sum(-2), u.square().sum(-2)
+        flagged = squared_norm_badly_scaled(q)
         s, q, defined = reflection_scale(t, q)
         scale = s.unsqueeze(-2)
         d_re, d_im = 1.0 - 2.0 * scale * lam_re, -2.0 * scale * lam_im  # D = 1 - 2 s lambda
@@ -170,10 +172,11 @@ class _GeneralReflectLogDet(torch.autograd.Function):
         y = x - 2.0 * scale * u
         ctx.basis = basis
         ctx.save_for_backward(x, weight, u, a_re, a_im, b_re, b_im, inv_re, inv_im, s, q, quadratic, ratio, defined)
-        return y, log_det
+        ctx.mark_non_differentiable(flagged)
+        return y, log_det, flagged
 
     @staticmethod
-    def backward(ctx, grad_y, grad_log_det):  # noqa: D102
+    def backward(ctx, grad_y, grad_log_det, _grad_flagged):  # noqa: D102
         refuse_double_backward()
         basis: GeneralEigenbasis = ctx.basis
         x, weight, u, a_re, a_im, b_re, b_im, inv_re, inv_im, s, q, quadratic, ratio, defined = ctx.saved_tensors

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from lightning_ortho.nn._checks import check_features, check_parameters_finite
-from lightning_ortho.nn._undefined import is_defined
+from lightning_ortho.nn._checks import check_features, check_parameters_finite, finite_checks_enabled
+from lightning_ortho.nn._undefined import badly_scaled, is_defined, row_scale
 
 
 def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -163,10 +163,11 @@ def reflect_with_summary(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor
         shape = torch.broadcast_shapes(x.shape, v.shape)
         x, v = x.expand(shape), v.expand(shape)
     if x.numel() < FUSED_MIN_NUMEL:
-        c, _, summary = _coefficients(x, v)
-        return x - c.unsqueeze(-1) * v, summary
-    y, _, _, summary = _Reflection.apply(x, v)
-    return y, summary
+        c, k, summary = _coefficients(x, v)
+        y = x - c.unsqueeze(-1) * v
+    else:
+        y, _, k, summary = _Reflection.apply(x, v)
+    return _rescale_where_needed(x, v, None, y, k, summary)
 
 
 def reflect_linear_with_summary(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,9 +176,46 @@ def reflect_linear_with_summary(x: torch.Tensor, weight: torch.Tensor) -> tuple[
     Large inputs take the fused :class:`_LinearReflection`; small ones plain autograd (same expression).
     """
     if x.numel() < FUSED_MIN_NUMEL:
-        return reflect_with_summary(x, x @ weight.mT)
-    y, _, _, _, summary = _LinearReflection.apply(x, weight)
-    return y, summary
+        v = x @ weight.mT
+        c, k, summary = _coefficients(x, v)
+        y = x - c.unsqueeze(-1) * v
+    else:
+        y, v, _, k, summary = _LinearReflection.apply(x, weight)
+    return _rescale_where_needed(x, v, weight, y, k, summary)
+
+
+def _rescale_where_needed(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    weight: torch.Tensor | None,
+    y: torch.Tensor,
+    k: torch.Tensor,
+    summary: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recompute the rows whose ``||v||^2`` lost its range (:func:`~lightning_ortho.nn._undefined.badly_scaled`).
+
+    ``H(v) x = s_x H(v / s_v) (x / s_x)``, and for ``v = W x`` the same ``s_x`` scales ``v``: the rows of a 1e-20
+    input are reflected like those of a unit one instead of being taken as ``v = 0``, and a 1e19 input no longer
+    overflows. The scales are detached; the gradients stay exact (``f`` is homogeneous, ``J`` of degree 0). The
+    common case costs one comparison and, like the finiteness check it rides along with, one host sync.
+    """
+    if x.numel() == 0 or not finite_checks_enabled(k):
+        return y, summary
+    flagged = badly_scaled(k)
+    if not bool(flagged.any()):
+        return y, summary
+    index = flagged.nonzero(as_tuple=True)
+    # A true zero (v, or x when v = W x) is H(0) = I and already exact: rescale only the rest.
+    live = (x[index] if weight is not None else v[index]).detach().abs().amax(-1) > 0
+    if not bool(live.any()):
+        return y, summary
+    index = tuple(i[live] for i in index)
+    scale_x = row_scale(x[index])
+    x_hat = x[index] / scale_x
+    v_hat = x_hat @ weight.mT if weight is not None else v[index] / row_scale(v[index])
+    c, _, summary_hat = _coefficients(x_hat, v_hat)
+    y_rows = (x_hat - c.unsqueeze(-1) * v_hat) * scale_x
+    return y.index_put(index, y_rows), summary.index_put(index, summary_hat)
 
 
 def reflect_unchecked(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
