@@ -136,6 +136,7 @@ def plot_curves(
         import matplotlib
 
         matplotlib.use("Agg")
+        import matplotlib.ticker
         import matplotlib.pyplot as plt
     except ImportError:
         return
@@ -157,6 +158,8 @@ def plot_curves(
         if log_y:
             ax.set_yscale("log")
         ax.legend(fontsize=8)
+        # A log time axis spanning a few decades labels its minor ticks too, and they collide: major only.
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,8 +1,8 @@
 """Speed of one d x d orthogonal(-like) map on a batch, side by side with nn.Linear in the same run, and of one
 training epoch of the paper's FCNN with each map.
 
-    python benchmarks/bench_orthogonal.py               # full grid + FCNN epochs (about 30 minutes on 2 CPU cores)
-    python benchmarks/bench_orthogonal.py --skip-fcnn   # the map grid only (about 20 minutes)
+    python benchmarks/bench_orthogonal.py               # full grid + FCNN epochs (about 20 minutes on 2 CPU cores)
+    python benchmarks/bench_orthogonal.py --skip-fcnn   # the map grid only (about 17 minutes)
     python benchmarks/bench_orthogonal.py --quick       # small grid, tiny FCNN, seconds (used by the tests)
     python benchmarks/bench_orthogonal.py --device cuda
 
