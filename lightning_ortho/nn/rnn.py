@@ -112,11 +112,15 @@ class OrthogonalRNNCell(nn.Module):
         """``U h + V x`` (before the nonlinearity)."""
         return self.transition(h) + self.input_kernel(x)
 
-    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        z = self.preactivation(x, h)
+    def activation(self, z: torch.Tensor) -> torch.Tensor:
+        """``sigma(z; b)``: modReLU or ``tanh(z + b)``. The bias acts after the preactivation (online training
+        projects its influence in state space, see :mod:`lightning_ortho.online`)."""
         if self.nonlinearity == "modrelu":
             return modrelu(z, self.bias)
         return torch.tanh(z + self.bias)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.preactivation(x, h))
 
     def extra_repr(self) -> str:
         return f"input_size={self.input_size}, hidden_size={self.hidden_size}, nonlinearity={self.nonlinearity!r}"

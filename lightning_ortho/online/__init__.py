@@ -1,0 +1,41 @@
+"""Online gradient estimators for recurrent cells (no Lightning): UORO and its variance reductions, exact RTRL,
+truncated BPTT, all behind one interface (:class:`OnlineGradientEstimator`); see ``spec/uoro.md``."""
+
+from lightning_ortho.online.cells import GRUCell, InfluenceBalancingCell, TanhRNNCell
+from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
+from lightning_ortho.online.oracle import (
+    OracleTerms,
+    optimal_alpha,
+    optimal_q0,
+    oracle_terms,
+    preactivation_b_matrix,
+    preactivation_variance,
+    total_variance,
+)
+from lightning_ortho.online.rtrl import RTRL
+from lightning_ortho.online.state import OnlineState
+from lightning_ortho.online.tbptt import TruncatedBPTT
+from lightning_ortho.online.uoro import PROJECTIONS, UORO
+
+__all__ = [
+    "GRUCell",
+    "InfluenceBalancingCell",
+    "OnlineGradientEstimator",
+    "OnlineState",
+    "OracleTerms",
+    "ParameterLayout",
+    "RTRL",
+    "StepLinearization",
+    "TanhRNNCell",
+    "TruncatedBPTT",
+    "UORO",
+    "PROJECTIONS",
+    "linearize",
+    "optimal_alpha",
+    "optimal_q0",
+    "oracle_terms",
+    "preactivation_b_matrix",
+    "preactivation_variance",
+    "total_variance",
+]

@@ -1,0 +1,141 @@
+"""Recurrent cells for online training: ``cell(x, h) -> h_new``, every parameter inside the module.
+
+Any ``nn.Module`` with that call and its parameters inside works with every estimator of this package
+(Jacobian products go through ``torch.func`` on ``functional_call``). A cell can offer more:
+
+* ``preactivation(x, h) -> z`` and ``activation(z) -> h_new`` with ``forward = activation o preactivation``:
+  the cut vertex of UORO's ``projection="preactivation"`` (spec section 2). Parameters used by ``activation``
+  (a bias added after ``z``, modReLU's threshold) do not pass through ``z``: the estimator projects their
+  influence in state space (their cut vertex is ``h`` itself), which keeps the estimate unbiased.
+* ``preactivation_input(x, h) -> a`` with ``z = W a`` and ``W`` the parameters named in
+  ``preactivation_weights`` laid side by side (a vector parameter is one column): the factorisation
+  ``J^z_W = I (x) a^T`` that UORO's ``projection="none"`` (spec section 8) and the section-7 oracle need.
+* ``linearize(x, h)`` returning a closed-form :class:`~lightning_ortho.online.linearization.StepLinearization`:
+  the fast path (:class:`TanhRNNCell` has one; tests compare it with the generic path).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, TanhStepLinearization
+
+
+def _check_sizes(cell: str, **sizes: int) -> None:
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{cell}: {name} must be a positive integer, got {value!r}.")
+
+
+class TanhRNNCell(nn.Module):
+    """The vanilla RNN of spec section 11: ``h' = tanh(W_h h + W_x x + b)``.
+
+    Parameters ``weight_hh`` ``(H, H)``, ``weight_ih`` ``(H, I)``, ``bias`` ``(H,)``; initialised as
+    ``torch.nn.RNNCell`` does (``U(-1/sqrt(H), 1/sqrt(H))``). ``preactivation_input`` is ``a = [h; x; 1]``, so
+    ``z = [W_h W_x b] a``. Its closed-form :meth:`linearize` costs one ``(B, H) x (H, H)`` product per
+    Jacobian-vector product instead of a ``torch.func`` transform.
+
+    Shapes: ``x`` ``(B, input_size)``, ``h`` ``(B, hidden_size)`` -> ``(B, hidden_size)``.
+    """
+
+    preactivation_weights = ("weight_hh", "weight_ih", "bias")
+
+    def __init__(self, input_size: int, hidden_size: int) -> None:
+        super().__init__()
+        _check_sizes("TanhRNNCell", input_size=input_size, hidden_size=hidden_size)
+        self.input_size, self.hidden_size = input_size, hidden_size
+        bound = 1.0 / math.sqrt(hidden_size)
+        self.weight_hh = nn.Parameter(torch.empty(hidden_size, hidden_size).uniform_(-bound, bound))
+        self.weight_ih = nn.Parameter(torch.empty(hidden_size, input_size).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(hidden_size).uniform_(-bound, bound))
+
+    def preactivation(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, h, self.weight_hh.T) + x @ self.weight_ih.T
+
+    def activation(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(z)
+
+    def preactivation_input(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([h, x, h.new_ones(h.shape[0], 1)], dim=1)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.preactivation(x, h))
+
+    def linearize(self, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None) -> StepLinearization:
+        return TanhStepLinearization(self, x, h, layout)
+
+    def extra_repr(self) -> str:
+        return f"input_size={self.input_size}, hidden_size={self.hidden_size}"
+
+
+class GRUCell(nn.Module):
+    """A gated recurrent unit (Cho et al. 2014, torch's convention) written from ``addmm``, ``sigmoid``, ``tanh``:
+
+    ``r = s(W_ir x + b_ir + W_hr h + b_hr)``, ``u = s(W_iu x + b_iu + W_hu h + b_hu)``,
+    ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``, ``h' = (1 - u) * n + u * h``.
+
+    Same parameter layout and initialisation as ``torch.nn.GRUCell`` (``weight_ih`` ``(3H, I)``, ``weight_hh``
+    ``(3H, H)``, biases ``(3H,)``, gates in the order r, u, n), so its outputs equal torch's for the same
+    weights (tested). It has no single preactivation (the state enters three gates), so UORO projects in state
+    or parameter space; Jacobian products go through ``torch.func``.
+
+    Shapes: ``x`` ``(B, input_size)``, ``h`` ``(B, hidden_size)`` -> ``(B, hidden_size)``.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int) -> None:
+        super().__init__()
+        _check_sizes("GRUCell", input_size=input_size, hidden_size=hidden_size)
+        self.input_size, self.hidden_size = input_size, hidden_size
+        bound = 1.0 / math.sqrt(hidden_size)
+        self.weight_ih = nn.Parameter(torch.empty(3 * hidden_size, input_size).uniform_(-bound, bound))
+        self.weight_hh = nn.Parameter(torch.empty(3 * hidden_size, hidden_size).uniform_(-bound, bound))
+        self.bias_ih = nn.Parameter(torch.empty(3 * hidden_size).uniform_(-bound, bound))
+        self.bias_hh = nn.Parameter(torch.empty(3 * hidden_size).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        gates_x = torch.addmm(self.bias_ih, x, self.weight_ih.T)
+        gates_h = torch.addmm(self.bias_hh, h, self.weight_hh.T)
+        rx, ux, nx = gates_x.chunk(3, dim=1)
+        rh, uh, nh = gates_h.chunk(3, dim=1)
+        reset = torch.sigmoid(rx + rh)
+        update = torch.sigmoid(ux + uh)
+        candidate = torch.tanh(nx + reset * nh)
+        return (1 - update) * candidate + update * h
+
+    def extra_repr(self) -> str:
+        return f"input_size={self.input_size}, hidden_size={self.hidden_size}"
+
+
+class InfluenceBalancingCell(nn.Module):
+    """Tallec & Ollivier's influence-balancing model (UORO paper, section 6): ``h' = A h + theta c``.
+
+    ``A = 0.5 (I + S)`` with ``S`` the superdiagonal of ones, so unit ``i`` reads unit ``i + 1`` and the first
+    unit feels unit ``k`` after ``k`` steps; ``c`` is ``+1`` on the first ``positive`` units and ``-1`` on the
+    rest; ``theta`` is one scalar parameter (initial value ``theta``). The fixed point's first unit is
+    ``2 theta (2 positive - units)``: with the defaults (23 units, 10 positive) the nearby, fast influences of
+    ``theta`` on the first unit are positive and the total influence is negative, so a truncated gradient that
+    sees only the last few steps has the wrong sign and diverges. The input is ignored (any ``(B, I)``).
+
+    Shapes: ``x`` ``(B, I)``, ``h`` ``(B, units)`` -> ``(B, units)``.
+    """
+
+    def __init__(self, units: int = 23, positive: int = 10, theta: float = 0.0, input_size: int = 1) -> None:
+        super().__init__()
+        _check_sizes("InfluenceBalancingCell", units=units, input_size=input_size)
+        if not isinstance(positive, int) or not 0 <= positive <= units:
+            raise ValueError(f"InfluenceBalancingCell: positive must be an int in [0, units={units}], got {positive!r}.")
+        self.input_size, self.hidden_size, self.positive = input_size, units, positive
+        self.theta = nn.Parameter(torch.tensor(float(theta)))
+        transition = 0.5 * (torch.eye(units) + torch.diag(torch.ones(units - 1), 1))
+        signs = torch.cat([torch.ones(positive), -torch.ones(units - positive)])
+        self.register_buffer("transition", transition)
+        self.register_buffer("signs", signs)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.transition.T + self.theta * self.signs
+
+    def extra_repr(self) -> str:
+        return f"units={self.hidden_size}, positive={self.positive}"

@@ -1,0 +1,253 @@
+"""One step of a recurrent cell and its exact Jacobian products, per stream.
+
+Notation of ``spec/uoro.md``: ``h_t = F(h_{t-1}, x_t; theta_t)``; ``J^{h_t}_{h_{t-1}}`` is the state Jacobian,
+``J^{h_t}_{theta_t}`` the immediate parameter Jacobian, ``z_t`` a cut vertex (the preactivation). A batch holds
+``B`` independent streams, so every product is per stream: parameter-side results are ``(B, P)`` with
+``P`` the number of parameters laid out by :class:`ParameterLayout`.
+
+:class:`StepLinearization` computes every product exactly with ``torch.func`` (``jvp`` for forward mode,
+``vjp``/``jacrev`` under ``vmap`` for per-stream reverse mode) through ``functional_call``, never with finite
+differences. :class:`TanhStepLinearization` is the closed form for :class:`~lightning_ortho.online.TanhRNNCell`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call, jacrev, jvp, vjp, vmap
+
+
+class ParameterLayout:
+    """Where each named parameter of a cell sits in a flat vector of length ``size``.
+
+    The order is ``cell.named_parameters()``. :meth:`flatten` takes ``{name: (*lead, *shape)}`` to
+    ``(*lead, P)``; :meth:`unflatten` goes back.
+    """
+
+    def __init__(self, cell: nn.Module) -> None:
+        params = dict(cell.named_parameters())
+        if not params:
+            raise ValueError(f"{type(cell).__name__} has no parameters: there is no gradient to estimate.")
+        self.names = tuple(params)
+        self.shapes = tuple(tuple(p.shape) for p in params.values())
+        self.numels = tuple(p.numel() for p in params.values())
+        self.size = sum(self.numels)
+
+    def flatten(self, tensors: dict[str, torch.Tensor], lead: int) -> torch.Tensor:
+        parts = [tensors[n].reshape(tuple(tensors[n].shape[:lead]) + (-1,)) for n in self.names]
+        return torch.cat(parts, dim=-1)
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        lead = flat.shape[:-1]
+        chunks = flat.split(list(self.numels), dim=-1)
+        return {n: c.reshape(tuple(lead) + s) for n, c, s in zip(self.names, chunks, self.shapes)}
+
+
+class _Method(nn.Module):
+    """Calls ``cell.<name>`` as ``forward``, so ``functional_call`` can run any method of the cell."""
+
+    def __init__(self, cell: nn.Module, name: str) -> None:
+        super().__init__()
+        self.cell, self.name = cell, name
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return getattr(self.cell, self.name)(*args)
+
+
+def activation_reads_parameters(cell: nn.Module, z: torch.Tensor) -> bool:
+    """Whether ``cell.activation`` depends on any parameter of the cell (evaluated at ``z`` ``(1, Z)``)."""
+    leaves = {f"cell.{k}": p.detach().clone().requires_grad_(True) for k, p in cell.named_parameters()}
+    with torch.enable_grad():
+        out = functional_call(_Method(cell, "activation"), leaves, (z,))
+        if not out.requires_grad:
+            return False
+        grads = torch.autograd.grad(out.sum(), list(leaves.values()), allow_unused=True)
+    return any(g is not None for g in grads)
+
+
+def _cell_parameters(cell: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach() for name, p in cell.named_parameters()}
+
+
+class StepLinearization:
+    """The step ``h_new = cell(x, h)`` at fixed parameters, with its exact Jacobian products (generic path).
+
+    Args:
+        cell: the recurrent cell (see :mod:`lightning_ortho.online.cells`).
+        x: ``(B, I)`` inputs of this step; h: ``(B, H)`` previous states.
+        layout: the cell's :class:`ParameterLayout` (built once by the estimator).
+
+    Attributes: ``h_new`` ``(B, H)``. Methods take and return per-stream tensors; ``P`` is ``layout.size``.
+    """
+
+    def __init__(self, cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout) -> None:
+        self.cell, self.x, self.h, self.layout = cell, x, h, layout
+        self.params = _cell_parameters(cell)
+        self.h_new = self._call("forward", self.params, x, h)
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+    def _call(self, method: str, params: dict[str, torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+        if method == "forward":
+            return functional_call(self.cell, params, args)
+        wrapped = {f"cell.{k}": v for k, v in params.items()}
+        return functional_call(_Method(self.cell, method), wrapped, args)
+
+    def _per_stream_vjp(self, method: str, args: tuple[torch.Tensor, ...], cotangent: torch.Tensor) -> torch.Tensor:
+        """``(B, P)``: row ``b`` is ``cotangent_b^T d method(args_b) / d theta`` (one sample at a time under vmap)."""
+
+        def one(cot: torch.Tensor, *sample: torch.Tensor) -> dict[str, torch.Tensor]:
+            _, pull = vjp(lambda p: self._call(method, p, *(a[None] for a in sample))[0], self.params)
+            return pull(cot)[0]
+
+        grads = vmap(one)(cotangent, *args)
+        return self.layout.flatten(grads, lead=1)
+
+    # -- state side -------------------------------------------------------------------------------------------
+    def state_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
+        """``J^{h_new}_{h} v`` for ``v`` ``(B, H)`` -> ``(B, H)``."""
+        return jvp(lambda hh: self._call("forward", self.params, self.x, hh), (self.h,), (tangent,))[1]
+
+    def state_jvp_columns(self, tangents: torch.Tensor) -> torch.Tensor:
+        """``J^{h_new}_{h} V`` for ``V`` ``(B, H, K)`` -> ``(B, H, K)`` (one forward-mode product per column)."""
+        return vmap(self.state_jvp, in_dims=2, out_dims=2)(tangents)
+
+    # -- parameter side ---------------------------------------------------------------------------------------
+    def parameter_vjp(self, cotangent: torch.Tensor) -> torch.Tensor:
+        """``c_b^T J^{h_new}_{theta}`` per stream: ``c`` ``(B, H)`` -> ``(B, P)``."""
+        return self._per_stream_vjp("forward", (self.x, self.h), cotangent)
+
+    def parameter_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
+        """``J^{h_new}_{theta} n_b`` per stream: ``n`` ``(B, P)`` -> ``(B, H)``."""
+
+        def one(n: torch.Tensor, xb: torch.Tensor, hb: torch.Tensor) -> torch.Tensor:
+            fn = lambda p: self._call("forward", p, xb[None], hb[None])[0]  # noqa: E731
+            return jvp(fn, (self.params,), (self.layout.unflatten(n),))[1]
+
+        return vmap(one)(tangent, self.x, self.h)
+
+    def parameter_jacobian(self) -> torch.Tensor:
+        """The immediate Jacobian ``J^{h_new}_{theta}`` per stream, ``(B, H, P)`` (RTRL's source term)."""
+
+        def one(xb: torch.Tensor, hb: torch.Tensor) -> dict[str, torch.Tensor]:
+            return jacrev(lambda p: self._call("forward", p, xb[None], hb[None])[0])(self.params)
+
+        return self.layout.flatten(vmap(one)(self.x, self.h), lead=2)
+
+    # -- preactivation cut vertex ---------------------------------------------------------------------------
+    def require_preactivation(self) -> None:
+        if not (hasattr(self.cell, "preactivation") and hasattr(self.cell, "activation")):
+            raise ValueError(
+                f"{type(self.cell).__name__} has no preactivation(x, h) and activation(z): projection='preactivation'"
+                " needs both (forward = activation(preactivation(x, h))); use projection='state' or 'parameter'."
+            )
+
+    @property
+    def preactivation(self) -> torch.Tensor:
+        """``z = cell.preactivation(x, h)``, ``(B, Z)``."""
+        if not hasattr(self, "_z"):
+            self.require_preactivation()
+            self._z = self._call("preactivation", self.params, self.x, self.h)
+        return self._z
+
+    def activation_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
+        """``J^{h_new}_{z} v`` for ``v`` ``(B, Z)`` -> ``(B, H)``."""
+        return jvp(lambda z: self._call("activation", self.params, z), (self.preactivation,), (tangent,))[1]
+
+    def activation_jacobian(self) -> torch.Tensor:
+        """``J^{h_new}_{z}`` per stream, ``(B, H, Z)``."""
+        eye = torch.eye(self.preactivation.shape[1], dtype=self.h.dtype, device=self.h.device)
+        columns = eye.expand(self.h.shape[0], -1, -1)
+        return vmap(self.activation_jvp, in_dims=2, out_dims=2)(columns)
+
+    def preactivation_vjp(self, cotangent: torch.Tensor) -> torch.Tensor:
+        """``c_b^T J^{z}_{theta}`` per stream: ``c`` ``(B, Z)`` -> ``(B, P)``."""
+        return self._per_stream_vjp("preactivation", (self.x, self.h), cotangent)
+
+    def post_activation_vjp(self, cotangent: torch.Tensor) -> torch.Tensor:
+        """``c_b^T J^{h_new}_{theta}`` at fixed ``z`` (parameters used after the preactivation): ``(B, H) -> (B, P)``."""
+        return self._per_stream_vjp("activation", (self.preactivation,), cotangent)
+
+    def has_post_activation_parameters(self) -> bool:
+        """Whether ``activation`` reads any parameter (decided once per cell type and cached on the cell)."""
+        cached = getattr(self.cell, "_online_post_parameters", None)
+        if cached is None:
+            cached = activation_reads_parameters(self.cell, self.preactivation[:1].detach())
+            object.__setattr__(self.cell, "_online_post_parameters", cached)
+        return cached
+
+
+class TanhStepLinearization(StepLinearization):
+    """Closed-form products of ``h' = tanh(W_h h + W_x x + b)`` (spec section 11): with ``d = 1 - h'^2``,
+    ``J^{h'}_h v = d * (W_h v)``, ``c^T J^{h'}_theta = (c * d) [h; x; 1]^T`` (outer products per stream),
+    ``J^{h'}_z = diag(d)``. No ``torch.func`` transform, one matrix product per call."""
+
+    def __init__(self, cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None):
+        self.cell, self.x, self.h = cell, x, h
+        self.layout = layout if layout is not None else ParameterLayout(cell)
+        self.params = _cell_parameters(cell)
+        self._z = torch.addmm(self.params["bias"], h, self.params["weight_hh"].T) + x @ self.params["weight_ih"].T
+        self.h_new = torch.tanh(self._z)
+        self.slope = 1 - self.h_new.square()
+
+    def _outer(self, g: torch.Tensor) -> torch.Tensor:
+        """``(B, H)`` -> ``(B, P)``: per stream ``[vec(g h^T), vec(g x^T), g]`` in the layout's order."""
+        parts = {
+            "weight_hh": g[:, :, None] * self.h[:, None, :],
+            "weight_ih": g[:, :, None] * self.x[:, None, :],
+            "bias": g,
+        }
+        return self.layout.flatten(parts, lead=1)
+
+    def state_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
+        return self.slope * (tangent @ self.params["weight_hh"].T)
+
+    def state_jvp_columns(self, tangents: torch.Tensor) -> torch.Tensor:
+        return self.slope[:, :, None] * torch.matmul(self.params["weight_hh"], tangents)
+
+    def parameter_vjp(self, cotangent: torch.Tensor) -> torch.Tensor:
+        return self._outer(cotangent * self.slope)
+
+    def parameter_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
+        p = self.layout.unflatten(tangent)
+        dz = (
+            torch.einsum("bij,bj->bi", p["weight_hh"], self.h)
+            + torch.einsum("bij,bj->bi", p["weight_ih"], self.x)
+            + p["bias"]
+        )
+        return self.slope * dz
+
+    def parameter_jacobian(self) -> torch.Tensor:
+        batch, hidden = self.h.shape
+        eye = torch.eye(hidden, dtype=self.h.dtype, device=self.h.device)
+        scaled = eye[None] * self.slope[:, :, None]  # (B, H, H): d_i delta_ij
+        parts = {
+            "weight_hh": scaled[:, :, :, None] * self.h[:, None, None, :],
+            "weight_ih": scaled[:, :, :, None] * self.x[:, None, None, :],
+            "bias": scaled,
+        }
+        return self.layout.flatten(parts, lead=2)
+
+    def activation_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
+        return self.slope * tangent
+
+    def activation_jacobian(self) -> torch.Tensor:
+        return torch.diag_embed(self.slope)
+
+    def preactivation_vjp(self, cotangent: torch.Tensor) -> torch.Tensor:
+        return self._outer(cotangent)
+
+    def post_activation_vjp(self, cotangent: torch.Tensor) -> torch.Tensor:
+        return cotangent.new_zeros(cotangent.shape[0], self.layout.size)
+
+    def has_post_activation_parameters(self) -> bool:
+        return False
+
+
+def linearize(cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout, *, closed_form: bool = True):
+    """The cell's closed-form :class:`StepLinearization` when it offers one (and ``closed_form``), else the generic one."""
+    fast: Callable | None = getattr(cell, "linearize", None) if closed_form else None
+    if fast is not None:
+        return fast(x, h, layout)
+    return StepLinearization(cell, x, h, layout)

@@ -1,0 +1,290 @@
+"""Unbiased Online Recurrent Optimization (Tallec & Ollivier 2017) with the variance reductions of Cooijmans &
+Martens 2019: a cut vertex of choice (spatial projection), GIR or a fixed ``Q_t = alpha_t Q0`` rescaling, and the
+preactivation estimator without spatial noise. Equations: ``spec/uoro.md`` sections 2, 3, 5 and 8.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal, Union
+
+import torch
+from torch import nn
+
+from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho.online.linearization import StepLinearization
+from lightning_ortho.online.state import OnlineState
+
+Projection = Literal["state", "preactivation", "parameter", "none"]
+PROJECTIONS: tuple[str, ...] = Projection.__args__  # type: ignore[attr-defined]
+#: ``alpha``: a constant, a sequence indexed by step (``alpha[t - 1]`` at step ``t``) or a function of ``t``.
+Alpha = Union[float, Sequence[float], torch.Tensor, Callable[[int], float]]
+#: The fixed rescaling ``Q_t = alpha_t Q0`` (``Q0`` ``None`` is the identity).
+FixedRescaling = tuple[Alpha, Union[torch.Tensor, None]]
+
+_ESTIMATE_TENSORS = ("h_tilde", "w_tilde", "a_tilde")
+
+
+class UORO(OnlineGradientEstimator):
+    """UORO: a rank-one, unbiased, online estimate of the influence ``J^{h_t}_theta ~ h_tilde_t w_tilde_t^T``.
+
+    Each step draws ``u_t = tau_t nu_t`` (``nu ~ N(0, I)`` at the cut vertex ``z_t``, ``tau = +-1``) and updates
+    (spec section 3, GIR)::
+
+        h_tilde_t = gamma_t J^{h_t}_{h_{t-1}} h_tilde_{t-1} + beta_t J^{h_t}_{z_t} u_t
+        w_tilde_t = w_tilde_{t-1} / gamma_t + (u_t^T J^{z_t}_{theta_t}) / beta_t
+
+    or, with a fixed rescaling (section 5; unbiased because ``Q`` does not depend on ``u``)::
+
+        h_tilde_t = J^{h_t}_{h_{t-1}} h_tilde_{t-1} + J^{h_t}_{z_t} alpha_t Q0 u_t
+        w_tilde_t = w_tilde_{t-1} + (u_t^T Q0^{-1} J^{z_t}_{theta_t}) / alpha_t
+
+    and estimates ``dL_t/dtheta ~ (dL_t/dh_t . h_tilde_t) w_tilde_t`` (the paper's estimator). Time is a few
+    Jacobian-vector products per step and memory ``O(H + P)`` per stream, constant in the sequence length.
+
+    Args:
+        cell: the recurrent cell (:mod:`lightning_ortho.online.cells`).
+        projection: the cut vertex ``z`` of the spatial projection:
+
+            * ``"state"``: ``z = h`` (Tallec & Ollivier's UORO), ``nu`` has ``H`` entries;
+            * ``"preactivation"``: ``z = cell.preactivation(x, h)`` with ``h' = cell.activation(z)``; parameters
+              that ``activation`` reads (a bias after ``z``) do not pass through ``z``, so their influence is
+              projected at ``h`` with its own noise (the cut is ``{z, h}``, still unbiased);
+            * ``"parameter"``: ``z = theta``, ``nu`` has ``P`` entries (``J^h_theta nu`` is one forward-mode product);
+            * ``"none"``: no spatial noise (section 8): ``H_tilde`` ``(H, Z)`` and ``a_tilde`` ``(A,)`` for a cell
+              with ``z = W a`` (``cell.preactivation_input`` and ``cell.preactivation_weights`` covering every
+              parameter); ``O(H^3)`` per step, the lowest variance.
+        rescaling: ``"gir"`` (greedy iterative rescaling, gamma and beta of section 3 with ``eps``) or
+            ``(alpha, Q0)``: ``alpha`` a positive constant, per-step sequence or function of ``t``; ``Q0`` an
+            invertible ``(Z, Z)`` matrix at the cut vertex (``None`` = identity; must be ``None`` for "none").
+            :mod:`lightning_ortho.online.oracle` computes the oracle ``Q0 = B^{-1/4}`` and optimal ``alpha``.
+        generator: the noise source: a seed (each :meth:`initial_state` starts a generator from it), a
+            ``torch.Generator`` (used as is), or ``None`` (a seed drawn from torch's global generator, so
+            ``seed_everything`` fixes it). The generator lives in the state and its ``state_dict``.
+        eps: added to the norms in gamma and beta (needed at ``t = 1`` where ``w_tilde = 0``).
+        closed_form: use the cell's closed-form Jacobian products when it has them.
+
+    Raises:
+        ValueError: an unknown projection, a cell that lacks what the projection needs, a ``Q0`` of the
+            wrong shape or not invertible, a non-positive ``alpha``.
+    """
+
+    name = "uoro"
+
+    def __init__(
+        self,
+        cell: nn.Module,
+        *,
+        projection: Projection = "state",
+        rescaling: Literal["gir"] | FixedRescaling = "gir",
+        generator: int | torch.Generator | None = None,
+        eps: float = 1e-7,
+        closed_form: bool = True,
+    ) -> None:
+        super().__init__(cell, closed_form=closed_form)
+        if projection not in PROJECTIONS:
+            raise ValueError(f"UORO: projection must be one of {PROJECTIONS}, got {projection!r}.")
+        if not (isinstance(eps, (int, float)) and eps >= 0):
+            raise ValueError(f"UORO: eps must be a non-negative number, got {eps!r}.")
+        if generator is not None and not isinstance(generator, (int, torch.Generator)):
+            raise ValueError(f"UORO: generator must be a seed (int), a torch.Generator or None, got {generator!r}.")
+        self.projection, self.eps, self.generator = projection, float(eps), generator
+        if projection == "preactivation" and not (hasattr(cell, "preactivation") and hasattr(cell, "activation")):
+            raise ValueError(
+                f"UORO: projection='preactivation' needs a cell with preactivation(x, h) and activation(z);"
+                f" {type(cell).__name__} has not both. Use projection='state' or 'parameter'."
+            )
+        if projection == "none":
+            self._weight_columns = self._check_linear_preactivation(cell)
+        self.gir = isinstance(rescaling, str)
+        if self.gir:
+            if rescaling != "gir":
+                raise ValueError(f"UORO: rescaling must be 'gir' or a pair (alpha, Q0), got {rescaling!r}.")
+        else:
+            if not (isinstance(rescaling, (tuple, list)) and len(rescaling) == 2):
+                raise ValueError(f"UORO: a fixed rescaling is a pair (alpha, Q0), got {rescaling!r}.")
+            self.alpha, q0 = rescaling
+            self._check_alpha(self.alpha)
+            self.q0, self.q0_inverse_t = self._prepare_q0(q0)
+
+    # -- configuration checks -----------------------------------------------------------------------------------
+    def _check_linear_preactivation(self, cell: nn.Module) -> list[tuple[str, int]]:
+        names = getattr(cell, "preactivation_weights", None)
+        if names is None or not hasattr(cell, "preactivation_input") or not hasattr(cell, "activation"):
+            raise ValueError(
+                f"UORO: projection='none' needs a cell with z = W a: preactivation_input(x, h), preactivation_weights"
+                f" and activation(z) ({type(cell).__name__} lacks them, e.g. TanhRNNCell has them); use 'preactivation'."
+            )
+        params = dict(cell.named_parameters())
+        if set(names) != set(params):
+            raise ValueError(
+                f"UORO: projection='none' needs every parameter inside W = {list(names)}, but the cell also has"
+                f" {sorted(set(params) - set(names))} (they act outside the preactivation); use 'preactivation'."
+            )
+        return [(n, 1 if params[n].dim() == 1 else params[n].shape[1]) for n in names]
+
+    @staticmethod
+    def _check_alpha(alpha: Alpha) -> None:
+        if callable(alpha):
+            return
+        values = torch.as_tensor(alpha, dtype=torch.float64)
+        if values.dim() > 1 or not torch.isfinite(values).all() or (values <= 0).any():
+            raise ValueError(f"UORO: alpha must be positive and finite (a number, a 1-d sequence or a function), got {alpha!r}.")
+
+    def _prepare_q0(self, q0: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if q0 is None:
+            return None, None
+        if self.projection == "none":
+            raise ValueError("UORO: projection='none' has no spatial noise, so Q0 must be None (alpha still applies).")
+        if not isinstance(q0, torch.Tensor) or q0.dim() != 2 or q0.shape[0] != q0.shape[1]:
+            raise ValueError(f"UORO: Q0 must be a square (Z, Z) matrix at the cut vertex, got {getattr(q0, 'shape', q0)}.")
+        q0 = q0.detach()
+        if torch.linalg.matrix_rank(q0.double()) < q0.shape[0]:
+            raise ValueError("UORO: Q0 is singular; the rescaling Q_t = alpha_t Q0 must be invertible.")
+        return q0, torch.linalg.inv(q0.double()).T.to(q0.dtype)
+
+    def alpha_at(self, step: int) -> float:
+        """``alpha_t`` of a fixed rescaling at step ``t`` (1-based)."""
+        if callable(self.alpha):
+            value = float(self.alpha(step))
+        else:
+            values = torch.as_tensor(self.alpha, dtype=torch.float64)
+            if values.dim() == 0:
+                value = float(values)
+            elif step > values.numel():
+                raise ValueError(f"UORO: alpha has {values.numel()} steps, step {step} asked for one more.")
+            else:
+                value = float(values[step - 1])
+        if not value > 0:
+            raise ValueError(f"UORO: alpha_t must be positive, got {value} at step {step}.")
+        return value
+
+    # -- state -------------------------------------------------------------------------------------------------
+    def initial_state(
+        self, h0: torch.Tensor, *, stream_ids: torch.Tensor | None = None, total_streams: int | None = None
+    ) -> OnlineState:
+        """The state before the first step (zero ``h_tilde``, ``w_tilde``).
+
+        ``stream_ids`` ``(B,)`` and ``total_streams``: these streams are rows ``stream_ids`` of ``total_streams``;
+        every step draws the noise of all ``total_streams`` and keeps these rows, so processes that each hold
+        some of the streams (DDP) draw exactly the noise that one process holding all of them would.
+        """
+        state = super().initial_state(h0)
+        batch = h0.shape[0]
+        total = int(total_streams) if total_streams is not None else batch
+        stream_ids = torch.arange(batch) if stream_ids is None else stream_ids
+        stream_ids = torch.as_tensor(stream_ids, dtype=torch.long, device=h0.device)
+        if stream_ids.shape != (batch,) or stream_ids.min() < 0 or stream_ids.max() >= total:
+            raise ValueError(f"UORO: stream_ids must be {batch} indices in [0, total_streams={total}), got {stream_ids.tolist()}.")
+        state.tensors["stream_ids"] = stream_ids
+        state.tensors["total_streams"] = torch.tensor(total, device=h0.device)
+        return state
+
+    def _new_generator(self, h0: torch.Tensor) -> torch.Generator:
+        if isinstance(self.generator, torch.Generator):
+            return self.generator
+        seed = self.generator if self.generator is not None else int(torch.randint(0, 2**62, ()).item())
+        return torch.Generator(device=h0.device).manual_seed(seed)
+
+    def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch, hidden = h0.shape
+        if self.projection == "none":
+            columns = sum(c for _, c in self._weight_columns)
+            return {"h_tilde": h0.new_zeros(batch, hidden, hidden), "a_tilde": h0.new_zeros(batch, columns)}
+        return {"h_tilde": h0.new_zeros(batch, hidden), "w_tilde": h0.new_zeros(batch, self.layout.size)}
+
+    def _reset_tensor(self, name: str, value: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return super()._reset_tensor(name, value, keep) if name in _ESTIMATE_TENSORS else value
+
+    # -- noise -------------------------------------------------------------------------------------------------
+    def _noise(self, state: OnlineState, size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``nu`` ``(B, size)`` and ``tau`` ``(B,)``, drawn for all ``total_streams`` and sliced to this state's rows."""
+        total = int(state.tensors["total_streams"])
+        gen = state.generator
+        nu = torch.randn(total, size, generator=gen, device=like.device, dtype=like.dtype)
+        tau = torch.randint(0, 2, (total,), generator=gen, device=like.device).to(like.dtype) * 2 - 1
+        rows = state.tensors["stream_ids"]
+        return nu[rows], tau[rows]
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    def _cut(self, lin: StepLinearization) -> tuple[int, Callable, Callable]:
+        """``(Z, forward, backward)`` at the cut vertex: ``forward(v) = J^h_z v`` ``(B, Z) -> (B, H)`` and
+        ``backward(c) = c^T J^z_theta`` ``(B, Z) -> (B, P)``."""
+        hidden = lin.h_new.shape[1]
+        if self.projection == "state":
+            return hidden, lambda v: v, lin.parameter_vjp
+        if self.projection == "parameter":
+            return self.layout.size, lin.parameter_jvp, lambda c: c
+        size = lin.preactivation.shape[1]
+        if not lin.has_post_activation_parameters():
+            return size, lin.activation_jvp, lin.preactivation_vjp
+
+        def forward(v: torch.Tensor) -> torch.Tensor:
+            return lin.activation_jvp(v[:, :size]) + v[:, size:]
+
+        def backward(c: torch.Tensor) -> torch.Tensor:
+            return lin.preactivation_vjp(c[:, :size]) + lin.post_activation_vjp(c[:, size:])
+
+        return size + hidden, forward, backward
+
+    def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:
+        if self.projection == "none":
+            return self._advance_without_spatial_noise(lin, x, state)
+        t = state.tensors
+        size, forward, backward = self._cut(lin)
+        if not self.gir and self.q0 is not None and self.q0.shape[0] != size:
+            raise ValueError(f"UORO: Q0 is {tuple(self.q0.shape)} but the cut vertex ({self.projection!r}) has {size} entries.")
+        propagated = lin.state_jvp(t["h_tilde"])  # J h_tilde_{t-1}
+        nu, tau = self._noise(state, size, propagated)
+        if self.gir:
+            psi, omega = forward(nu), backward(nu)  # J^h_z nu, nu^T J^z_theta
+            gamma = self._ratio(t["w_tilde"], propagated)
+            beta = self._ratio(omega, psi)
+            h_tilde = gamma[:, None] * propagated + (beta * tau)[:, None] * psi
+            w_tilde = t["w_tilde"] / gamma[:, None] + (tau / beta)[:, None] * omega
+        else:
+            alpha = self.alpha_at(state.step + 1)
+            u = tau[:, None] * nu
+            scaled = u if self.q0 is None else u @ self.q0.T.to(u)  # Q0 u
+            dual = u if self.q0 is None else u @ self.q0_inverse_t.T.to(u)  # Q0^{-T} u
+            h_tilde = propagated + alpha * forward(scaled)
+            w_tilde = t["w_tilde"] + backward(dual) / alpha
+        return {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}
+
+    def _advance_without_spatial_noise(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState):
+        """Section 8 / spec 11 variant C: ``H_tilde = gamma J H_tilde + beta tau J^h_z``, ``a_tilde = a_tilde / gamma
+        + tau a / beta``, with the section-8 gamma and beta (Frobenius norms)."""
+        t = state.tensors
+        propagated = lin.state_jvp_columns(t["h_tilde"])  # (B, H, Z)
+        local = lin.activation_jacobian()  # (B, H, Z)
+        inputs = self.cell.preactivation_input(x, state.h)  # (B, A)
+        _, tau = self._noise(state, 0, propagated)
+        if self.gir:
+            gamma = self._ratio(t["a_tilde"], propagated.flatten(1))
+            beta = self._ratio(inputs, local.flatten(1))
+        else:  # Q_t = alpha_t (no spatial noise, so no Q0)
+            gamma = propagated.new_ones(propagated.shape[0])
+            beta = gamma * self.alpha_at(state.step + 1)
+        h_tilde = gamma[:, None, None] * propagated + (beta * tau)[:, None, None] * local
+        a_tilde = t["a_tilde"] / gamma[:, None] + (tau / beta)[:, None] * inputs
+        return {**t, "h_tilde": h_tilde, "a_tilde": a_tilde}
+
+    def _ratio(self, numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+        """``sqrt((||n|| + eps) / (||d|| + eps))`` per stream (rows flattened)."""
+        num = torch.linalg.vector_norm(numerator.flatten(1), dim=1) + self.eps
+        den = torch.linalg.vector_norm(denominator.flatten(1), dim=1) + self.eps
+        return torch.sqrt(num / den)
+
+    # -- the estimate ------------------------------------------------------------------------------------------
+    def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
+        t = state.tensors
+        if self.projection != "none":
+            return (grad_h * t["h_tilde"]).sum(1, keepdim=True) * t["w_tilde"]
+        row = torch.einsum("bh,bhz->bz", grad_h, t["h_tilde"])  # H_tilde^T dL/dh, (B, Z)
+        weight = row[:, :, None] * t["a_tilde"][:, None, :]  # (B, Z, A): the estimate of dL/dW
+        parts, start = {}, 0
+        for name, columns in self._weight_columns:
+            block = weight[:, :, start : start + columns]
+            parts[name] = block[:, :, 0] if columns == 1 and dict(self.cell.named_parameters())[name].dim() == 1 else block
+            start += columns
+        return self.layout.flatten(parts, lead=1)
