@@ -1,17 +1,27 @@
 """LightningDataModules. The embedded default (scikit-learn's digits) needs no download; MNIST and CIFAR-10
-come through torchvision from a local root (``download=True`` where there is a network)."""
+come through torchvision from a local root (``download=True`` where there is a network). Online recurrent training
+reads ordered chunks of parallel streams (:class:`StreamDataModule` and its tasks; the text one reads a corpus
+shipped with Python)."""
 
 from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
+from lightning_ortho.datamodules.adding_task import AddingTaskDataModule
 from lightning_ortho.datamodules.cifar10 import CIFAR10DataModule
+from lightning_ortho.datamodules.copy_task import CopyTaskDataModule
 from lightning_ortho.datamodules.digits import DigitsDataModule
 from lightning_ortho.datamodules.file_formats import DatasetFormatError
 from lightning_ortho.datamodules.images import DatasetNotFoundError, ImageDataModule, NormalizedImages
+from lightning_ortho.datamodules.influence_balancing import InfluenceBalancingDataModule
 from lightning_ortho.datamodules.mnist import MNISTDataModule
 from lightning_ortho.datamodules.sequential import DataOptionError, ImageSequences, SequentialImageDataModule
 from lightning_ortho.datamodules.splits import SplitDataModule
+from lightning_ortho.datamodules.streams import StreamDataModule, StreamLoader
+from lightning_ortho.datamodules.text_stream import CharacterStreamDataModule
 
 __all__ = [
+    "AddingTaskDataModule",
     "CIFAR10DataModule",
+    "CharacterStreamDataModule",
+    "CopyTaskDataModule",
     "DataOptionError",
     "DatasetFormatError",
     "DatasetNotFoundError",
@@ -19,8 +29,11 @@ __all__ = [
     "EpochSeededRandomSampler",
     "ImageDataModule",
     "ImageSequences",
+    "InfluenceBalancingDataModule",
     "MNISTDataModule",
     "NormalizedImages",
     "SequentialImageDataModule",
     "SplitDataModule",
+    "StreamDataModule",
+    "StreamLoader",
 ]
