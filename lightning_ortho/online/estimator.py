@@ -47,6 +47,13 @@ class OnlineGradientEstimator:
             ValueError: ``h0`` is not a 2-d floating tensor or holds NaN/inf.
         """
         self._check(h0, "h0", dims=2)
+        dtypes = {p.dtype for p in self.cell.parameters()}
+        if dtypes != {h0.dtype}:
+            names = ", ".join(sorted(str(d) for d in dtypes))
+            raise ValueError(
+                f"{type(self).__name__}: h0 is {h0.dtype} but the cell's parameters are {names}; convert one of them"
+                " (e.g. cell.double() for float64 references)."
+            )
         return OnlineState(h0, self._initial_tensors(h0), self._new_generator(h0))
 
     def step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
@@ -93,6 +100,14 @@ class OnlineGradientEstimator:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (state.batch_size,):
             shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
             raise ValueError(f"{type(self).__name__}.reset: mask must be a bool tensor of shape ({state.batch_size},), got {shape}.")
+        batch, hidden = state.h.shape
+        if h0 is not None and (
+            not isinstance(h0, torch.Tensor) or tuple(h0.shape) not in ((hidden,), (1, hidden), (batch, hidden))
+        ):
+            shape = tuple(h0.shape) if isinstance(h0, torch.Tensor) else type(h0).__name__
+            raise ValueError(
+                f"{type(self).__name__}.reset: h0 must have shape ({batch}, {hidden}) or ({hidden},), got {shape}."
+            )
         start = torch.zeros_like(state.h) if h0 is None else h0.to(state.h).expand_as(state.h)
         keep = ~mask
         h = torch.where(keep[:, None], state.h, start)

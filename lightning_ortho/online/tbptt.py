@@ -58,6 +58,11 @@ class TruncatedBPTT(OnlineGradientEstimator):
             return value | ~keep
         return value  # the window stays; `cut` stops the gradient at the reset
 
+    @staticmethod
+    def _drop_reset_streams(t: dict[str, torch.Tensor], grad_h: torch.Tensor) -> torch.Tensor:
+        """A stream reset since its last step holds the constant ``h0``: no gradient (as RTRL's zeroed influence)."""
+        return torch.where(t["cut_next"][:, None], torch.zeros_like(grad_h), grad_h)
+
     def _replay(self, params: dict[str, torch.Tensor], inputs, starts, cut) -> torch.Tensor:
         """The last state recomputed through the window, ``(B, H)``; ``starts`` enter as constants."""
         h = starts[:, 0]
@@ -68,6 +73,7 @@ class TruncatedBPTT(OnlineGradientEstimator):
 
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         t = state.tensors
+        grad_h = self._drop_reset_streams(t, grad_h)
         params = {name: p.detach() for name, p in self.cell.named_parameters()}
         if t["inputs"].shape[1] == 0:
             return grad_h.new_zeros(grad_h.shape[0], self.layout.size)
@@ -85,6 +91,7 @@ class TruncatedBPTT(OnlineGradientEstimator):
         # Summed over streams, one ordinary backward pass is enough (no per-stream vmap).
         self._check(grad_h, "grad_h", dims=2, like=state.h, same_shape=True)
         t = state.tensors
+        grad_h = self._drop_reset_streams(t, grad_h)
         params = {name: p.detach().requires_grad_(True) for name, p in self.cell.named_parameters()}
         if t["inputs"].shape[1] == 0:
             return {n: torch.zeros_like(p) for n, p in params.items()}
