@@ -129,3 +129,21 @@ def test_committed_curves_are_the_aggregate_of_their_rows(name):
     metrics = {p.get("metric") for c in data["curves"].values() for p in c}
     assert len(metrics) == 1 and None not in metrics, f"{name}: old curves; recompute with aggregate(rows, metric=...)"
     assert data["curves"] == load("_reproduce").aggregate(data["rows"], metric=metrics.pop())
+
+
+def test_quick_uoro_variance_reproduction(tmp_path, monkeypatch):
+    script = load("reproduce_uoro")
+    import _common
+
+    monkeypatch.setattr(_common, "RESULTS", tmp_path)
+    path = Path(script.main(["--quick"]))
+    data = json.loads(path.read_text())
+    estimators = [r for r in data["rows"] if "total_variance" in r]
+    assert {r["method"] for r in estimators} >= {"GIR, state", "fixed Q, Q0 = B^-1/4", "none (no spatial noise), GIR"}
+    for row in estimators:
+        assert row["total_variance"] > 0 and row["max_z"] < row["critical_z"]  # unbiased at the quick size too
+    fixed = [r for r in estimators if "predicted_total_variance" in r]
+    assert len(fixed) == 4
+    for row in fixed:  # equation 6.5 within 4 standard errors
+        assert abs(row["total_variance"] - row["predicted_total_variance"]) < 4 * row["total_variance_se"]
+    assert len(data["claims"]) == 8 and all({"claim", "figure", "holds"} <= set(c) for c in data["claims"])
