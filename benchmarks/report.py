@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -205,6 +206,122 @@ def render_rnn_initial_loss(data: dict) -> str:
     return "\n".join(lines)
 
 
+def render_reproduce_uoro(data: dict) -> str:
+    setup = data["setup"]
+    rows = [r for r in data["rows"] if "total_variance" in r]
+    seeds = sorted({r["seed"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    pick = {(r["method"], r["seed"]): r for r in rows}
+    lines = [
+        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` (tanh RNN, H = "
+        f"{setup['hidden']}, T = {setup['steps']}, {setup['draws']:,} independent draws per estimator on each of "
+        f"{len(seeds)} sequences; tr Cov(g) of the total gradient estimate; lower is better).",
+        "",
+        "| estimator | tr Cov(g), sequences " + " / ".join(str(s) for s in seeds)
+        + " | relative to GIR at the state | section 6 prediction | relative bias (± s.e.) | max \|z\| / critical | ms per step |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for method in methods:
+        mine = [pick[(method, s)] for s in seeds]
+        logs = [math.log(r["total_variance"] / pick[("GIR, state", s)]["total_variance"]) for s, r in zip(seeds, mine)]
+        gain = math.exp(sum(logs) / len(logs))
+        predicted = " / ".join(f"{r['predicted_total_variance']:.4g}" for r in mine) if "predicted_total_variance" in mine[0] else ""
+        bias = sum(r["relative_bias"] for r in mine) / len(mine)
+        bias_se = sum(r["bias_se"] for r in mine) / len(mine)
+        z = max(r["max_z"] / r["critical_z"] for r in mine)
+        ms = 1e3 * sum(r["seconds_per_step"] for r in mine) / len(mine)
+        lines.append(
+            f"| {method} | " + " / ".join(f"{r['total_variance']:.4g}" for r in mine)
+            + f" | {gain:.3g}x | {predicted} | {bias:.3f} (± {bias_se:.3f}) | {z:.2f} | {ms:.0f} |"
+        )
+    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
+    for claim in data["claims"]:
+        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+def _online_label(row: dict) -> str:
+    method = row["method"]
+    if method == "uoro":
+        return f"UORO ({row['projection']})"
+    if method == "tbptt":
+        return f"TruncatedBPTT (k={row['k']})"
+    return {"forward": "forward step (no_grad)", "bptt": "BPTT (full)", "rtrl": "RTRL"}.get(method, method)
+
+
+def _megabytes(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def render_bench_online(data: dict) -> str:
+    setup = data.get("setup", {})
+    timing = [r for r in data["rows"] if r["section"] == "time"]
+    memory = [r for r in data["rows"] if r["section"] == "memory"]
+    labels = list(dict.fromkeys(_online_label(r) for r in data["rows"]))
+    hiddens = sorted({r["H"] for r in timing})
+    time_index = {(_online_label(r), r["H"]): r for r in timing}
+    lines = [
+        f"**{data['hardware']}** ({data.get('hardware_description', '')}), torch {data['torch']}, {data['date']}: "
+        f"`{data['command']}` ({data.get('total_seconds', '?')} s). {setup.get('cell', 'TanhRNNCell')} with "
+        f"{setup.get('readout', 'a readout')}, B = {setup.get('B', '?')} streams. Time per step: best of "
+        f"{setup.get('timing_rounds', '?')} interleaved rounds, and in brackets the multiple of a forward step "
+        "(`cell(x, h)` under `no_grad`).",
+        "",
+        "| method | " + " | ".join(f"H = {h}" for h in hiddens) + " |",
+        "|---|" + "---:|" * len(hiddens),
+    ]
+    for name in labels:
+        cells = []
+        for hidden in hiddens:
+            row = time_index.get((name, hidden))
+            if row is None:
+                cells.append("")
+            elif "skipped" in row:
+                cells.append("skipped")
+            else:
+                ratio = f" ({row['ratio_to_forward_step']:.1f}x)" if name != "forward step (no_grad)" else ""
+                cells.append(f"{row['time_per_step_ms']:.3g} ms{ratio}")
+        if any(cells):
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lengths = sorted({r["T"] for r in memory})
+    if memory:
+        lines += [
+            "",
+            "Peak memory of a run of T steps above the process's resident set before it (MB; "
+            f"{data.get('memory_method', 'peak RSS')}), and the size of the estimator's state after the run:",
+            "",
+            "| H | method | " + " | ".join(f"T = {t}" for t in lengths) + " | state (MB) |",
+            "|---:|---|" + "---:|" * (len(lengths) + 1),
+        ]
+        memory_index = {(r["H"], _online_label(r), r["T"]): r for r in memory}
+        for hidden in sorted({r["H"] for r in memory}):
+            for name in labels:
+                rows = [memory_index.get((hidden, name, t)) for t in lengths]
+                if not any(rows):
+                    continue
+                cells = [
+                    "" if r is None else "skipped" if "skipped" in r else _megabytes(r["peak_memory_mb"]) for r in rows
+                ]
+                states = [r["state_mb"] for r in rows if r and r.get("state_mb") is not None]
+                lines.append(
+                    f"| {hidden} | {name} | " + " | ".join(cells) + f" | {_megabytes(states[-1]) if states else ''} |"
+                )
+    skipped: dict[tuple[str, int, str], list] = {}
+    for row in timing + memory:
+        if "skipped" in row:
+            where = row.get("T") if row["section"] == "memory" else "time"
+            skipped.setdefault((_online_label(row), row["H"], row["skipped"]), []).append(where)
+    if skipped:
+        lines += ["", "Skipped:"]
+        for (name, hidden, reason), where in skipped.items():
+            when = "timing and every T" if "time" in where else "T = " + ", ".join(str(t) for t in where)
+            lines.append(f"- {name} at H = {hidden} ({when}): {reason}.")
+    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
+    for claim in data["claims"]:
+        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
+    return "\n".join(lines)
+
+
 RENDERERS = {
     "rnn_initial_loss": render_rnn_initial_loss,
     "bench_flows": render_bench_flows,
@@ -215,6 +332,7 @@ RENDERERS = {
     "reproduce_rnn": render_reproduction,
     "reproduce_rnn_mnist5k": render_reproduction,
     "reproduce_fcnn_mnist5k": render_reproduction,
+    "reproduce_uoro": render_reproduce_uoro,
 }
 
 
