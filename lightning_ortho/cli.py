@@ -25,6 +25,9 @@ class LightningOrthoCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_features", "model.init_args.in_features", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        # Stream data modules (online training) state their sizes; a link whose source or target is missing is skipped.
+        parser.link_arguments("data.input_size", "model.init_args.cell.init_args.input_size", apply_on="instantiate")
+        parser.link_arguments("data.output_size", "model.init_args.output_size", apply_on="instantiate")
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         # The rich progress bar is a default, not a requirement: drop it when the user turns bars off.

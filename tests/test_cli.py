@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from lightning_ortho.cli import main, run_cli
-from lightning_ortho.datamodules import DatasetNotFoundError
+from lightning_ortho.datamodules import DatasetNotFoundError, DigitsDataModule, StreamDataModule
 from tests.datasets_on_disk import ON_DISK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,9 @@ def assert_read_from(cli, recipe: Path, root: Path) -> None:
 def test_recipes_that_read_files_are_found_by_reading_the_recipes():
     classes = {image_module(r)[0].__name__ for r in FILE_RECIPES}
     assert classes == set(ON_DISK)  # every on-disk format is exercised by a recipe, and vice versa
-    assert EMBEDDED_RECIPES and all(image_module(r)[0].__name__ == "DigitsDataModule" for r in EMBEDDED_RECIPES)
+    # the rest read embedded or generated data: the digits, or streams for online training
+    embedded = {image_module(r)[0] for r in EMBEDDED_RECIPES}
+    assert EMBEDDED_RECIPES and all(c is DigitsDataModule or issubclass(c, StreamDataModule) for c in embedded)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
@@ -130,6 +132,12 @@ def test_progress_bar_can_be_turned_off(tmp_path):
 def test_data_sizes_are_linked_into_the_model(tmp_path):
     cli = fit(DIGITS, tmp_path, "--trainer.fast_dev_run=true", "--data.init_args.image_size=12")
     assert cli.model.hparams.in_features == 144
+
+
+def test_stream_data_sizes_are_linked_into_the_online_model(tmp_path):
+    recipe = ROOT / "recipes" / "online_copy.yaml"
+    cli = fit(recipe, tmp_path, "--trainer.fast_dev_run=true", "--data.init_args.symbols=6")
+    assert cli.model.cell.input_size == 8 and cli.model.output_size == 7  # symbols + 2 inputs, symbols + 1 classes
 
 
 def test_demo_recipe_reaches_the_readme_accuracy(tmp_path):

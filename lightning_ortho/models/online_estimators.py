@@ -1,0 +1,69 @@
+"""Estimators of :mod:`lightning_ortho.online` by name, as :class:`~lightning_ortho.models.OnlineRNNModule` builds them."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_ortho.online import RTRL, UORO, OnlineGradientEstimator, OnlineState, TruncatedBPTT
+
+ESTIMATORS = ("uoro", "rtrl", "tbptt")
+_CLASSES = {"uoro": UORO, "rtrl": RTRL, "tbptt": TruncatedBPTT}
+
+
+def estimator_class(name: str) -> type[OnlineGradientEstimator]:
+    """The estimator class of ``"uoro"``, ``"rtrl"`` or ``"tbptt"``.
+
+    Raises:
+        ValueError: unknown name.
+    """
+    if name not in _CLASSES:
+        raise ValueError(f"OnlineRNNModule: estimator must be one of {ESTIMATORS}, got {name!r}.")
+    return _CLASSES[name]
+
+
+def build_estimator(name: str, cell: nn.Module, options: dict[str, Any], seed: int) -> OnlineGradientEstimator:
+    """``estimator_class(name)(cell, **options)``; UORO also gets ``generator=seed`` (its noise).
+
+    Raises:
+        ValueError: unknown name, an option the estimator does not take (the message lists those it takes), or
+            ``tbptt`` without ``k``.
+    """
+    cls = estimator_class(name)
+    taken = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "cell", "generator")]
+    unknown = sorted(set(options) - set(taken))
+    if "generator" in options:
+        raise ValueError(
+            "OnlineRNNModule: the estimator's noise is seeded by the model's `seed`, not estimator_options."
+        )
+    if unknown:
+        raise ValueError(
+            f"OnlineRNNModule: estimator_options {unknown} are not options of estimator={name!r}; it takes {taken}."
+        )
+    if name == "tbptt" and "k" not in options:
+        raise ValueError(
+            "OnlineRNNModule: estimator='tbptt' needs the truncation length: estimator_options={'k': 10}"
+            " (--model.init_args.estimator_options='{k: 10}')."
+        )
+    kwargs = dict(options)
+    if name == "uoro":
+        kwargs["generator"] = seed
+    return cls(cell, **kwargs)
+
+
+def initial_state(
+    estimator: OnlineGradientEstimator, h0: torch.Tensor, rank: int = 0, world_size: int = 1
+) -> OnlineState:
+    """The estimator's state for this process's streams ``rank::world_size`` of ``B = b * world_size``.
+
+    UORO draws the noise of all ``B`` streams from its seed in every process and keeps its own rows, so ``W``
+    processes draw exactly the noise one process with all streams would; the other estimators draw none.
+    """
+    if estimator.name == "uoro":
+        total = h0.shape[0] * world_size
+        ids = torch.arange(rank, total, world_size, device=h0.device)
+        return estimator.initial_state(h0, stream_ids=ids, total_streams=total)
+    return estimator.initial_state(h0)

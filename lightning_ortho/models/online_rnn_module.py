@@ -1,0 +1,331 @@
+"""Online training of a recurrent cell in Lightning: UORO, RTRL or truncated BPTT by manual optimisation."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+import torchmetrics
+from torch import nn
+
+from lightning_ortho.models.online_carry import OnlineCarry
+from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, initial_state
+from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, masked_loss_sum, read_chunk
+from lightning_ortho.online import OnlineState
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+_CHECKPOINT_KEY = "online_rnn_module"
+
+
+class OnlineRNNModule(pl.LightningModule):
+    """A recurrent cell trained online on ordered chunks of parallel streams (design.md, "Online training").
+
+    Every training chunk ``(b streams, T steps)`` continues the streams of the previous one. For each step ``t``
+    the estimator advances (``h_t, state = estimator.step(x_t, state)``), the readout's loss ``L_t`` gives
+    ``dL_t/dh_t`` by autograd, and ``estimator.gradient(state, dL_t/dh_t)`` (the cell's parameters) plus the
+    readout's exact gradient are added to a per-parameter buffer. Every ``update_every`` steps (a window may span
+    chunks) the buffer ``g`` reaches the parameters through one ``manual_backward`` of the surrogate
+    ``sum_p (p * g_p).sum()``, whose gradient is exactly ``g``: precision plugins (loss scaling) and DDP's
+    all-reduce apply unchanged; then optional norm clipping, ``opt.step()``, ``opt.zero_grad()``. With
+    ``update_every=1`` this is fully online; ``Trainer(max_steps=N)`` counts these updates. The readout's
+    gradient is accumulated as a tensor too (not kept as a loss graph), so a window that spans chunks holds no
+    autograd graph between steps and its pending part can be checkpointed.
+
+    **Normalisation.** ``L_t = sum over the masked (stream, step) entries of step t of the per-entry loss / b``,
+    ``b`` the streams of this process; a window's gradient is the sum over its steps. Under DDP each process has
+    ``b = B / W`` streams and DDP averages the processes' gradients, which equals one process's gradient with all
+    ``B`` streams (tested). The per-entry loss is cross-entropy in nats (class indices, or soft targets) or
+    ``0.5 ||o - y||^2`` (``dl/do = o - y``). Logged: ``train_loss`` and ``val_loss`` per masked entry (and
+    ``train_bits``, ``val_bits`` = loss / ln 2 for cross-entropy); ``val_*`` is exact over all processes.
+
+    **Order.** Batches carry ``chunk``, the chunk's index in its stream. The first chunk a model sees, and any
+    chunk 0, starts every stream afresh (zero state); any other chunk must be the one after the previous, else
+    ``training_step`` raises: the training loader must not shuffle, drop or reorder chunks.
+
+    **Checkpoints.** The estimator state of every process (hidden states, influence approximation, noise
+    generator), the next expected chunk, the position in the update window and the pending gradient buffer are
+    saved in ``on_save_checkpoint`` and restored in ``on_load_checkpoint``: fitting ``N`` chunks equals fitting
+    ``k`` and resuming for ``N - k``, bit for bit (the data module restores its own position). Resume with the
+    same number of processes.
+
+    Validation runs the cell forward (no gradient estimate) from a zero state on each pass over the validation
+    streams, carrying the state across that pass's chunks.
+
+    Args:
+        cell: a recurrent cell ``cell(x (b, I), h (b, H)) -> (b, H)`` with a ``hidden_size`` attribute (and
+            ``input_size``, checked against the data), e.g. ``lightning_ortho.online.TanhRNNCell``,
+            ``GRUCell``, ``InfluenceBalancingCell`` or ``lightning_ortho.nn.OrthogonalRNNCell``.
+        output_size: outputs of the readout (classes for cross-entropy).
+        loss: ``"cross_entropy"`` or ``"mse"``.
+        readout: ``"linear"`` (``nn.Linear(H, output_size)``) or ``"units"`` (the first ``output_size`` units
+            of ``h``, no parameters).
+        estimator: ``"uoro"``, ``"rtrl"`` (exact, ``O(H^4)`` per step) or ``"tbptt"``.
+        estimator_options: keyword arguments of the estimator: ``k`` for ``tbptt``; ``projection``,
+            ``rescaling``, ``eps`` for ``uoro``.
+        update_every: steps per parameter update (1: fully online).
+        optimizer: ``"sgd"`` or ``"adam"``; lr: its learning rate.
+        seed: seed of the estimator's noise (UORO), independent of the global seed.
+        clip_gradient_norm: clip the norm of each update's gradient to this value (``None``: no clipping).
+
+    Raises:
+        ValueError: an argument is invalid (the message says what to set); when fitting, the data module's
+            ``input_size``, ``output_size`` or ``loss`` disagree with the model, or chunks arrive out of order.
+    """
+
+    def __init__(
+        self,
+        cell: nn.Module,
+        output_size: int,
+        loss: Literal["cross_entropy", "mse"] = "cross_entropy",
+        readout: Literal["linear", "units"] = "linear",
+        estimator: Literal["uoro", "rtrl", "tbptt"] = "uoro",
+        estimator_options: dict[str, Any] | None = None,
+        update_every: int = 1,
+        optimizer: Literal["sgd", "adam"] = "adam",
+        lr: float = 1e-3,
+        seed: int = 0,
+        clip_gradient_norm: float | None = None,
+    ) -> None:
+        super().__init__()
+        _check_arguments(
+            cell, output_size, loss, estimator, estimator_options, update_every, optimizer, lr, seed, clip_gradient_norm
+        )
+        with warnings.catch_warnings():  # the CLI records the cell's class_path and init_args; a module is not kept
+            warnings.filterwarnings("ignore", message="Attribute 'cell' is an instance of `nn.Module`")
+            self.save_hyperparameters()
+        if isinstance(self.hparams.get("cell"), nn.Module):
+            del self.hparams["cell"]
+            self._hparams_initial.pop("cell", None)
+        self.automatic_optimization = False
+        self.cell = cell
+        self.readout = Readout(readout, cell.hidden_size, output_size)
+        self.output_size, self.loss_name, self.update_every = output_size, loss, update_every
+        self.estimator = build_estimator(estimator, cell, dict(estimator_options or {}), seed)
+        self.val_loss, self.val_bits = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
+        self.carry = OnlineCarry()  # estimator state, chunk order, update window: between steps and in checkpoints
+        self._val_h: torch.Tensor | None = None
+        self._val_next = 0
+
+    # -- setup -----------------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """Check that the data module's ``input_size``, ``output_size`` and ``loss`` (where it has them) agree."""
+        data = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if data is None:
+            return
+        found = {name: getattr(data, name, None) for name in ("input_size", "output_size", "loss")}
+        cell_input = getattr(self.cell, "input_size", None)
+        if found["input_size"] is not None and cell_input is not None and found["input_size"] != cell_input:
+            raise ValueError(
+                f"OnlineRNNModule: {type(data).__name__} has input_size={found['input_size']} but the cell has"
+                f" input_size={cell_input}; set --model.init_args.cell.init_args.input_size={found['input_size']}."
+            )
+        if found["output_size"] is not None and found["output_size"] != self.output_size:
+            raise ValueError(
+                f"OnlineRNNModule: {type(data).__name__} has output_size={found['output_size']} but the model has"
+                f" output_size={self.output_size}; set --model.init_args.output_size={found['output_size']}."
+            )
+        if found["loss"] is not None and found["loss"] != self.loss_name:
+            raise ValueError(
+                f"OnlineRNNModule: {type(data).__name__} is trained with loss={found['loss']!r} but the model has"
+                f" loss={self.loss_name!r}; set --model.init_args.loss={found['loss']}."
+            )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return OPTIMIZERS[self.hparams.optimizer](self.parameters(), lr=self.hparams.lr)
+
+    # -- training --------------------------------------------------------------------------------------------
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Run one chunk through the estimator, updating the parameters every ``update_every`` steps."""
+        chunk = self._read(batch)
+        carry = self.carry
+        self._begin_chunk(chunk)
+        x = chunk.x.to(carry.state.h.dtype)
+        loss_sum, count = torch.zeros((), device=x.device, dtype=torch.float64), 0
+        for t in range(chunk.steps):
+            with _no_autocast(x):
+                h, carry.state = self.estimator.step(x[:, t], carry.state)
+            mask = chunk.mask[:, t]
+            n = int(mask.sum())
+            if n:
+                loss_sum = loss_sum + self._accumulate(h, chunk.y[:, t], mask, chunk.streams)
+                count += n
+            carry.window_steps += 1
+            if carry.window_steps == self.update_every:
+                self._update()
+        if count:
+            mean = loss_sum / count
+            self.log("train_loss", mean.float(), prog_bar=True, batch_size=chunk.streams, sync_dist=True)
+            if self.loss_name == "cross_entropy":
+                self.log("train_bits", (mean / math.log(2)).float(), batch_size=chunk.streams, sync_dist=True)
+
+    def _accumulate(self, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, streams: int) -> torch.Tensor:
+        """Add step t's gradient estimate to the window's buffer; return the step's masked loss sum (detached)."""
+        h_in = h.detach().requires_grad_(True)
+        readout = [(f"readout.{n}", p) for n, p in self.readout.named_parameters() if p.requires_grad]
+        with torch.enable_grad():
+            loss_sum = masked_loss_sum(self.readout(h_in), y, mask, self.loss_name)
+            grad_h, *readout_grads = torch.autograd.grad(loss_sum / streams, [h_in, *(p for _, p in readout)])
+        with _no_autocast(h):
+            cell_grads = self.estimator.gradient(self.carry.state, grad_h.to(h.dtype))
+        pending = self._pending_buffer()
+        found = [
+            *((f"cell.{n}", g) for n, g in cell_grads.items()),
+            *zip((n for n, _ in readout), readout_grads, strict=True),
+        ]
+        for name, g in found:
+            if name in pending:  # frozen parameters have no buffer
+                pending[name] += g.to(pending[name].dtype)
+        return loss_sum.detach().double()
+
+    def _pending_buffer(self) -> dict[str, torch.Tensor]:
+        if self.carry.pending is None:
+            self.carry.pending = {n: torch.zeros_like(p) for n, p in self.named_parameters() if p.requires_grad}
+        return self.carry.pending
+
+    def _update(self) -> None:
+        """One optimizer step with the window's gradient: ``manual_backward`` of ``sum_p (p * g_p).sum()``."""
+        pending = self._pending_buffer()
+        surrogate = sum((p * pending[n]).sum() for n, p in self.named_parameters() if n in pending)
+        optimizer = self.optimizers()
+        self.manual_backward(surrogate)
+        optimizer.step()
+        optimizer.zero_grad()
+        self.carry.pending, self.carry.window_steps = None, 0
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Here the gradient is unscaled (16-mixed) and all-reduced (DDP): clip the update that is applied.
+        if self.hparams.clip_gradient_norm is not None:
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.hparams.clip_gradient_norm, gradient_clip_algorithm="norm"
+            )
+
+    def _read(self, batch: dict[str, torch.Tensor]) -> Chunk:
+        return read_chunk(
+            batch, input_size=getattr(self.cell, "input_size", None), output_size=self.output_size, loss=self.loss_name
+        )
+
+    def _begin_chunk(self, chunk: Chunk) -> None:
+        """Check that this chunk is next in order and set the estimator state it continues, resets applied."""
+        carry = self.carry
+        if carry.restoring:
+            carry.restore(*self._rank_and_world(), self._fresh_state, self.device)
+        if carry.state is not None and chunk.index not in (0, carry.next_chunk):
+            raise ValueError(
+                f"OnlineRNNModule: training chunk {chunk.index} arrived where chunk {carry.next_chunk} was expected."
+                " Online training carries the recurrent state from one chunk to the next, so chunks must arrive in"
+                " time order: the training loader must not shuffle, drop or reorder them (no shuffle=True or"
+                " sampler; use a StreamDataModule or an IterableDataset yielding chunks in order, num_workers=0)."
+            )
+        if carry.state is not None and chunk.streams != carry.state.batch_size:
+            raise ValueError(
+                f"OnlineRNNModule: this chunk has {chunk.streams} streams, the previous ones had"
+                f" {carry.state.batch_size}; the number of streams per process must stay the same."
+            )
+        if carry.state is None or chunk.index == 0:
+            carry.state = self._fresh_state(chunk.streams)
+        carry.next_chunk = chunk.index + 1
+        if bool(chunk.reset.any()):
+            carry.state = self.estimator.reset(carry.state, chunk.reset.to(carry.state.h.device))
+
+    def _fresh_state(self, streams: int) -> OnlineState:
+        return initial_state(self.estimator, self._zero_state(streams), *self._rank_and_world())
+
+    def _zero_state(self, streams: int) -> torch.Tensor:
+        parameter = next(self.cell.parameters())
+        return torch.zeros(streams, self.cell.hidden_size, dtype=parameter.dtype, device=parameter.device)
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        if self._trainer is None:
+            return 0, 1
+        return int(self.trainer.global_rank), int(self.trainer.world_size)
+
+    # -- validation ------------------------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._val_h, self._val_next = None, 0
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """The cell forward from a zero state at the pass's first chunk; the loss per masked entry."""
+        chunk = self._read(batch)
+        if self._val_h is not None and chunk.index not in (0, self._val_next):
+            raise ValueError(
+                f"OnlineRNNModule: validation chunk {chunk.index} arrived where chunk {self._val_next} was expected;"
+                " the validation loader must yield its chunks in order."
+            )
+        if self._val_h is None or chunk.index == 0:
+            self._val_h = self._zero_state(chunk.streams)
+        self._val_next = chunk.index + 1
+        h0 = torch.where(chunk.reset[:, None], torch.zeros_like(self._val_h), self._val_h)
+        outputs, self._val_h = self(chunk.x, h0)
+        loss_sum = sum(
+            masked_loss_sum(outputs[:, t], chunk.y[:, t], chunk.mask[:, t], self.loss_name) for t in range(chunk.steps)
+        )
+        count = int(chunk.mask.sum())
+        self.val_loss.update(loss_sum / max(count, 1), weight=count)
+        self.log("val_loss", self.val_loss, prog_bar=True, on_epoch=True, batch_size=chunk.streams)
+        if self.loss_name == "cross_entropy":
+            self.val_bits.update(loss_sum / max(count, 1) / math.log(2), weight=count)
+            self.log("val_bits", self.val_bits, on_epoch=True, batch_size=chunk.streams)
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the cell over ``x`` ``(B, T, I)`` from ``h0`` ``(B, H)`` (zeros by default): the readout's outputs
+        ``(B, T, output_size)`` and the last state ``(B, H)``. The cell runs outside autocast."""
+        h = self._zero_state(x.shape[0]) if h0 is None else h0
+        x = x.to(h.dtype)
+        outputs = []
+        for t in range(x.shape[1]):
+            with _no_autocast(x):
+                h = self.cell(x[:, t], h)
+            outputs.append(self.readout(h))
+        return torch.stack(outputs, 1), h
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Save the carry (:class:`~lightning_ortho.models.online_carry.OnlineCarry`): every process's part."""
+        checkpoint[_CHECKPOINT_KEY] = self.carry.checkpoint(*self._rank_and_world())
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Take the saved carry; it is applied at the next training step, on the devices of that run."""
+        if _CHECKPOINT_KEY in checkpoint:
+            self.carry.load(checkpoint[_CHECKPOINT_KEY])
+
+
+def _no_autocast(like: torch.Tensor) -> torch.autocast:
+    """Run the estimator and the cell outside autocast: their recursions stay in the parameters' dtype."""
+    return torch.autocast(like.device.type, enabled=False)
+
+
+def _check_arguments(
+    cell, output_size, loss, estimator, estimator_options, update_every, optimizer, lr, seed, clip
+) -> None:
+    where = "OnlineRNNModule"
+    if not isinstance(cell, nn.Module) or not isinstance(getattr(cell, "hidden_size", None), int):
+        raise ValueError(
+            f"{where}: cell must be an nn.Module with cell(x, h) -> h_new and an int hidden_size attribute (e.g."
+            f" lightning_ortho.online.TanhRNNCell), got {type(cell).__name__}."
+        )
+    if not any(True for _ in cell.parameters()):
+        raise ValueError(f"{where}: the cell {type(cell).__name__} has no parameters to train.")
+    for name, value in (("output_size", output_size), ("update_every", update_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {name} must be a positive integer, got {value!r}.")
+    choices = (
+        ("loss", loss, LOSSES),
+        ("estimator", estimator, ESTIMATORS),
+        ("optimizer", optimizer, tuple(OPTIMIZERS)),
+    )
+    for name, value, allowed in choices:
+        if value not in allowed:
+            raise ValueError(f"{where}: {name} must be one of {allowed}, got {value!r}.")
+    if estimator_options is not None and not isinstance(estimator_options, dict):
+        raise ValueError(
+            f"{where}: estimator_options must be a dict of the estimator's keyword arguments, got {estimator_options!r}."
+        )
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+        raise ValueError(f"{where}: lr must be a positive number, got {lr!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"{where}: seed must be a non-negative integer (the estimator's noise), got {seed!r}.")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
+        raise ValueError(f"{where}: clip_gradient_norm must be a positive number or None (no clipping), got {clip!r}.")
