@@ -245,6 +245,41 @@ class TanhStepLinearization(StepLinearization):
         return False
 
 
+class LinearStepLinearization(StepLinearization):
+    """Closed-form products of ``h' = A h + theta c`` (:class:`~lightning_ortho.online.InfluenceBalancingCell`):
+    ``J^{h'}_h v = A v``, ``J^{h'}_theta = c`` (one scalar parameter), no preactivation."""
+
+    def __init__(self, cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None):
+        self.cell, self.x, self.h = cell, x, h
+        self.layout = layout if layout is not None else ParameterLayout(cell)
+        self.params = _cell_parameters(cell)
+        self.transition, self.signs = cell.transition.to(h.dtype), cell.signs.to(h.dtype)
+        self.h_new = h @ self.transition.T + self.params["theta"] * self.signs
+
+    def state_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
+        return tangent @ self.transition.T
+
+    def state_jvp_columns(self, tangents: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(self.transition, tangents)
+
+    def parameter_vjp(self, cotangent: torch.Tensor) -> torch.Tensor:
+        return cotangent @ self.signs[:, None]
+
+    def parameter_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
+        return tangent * self.signs
+
+    def parameter_jacobian(self) -> torch.Tensor:
+        return self.signs[None, :, None].expand(self.h.shape[0], -1, 1)
+
+    def require_preactivation(self) -> None:
+        raise ValueError("InfluenceBalancingCell has no preactivation(x, h): use projection='state' or 'parameter'.")
+
+    @property
+    def preactivation(self) -> torch.Tensor:
+        self.require_preactivation()
+        raise AssertionError  # unreachable
+
+
 def linearize(cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout, *, closed_form: bool = True):
     """The cell's closed-form :class:`StepLinearization` when it offers one (and ``closed_form``), else the generic one."""
     fast: Callable | None = getattr(cell, "linearize", None) if closed_form else None

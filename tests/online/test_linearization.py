@@ -152,6 +152,26 @@ def test_tanh_closed_form_equals_generic(seed):
     assert fast.has_post_activation_parameters() == generic.has_post_activation_parameters() is False
 
 
+def test_influence_cell_closed_form_equals_generic():
+    cell, x, h, layout, g = _setup("influence", 2)
+    generic, fast = StepLinearization(cell, x, h, layout), linearize(cell, x, h, layout)
+    assert type(fast).__name__ == "LinearStepLinearization"
+    tight = dict(rtol=0, atol=1e-12)
+    hidden = cell.hidden_size
+    torch.testing.assert_close(fast.h_new, generic.h_new, **tight)
+    v = torch.randn(B, hidden, generator=g, dtype=DTYPE)
+    torch.testing.assert_close(fast.state_jvp(v), generic.state_jvp(v), **tight)
+    cols = torch.randn(B, hidden, 4, generator=g, dtype=DTYPE)
+    torch.testing.assert_close(fast.state_jvp_columns(cols), generic.state_jvp_columns(cols), **tight)
+    torch.testing.assert_close(fast.parameter_vjp(v), generic.parameter_vjp(v), **tight)
+    n = torch.randn(B, 1, generator=g, dtype=DTYPE)
+    torch.testing.assert_close(fast.parameter_jvp(n), generic.parameter_jvp(n), **tight)
+    torch.testing.assert_close(fast.parameter_jacobian(), generic.parameter_jacobian(), **tight)
+    torch.testing.assert_close(fast.parameter_jacobian(), ref.parameter_jacobian(cell, x, h), **TOL)
+    with pytest.raises(ValueError, match="no preactivation"):
+        fast.activation_jvp(v)
+
+
 def test_tanh_closed_form_equals_dense_autograd():
     """Also against the independent reference directly (the generic path could share a mistake)."""
     cell, x, h, layout, g = _setup("tanh", 4)
