@@ -287,8 +287,9 @@ def render_bench_online(data: dict) -> str:
     if memory:
         lines += [
             "",
-            "Peak memory of a run of T steps above the process's resident set before it (MB; "
-            f"{data.get('memory_method', 'peak RSS')}), and the size of the estimator's state after the run:",
+            "Peak memory of a run of T steps above the process's resident set before it, in brackets the bytes still "
+            f"allocated at its end (MB; {data.get('memory_method', 'peak RSS')}), and the size of the estimator's "
+            "state after the run:",
             "",
             "| H | method | " + " | ".join(f"T = {t}" for t in lengths) + " | state (MB) |",
             "|---:|---|" + "---:|" * (len(lengths) + 1),
@@ -300,7 +301,13 @@ def render_bench_online(data: dict) -> str:
                 if not any(rows):
                     continue
                 cells = [
-                    "" if r is None else "skipped" if "skipped" in r else _megabytes(r["peak_memory_mb"]) for r in rows
+                    ""
+                    if r is None
+                    else "skipped"
+                    if "skipped" in r
+                    else _megabytes(r["peak_memory_mb"])
+                    + (f" ({_megabytes(max(r['in_use_mb'], 0.0))})" if "in_use_mb" in r else "")
+                    for r in rows
                 ]
                 states = [r["state_mb"] for r in rows if r and r.get("state_mb") is not None]
                 lines.append(
@@ -322,6 +329,36 @@ def render_bench_online(data: dict) -> str:
     return "\n".join(lines)
 
 
+def render_reproduce_uoro_training(data: dict) -> str:
+    rows = data["rows"]
+    lines = [
+        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` (one seed; the "
+        f"character task gives every estimator {data['setup']['character_seconds']} s of training).",
+        "",
+        "| task | estimator | final | epochs | training seconds |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for task in dict.fromkeys(r["task"] for r in rows):
+        for method in dict.fromkeys(r["method"] for r in rows if r["task"] == task):
+            mine = [r for r in rows if r["task"] == task and r["method"] == method and "train_seconds" in r]
+            blew = [r for r in rows if r["task"] == task and r["method"] == method and "diverged" in r]
+            last = mine[-1] if mine else {}
+            if task == "influence":
+                final = f"theta {last['theta']:.4g}, train loss {last['train_loss']:.3g}" if last else ""
+            elif task == "characters":
+                final = f"{last['val_bits']:.3f} bits/char" if last else ""
+            else:
+                final = f"val loss {last['val_loss']:.4f} nats" if last else ""
+            if blew:
+                final += f" (stopped: {blew[0]['diverged'].split(':')[0]})"
+            seconds = f"{last['train_seconds']:.0f}" if last else ""
+            lines.append(f"| {task} | {method} | {final} | {last.get('epoch', '')} | {seconds} |")
+    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
+    for claim in data["claims"]:
+        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
+    return "\n".join(lines)
+
+
 RENDERERS = {
     "rnn_initial_loss": render_rnn_initial_loss,
     "bench_flows": render_bench_flows,
@@ -333,6 +370,7 @@ RENDERERS = {
     "reproduce_rnn_mnist5k": render_reproduction,
     "reproduce_fcnn_mnist5k": render_reproduction,
     "reproduce_uoro": render_reproduce_uoro,
+    "reproduce_uoro_training": render_reproduce_uoro_training,
 }
 
 

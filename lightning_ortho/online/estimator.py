@@ -67,11 +67,19 @@ class OnlineGradientEstimator:
             lin = linearize(self.cell, x, state.h, self.layout, closed_form=self.closed_form)
             tensors = self._advance(lin, x, state)
         h_new = lin.h_new.detach()
-        if not torch.isfinite(h_new).all():
+        finite = torch.isfinite(h_new).all()
+        if not finite:
             raise FloatingPointError(
                 f"{type(self).__name__}.step: the cell produced NaN/inf states at step {state.step + 1}; lower the"
                 " learning rate or clip gradients (the parameters or the inputs have blown up)."
             )
+        for name, value in tensors.items():
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise FloatingPointError(
+                    f"{type(self).__name__}.step: its influence approximation {name!r} overflowed at step"
+                    f" {state.step + 1} (the recurrent Jacobian has been expansive for a long time); lower the learning"
+                    " rate, clip gradients, or reset the streams more often."
+                )
         return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
 
     def gradient(

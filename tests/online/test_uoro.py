@@ -243,3 +243,13 @@ def test_bad_step_inputs_are_refused():
         estimator.step(torch.zeros(2, INPUTS), state)
     with pytest.raises(ValueError, match="shape"):
         estimator.gradient(state, torch.zeros(3, HIDDEN, dtype=torch.float64))
+
+
+def test_an_overflowing_influence_approximation_raises_instead_of_poisoning_the_gradient():
+    cell = make_cell("tanh")
+    estimator = UORO(cell, generator=0)
+    state = estimator.initial_state(torch.zeros(2, HIDDEN, dtype=torch.float64))
+    _, state = estimator.step(torch.zeros(2, INPUTS, dtype=torch.float64), state)
+    state.tensors["w_tilde"] = torch.full_like(state.tensors["w_tilde"], 1e308) * 10  # inf
+    with pytest.raises(FloatingPointError, match="influence approximation .* overflowed"):
+        estimator.step(torch.zeros(2, INPUTS, dtype=torch.float64), state)
