@@ -147,3 +147,20 @@ def test_quick_uoro_variance_reproduction(tmp_path, monkeypatch):
     for row in fixed:  # equation 6.5 within 4 standard errors
         assert abs(row["total_variance"] - row["predicted_total_variance"]) < 4 * row["total_variance_se"]
     assert len(data["claims"]) == 8 and all({"claim", "figure", "holds"} <= set(c) for c in data["claims"])
+
+
+@pytest.mark.parametrize(
+    "tasks", [["influence", "adding"], pytest.param(["characters"], marks=pytest.mark.slow)]
+)
+def test_quick_uoro_training_reproduction(tasks, tmp_path, monkeypatch):
+    script = load("reproduce_uoro_training")
+    import _common
+
+    monkeypatch.setattr(_common, "RESULTS", tmp_path)
+    path = Path(script.main(["--quick", "--tasks", *tasks]))
+    data = json.loads(path.read_text())
+    assert {r["task"] for r in data["rows"]} == set(tasks)
+    for row in data["rows"]:
+        assert "diverged" in row or row["train_seconds"] > 0
+    assert data["claims"] and all({"claim", "figure", "holds"} <= set(c) for c in data["claims"])
+    assert (tmp_path / path.name.replace(".json", ".png")).exists()
