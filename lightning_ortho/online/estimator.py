@@ -67,19 +67,12 @@ class OnlineGradientEstimator:
             lin = linearize(self.cell, x, state.h, self.layout, closed_form=self.closed_form)
             tensors = self._advance(lin, x, state)
         h_new = lin.h_new.detach()
-        finite = torch.isfinite(h_new).all()
-        if not finite:
+        if not torch.isfinite(h_new).all():
             raise FloatingPointError(
                 f"{type(self).__name__}.step: the cell produced NaN/inf states at step {state.step + 1}; lower the"
                 " learning rate or clip gradients (the parameters or the inputs have blown up)."
             )
-        for name, value in tensors.items():
-            if value.is_floating_point() and not torch.isfinite(value).all():
-                raise FloatingPointError(
-                    f"{type(self).__name__}.step: its influence approximation {name!r} overflowed at step"
-                    f" {state.step + 1} (the recurrent Jacobian has been expansive for a long time); lower the learning"
-                    " rate, clip gradients, or reset the streams more often."
-                )
+        self._check_finite_tensors(tensors, state.step + 1)
         return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
 
     def gradient(
@@ -95,8 +88,8 @@ class OnlineGradientEstimator:
         """
         self._check(grad_h, "grad_h", dims=2, like=state.h, same_shape=True)
         with torch.no_grad():
-            flat = self._gradient_flat(state, grad_h)  # (B, P)
-        return self.layout.unflatten(flat if per_stream else flat.sum(0))
+            flat = self._gradient_flat(state, grad_h) if per_stream else self._gradient_summed(state, grad_h)
+        return self.layout.unflatten(flat)
 
     def reset(self, state: OnlineState, mask: torch.Tensor, h0: torch.Tensor | None = None) -> OnlineState:
         """Restart the streams where ``mask`` ``(B,)`` is true: their state becomes ``h0`` (``(B, H)`` or
@@ -131,6 +124,21 @@ class OnlineGradientEstimator:
 
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def _check_finite_tensors(self, tensors: dict[str, torch.Tensor], step: int = 0) -> None:
+        """Raise ``FloatingPointError`` if an influence tensor overflowed. One sum per tensor (a single pass; an
+        overflowed or NaN entry makes it non-finite) instead of ``isfinite``, which takes several passes."""
+        for name, value in tensors.items():
+            if value.is_floating_point() and value.numel() and not torch.isfinite(value.sum()):
+                raise FloatingPointError(
+                    f"{type(self).__name__}.step: its influence approximation {name!r} overflowed at step {step}"
+                    " (the recurrent Jacobian has been expansive for a long time); lower the learning rate, clip"
+                    " gradients, or reset the streams more often."
+                )
+
+    def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
+        """``(P,)``: the estimate summed over streams (subclasses may skip the per-stream ``(B, P)`` temporary)."""
+        return self._gradient_flat(state, grad_h).sum(0)
 
     def _new_generator(self, h0: torch.Tensor) -> torch.Generator | None:
         return None

@@ -34,6 +34,13 @@ class ParameterLayout:
         self.shapes = tuple(tuple(p.shape) for p in params.values())
         self.numels = tuple(p.numel() for p in params.values())
         self.size = sum(self.numels)
+        self.offsets = {n: sum(self.numels[:i]) for i, n in enumerate(self.names)}
+
+    def block(self, flat: torch.Tensor, name: str) -> torch.Tensor:
+        """The view of ``flat`` ``(B, P)`` holding parameter ``name``, shaped ``(B, *shape)`` (writes go through)."""
+        start = self.offsets[name]
+        index = self.names.index(name)
+        return flat[:, start : start + self.numels[index]].view(flat.shape[0], *self.shapes[index])
 
     def flatten(self, tensors: dict[str, torch.Tensor], lead: int) -> torch.Tensor:
         parts = [tensors[n].reshape(tuple(tensors[n].shape[:lead]) + (-1,)) for n in self.names]
@@ -169,6 +176,24 @@ class StepLinearization:
         """``c_b^T J^{h_new}_{theta}`` at fixed ``z`` (parameters used after the preactivation): ``(B, H) -> (B, P)``."""
         return self._per_stream_vjp("activation", (self.preactivation,), cotangent)
 
+    # -- fused forms for UORO's update (closed forms override them to skip materialising c^T J) ---------------
+    def vjp_norm(self, kind: str, cotangent: torch.Tensor) -> torch.Tensor:
+        """``||c_b^T J||`` per stream ``(B,)`` for ``kind`` in ``"parameter" | "preactivation" | "post_activation"``."""
+        return torch.linalg.vector_norm(self._cached_vjp(kind, cotangent), dim=1)
+
+    def vjp_accumulate(self, kind: str, out: torch.Tensor, cotangent: torch.Tensor, scale: torch.Tensor) -> None:
+        """``out += scale_b c_b^T J`` in place, ``out`` ``(B, P)``, ``scale`` ``(B,)``."""
+        out.addcmul_(self._cached_vjp(kind, cotangent), scale[:, None])
+
+    def _cached_vjp(self, kind: str, cotangent: torch.Tensor) -> torch.Tensor:
+        # The generic path computes c^T J once for both the norm and the accumulation of the same c.
+        cached = getattr(self, "_last_vjp", None)
+        if cached is not None and cached[0] == kind and cached[1] is cotangent:
+            return cached[2]
+        value = getattr(self, f"{kind}_vjp")(cotangent)
+        self._last_vjp = (kind, cotangent, value)
+        return value
+
     def has_post_activation_parameters(self) -> bool:
         """Whether ``activation`` reads any parameter (decided once per cell type and cached on the cell)."""
         cached = getattr(self.cell, "_online_post_parameters", None)
@@ -202,6 +227,29 @@ class TanhStepLinearization(StepLinearization):
 
     def state_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
         return self.slope * (tangent @ self.params["weight_hh"].T)
+
+    def _factor(self, kind: str, cotangent: torch.Tensor) -> torch.Tensor:
+        """``g`` of ``c^T J = g [h; x; 1]^T``: ``c * d`` for the parameters, ``c`` for the preactivation."""
+        if kind == "parameter":
+            return cotangent * self.slope
+        if kind == "preactivation":
+            return cotangent
+        raise ValueError(f"TanhRNNCell has no {kind} parameters.")
+
+    def vjp_norm(self, kind: str, cotangent: torch.Tensor) -> torch.Tensor:
+        if kind == "post_activation":
+            return cotangent.new_zeros(cotangent.shape[0])
+        # ||g a^T||_F = ||g|| ||a|| with a = [h; x; 1]
+        inputs = (self.h.square().sum(1) + self.x.square().sum(1) + 1).sqrt()
+        return torch.linalg.vector_norm(self._factor(kind, cotangent), dim=1) * inputs
+
+    def vjp_accumulate(self, kind: str, out: torch.Tensor, cotangent: torch.Tensor, scale: torch.Tensor) -> None:
+        if kind == "post_activation":
+            return
+        g = self._factor(kind, cotangent) * scale[:, None]
+        self.layout.block(out, "weight_hh").addcmul_(g[:, :, None], self.h[:, None, :])
+        self.layout.block(out, "weight_ih").addcmul_(g[:, :, None], self.x[:, None, :])
+        self.layout.block(out, "bias").add_(g)
 
     def state_jvp_columns(self, tangents: torch.Tensor) -> torch.Tensor:
         return self.slope[:, :, None] * torch.matmul(self.params["weight_hh"], tangents)

@@ -207,48 +207,72 @@ class UORO(OnlineGradientEstimator):
         return nu[rows], tau[rows]
 
     # -- one step ----------------------------------------------------------------------------------------------
-    def _cut(self, lin: StepLinearization) -> tuple[int, Callable, Callable]:
-        """``(Z, forward, backward)`` at the cut vertex: ``forward(v) = J^h_z v`` ``(B, Z) -> (B, H)`` and
-        ``backward(c) = c^T J^z_theta`` ``(B, Z) -> (B, P)``."""
+    def _cut(self, lin: StepLinearization) -> tuple[int, Callable, Callable, Callable]:
+        """The cut vertex: ``(Z, forward, norm, accumulate)`` with ``forward(v) = J^h_z v`` ``(B, Z) -> (B, H)``,
+        ``norm(c) = ||c^T J^z_theta||`` ``(B,)`` and ``accumulate(out, c, s)``: ``out += s c^T J^z_theta`` in place.
+        Norm and accumulation never materialise ``c^T J`` where the cell has a closed form (one pass over
+        ``w_tilde`` instead of three)."""
         hidden = lin.h_new.shape[1]
         if self.projection == "state":
-            return hidden, lambda v: v, lin.parameter_vjp
+            return (
+                hidden,
+                lambda v: v,
+                lambda c: lin.vjp_norm("parameter", c),
+                lambda out, c, scale: lin.vjp_accumulate("parameter", out, c, scale),
+            )
         if self.projection == "parameter":
-            return self.layout.size, lin.parameter_jvp, lambda c: c
+            return (
+                self.layout.size,
+                lin.parameter_jvp,
+                lambda c: torch.linalg.vector_norm(c, dim=1),
+                lambda out, c, scale: out.addcmul_(c, scale[:, None]),
+            )
         size = lin.preactivation.shape[1]
         if not lin.has_post_activation_parameters():
-            return size, lin.activation_jvp, lin.preactivation_vjp
+            return (
+                size,
+                lin.activation_jvp,
+                lambda c: lin.vjp_norm("preactivation", c),
+                lambda out, c, scale: lin.vjp_accumulate("preactivation", out, c, scale),
+            )
 
         def forward(v: torch.Tensor) -> torch.Tensor:
             return lin.activation_jvp(v[:, :size]) + v[:, size:]
 
-        def backward(c: torch.Tensor) -> torch.Tensor:
-            return lin.preactivation_vjp(c[:, :size]) + lin.post_activation_vjp(c[:, size:])
+        def norm(c: torch.Tensor) -> torch.Tensor:  # the two parts touch different parameters only in general: add
+            pre = lin.preactivation_vjp(c[:, :size]) + lin.post_activation_vjp(c[:, size:])
+            return torch.linalg.vector_norm(pre, dim=1)
 
-        return size + hidden, forward, backward
+        def accumulate(out: torch.Tensor, c: torch.Tensor, scale: torch.Tensor) -> None:
+            lin.vjp_accumulate("preactivation", out, c[:, :size], scale)
+            lin.vjp_accumulate("post_activation", out, c[:, size:], scale)
+
+        return size + hidden, forward, norm, accumulate
 
     def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:
         if self.projection == "none":
             return self._advance_without_spatial_noise(lin, x, state)
         t = state.tensors
-        size, forward, backward = self._cut(lin)
+        size, forward, norm, accumulate = self._cut(lin)
         if not self.gir and self.q0 is not None and self.q0.shape[0] != size:
             raise ValueError(f"UORO: Q0 is {tuple(self.q0.shape)} but the cut vertex ({self.projection!r}) has {size} entries.")
         propagated = lin.state_jvp(t["h_tilde"])  # J h_tilde_{t-1}
         nu, tau = self._noise(state, size, propagated)
         if self.gir:
-            psi, omega = forward(nu), backward(nu)  # J^h_z nu, nu^T J^z_theta
-            gamma = self._ratio(t["w_tilde"], propagated)
-            beta = self._ratio(omega, psi)
+            psi = forward(nu)  # J^h_z nu
+            gamma = self._ratio(torch.linalg.vector_norm(t["w_tilde"], dim=1), torch.linalg.vector_norm(propagated, dim=1))
+            beta = self._ratio(norm(nu), torch.linalg.vector_norm(psi, dim=1))  # ||nu^T J^z_theta|| / ||J^h_z nu||
             h_tilde = gamma[:, None] * propagated + (beta * tau)[:, None] * psi
-            w_tilde = t["w_tilde"] / gamma[:, None] + (tau / beta)[:, None] * omega
+            w_tilde = t["w_tilde"] * (1 / gamma)[:, None]  # a new tensor; the old state is left as it was
+            accumulate(w_tilde, nu, tau / beta)  # += tau / beta nu^T J^z_theta
         else:
             alpha = self.alpha_at(state.step + 1)
             u = tau[:, None] * nu
             scaled = u if self.q0 is None else u @ self.q0.T.to(u)  # Q0 u
             dual = u if self.q0 is None else u @ self.q0_inverse_t.T.to(u)  # Q0^{-T} u
             h_tilde = propagated + alpha * forward(scaled)
-            w_tilde = t["w_tilde"] + backward(dual) / alpha
+            w_tilde = t["w_tilde"].clone()
+            accumulate(w_tilde, dual, torch.full_like(tau, 1 / alpha))
         return {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}
 
     def _advance_without_spatial_noise(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState):
@@ -260,8 +284,8 @@ class UORO(OnlineGradientEstimator):
         inputs = self.cell.preactivation_input(x, state.h)  # (B, A)
         _, tau = self._noise(state, 0, propagated)
         if self.gir:
-            gamma = self._ratio(t["a_tilde"], propagated.flatten(1))
-            beta = self._ratio(inputs, local.flatten(1))
+            gamma = self._ratio(self._norms(t["a_tilde"]), self._norms(propagated))
+            beta = self._ratio(self._norms(inputs), self._norms(local))
         else:  # Q_t = alpha_t (no spatial noise, so no Q0)
             gamma = propagated.new_ones(propagated.shape[0])
             beta = gamma * self.alpha_at(state.step + 1)
@@ -270,12 +294,28 @@ class UORO(OnlineGradientEstimator):
         return {**t, "h_tilde": h_tilde, "a_tilde": a_tilde}
 
     def _ratio(self, numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
-        """``sqrt((||n|| + eps) / (||d|| + eps))`` per stream (rows flattened)."""
-        num = torch.linalg.vector_norm(numerator.flatten(1), dim=1) + self.eps
-        den = torch.linalg.vector_norm(denominator.flatten(1), dim=1) + self.eps
-        return torch.sqrt(num / den)
+        """``sqrt((n + eps) / (d + eps))`` of per-stream norms ``(B,)``."""
+        return torch.sqrt((numerator + self.eps) / (denominator + self.eps))
+
+    @staticmethod
+    def _norms(value: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.vector_norm(value.flatten(1), dim=1)
 
     # -- the estimate ------------------------------------------------------------------------------------------
+    def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
+        if self.projection == "none":
+            return super()._gradient_summed(state, grad_h)
+        # sum_b (dL/dh_b . h_tilde_b) w_tilde_b as one matrix-vector product: no (B, P) temporary.
+        return ((grad_h * state.tensors["h_tilde"]).sum(1)) @ state.tensors["w_tilde"]
+
+    def _check_finite_tensors(self, tensors: dict[str, torch.Tensor], step: int = 0) -> None:
+        # With GIR an overflowed w_tilde reaches h_tilde through gamma at the next step: the (B, H) check is enough
+        # and skips a pass over the (B, P) w_tilde.
+        if self.gir and self.projection != "none":
+            super()._check_finite_tensors({"h_tilde": tensors["h_tilde"]}, step)
+        else:
+            super()._check_finite_tensors(tensors, step)
+
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         t = state.tensors
         if self.projection != "none":
