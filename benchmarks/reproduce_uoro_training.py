@@ -222,7 +222,7 @@ def claims(rows: list[dict]) -> list[dict]:
         floor = AddingTaskDataModule().loss_floors()["lag_t1_only"]
         for method in ("RTRL", "UORO (state)", "UORO (none, no spatial noise)"):
             loss = _last(rows, "adding", method).get("val_loss", math.inf)
-            out.append({"claim": f"adding: {method} learns both lags (validation loss < the x_t-5-only floor {floor:.3f})",
+            out.append({"claim": f"adding: {method} uses both lags (validation loss below the x_t-5-only floor {floor:.3f})",
                         "figure": round(loss, 4), "holds": loss < floor})
     if "characters" in tasks:
         bits = {m: _last(rows, "characters", m).get("val_bits", math.inf)
