@@ -218,7 +218,7 @@ def render_reproduce_uoro(data: dict) -> str:
         f"{len(seeds)} sequences; tr Cov(g) of the total gradient estimate; lower is better).",
         "",
         "| estimator | tr Cov(g), sequences " + " / ".join(str(s) for s in seeds)
-        + " | relative to GIR at the state | section 6 prediction | relative bias (± s.e.) | max \|z\| / critical | ms per step |",
+        + " | relative to GIR at the state | section 6 prediction | relative bias (± s.e.) | max abs(z) / critical | ms per step |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for method in methods:
@@ -371,6 +371,7 @@ RENDERERS = {
     "reproduce_fcnn_mnist5k": render_reproduction,
     "reproduce_uoro": render_reproduce_uoro,
     "reproduce_uoro_training": render_reproduce_uoro_training,
+    "bench_online": render_bench_online,
 }
 
 
