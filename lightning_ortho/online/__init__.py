@@ -3,6 +3,7 @@ truncated BPTT, all behind one interface (:class:`OnlineGradientEstimator`); see
 
 from lightning_ortho.online.cells import GRUCell, InfluenceBalancingCell, TanhRNNCell
 from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho.online.modrelu_cell import ModReLURNNCell
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
 from lightning_ortho.online.oracle import (
     OracleTerms,
@@ -21,6 +22,7 @@ from lightning_ortho.online.uoro import PROJECTIONS, UORO
 __all__ = [
     "GRUCell",
     "InfluenceBalancingCell",
+    "ModReLURNNCell",
     "OnlineGradientEstimator",
     "OnlineState",
     "OracleTerms",

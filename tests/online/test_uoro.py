@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_ortho.nn import OrthogonalRNNCell
-from lightning_ortho.online import RTRL, UORO, GRUCell, TanhRNNCell, TruncatedBPTT
+from lightning_ortho.online import RTRL, UORO, GRUCell, ModReLURNNCell, TanhRNNCell, TruncatedBPTT
 
 HIDDEN, INPUTS, STEPS = 3, 2, 5
 DRAWS = 20_000
@@ -30,6 +30,8 @@ def make_cell(kind: str) -> torch.nn.Module:
         cell = TanhRNNCell(INPUTS, HIDDEN)
     elif kind == "gru":
         cell = GRUCell(INPUTS, HIDDEN)
+    elif kind == "modrelu":
+        cell = ModReLURNNCell(INPUTS, HIDDEN)
     else:
         cell = OrthogonalRNNCell(INPUTS, HIDDEN, transition=kind)
     return cell.double()
@@ -77,6 +79,8 @@ CONFIGS = [
     ("aux", "state", "gir"),
     ("aux", "preactivation", "gir"),  # modReLU's bias acts after z: projected at h with its own noise
     ("cayley", "preactivation", "fixed-q0"),
+    ("modrelu", "preactivation", "gir"),  # closed form, bias after z
+    ("modrelu", "state", "fixed"),
 ]
 
 
@@ -96,7 +100,7 @@ def test_uoro_is_unbiased(kind, projection, rescaling):
     xs, h0, loss_gradients = sequence()
     exact = total_estimates(RTRL(cell), xs, h0, loss_gradients, 1)[0]
     # The cut of an OrthogonalRNNCell at its preactivation is {z, h}: 2 H entries (the bias acts after z).
-    cut_size = 2 * HIDDEN if (kind in ("aux", "cayley") and projection == "preactivation") else HIDDEN
+    cut_size = 2 * HIDDEN if (kind in ("aux", "cayley", "modrelu") and projection == "preactivation") else HIDDEN
     estimator = UORO(cell, projection=projection, rescaling=rescaling_for(rescaling, cut_size), generator=7)
     estimates = total_estimates(estimator, xs, h0, loss_gradients, DRAWS)
     z = z_scores(estimates, exact)
