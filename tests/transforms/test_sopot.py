@@ -1,0 +1,119 @@
+"""Algorithm 1 (greedy SOPOT), spec section 2: against a scalar float64 reference written from the spec."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from lightning_ortho.transforms import SOPOTResult, sopot, sopot_terms_needed, sopot_with_cost
+
+
+def reference_sopot(x: float, p: int, tol: float = 1e-6) -> tuple[float, int]:
+    """The spec's Algorithm 1 on one Python float: (x_hat, terms used)."""
+    estimate, residual, used = 0.0, x, 0
+    for _ in range(p):
+        if abs(residual) <= tol:
+            break
+        a = math.ceil(math.log2(abs(residual)))
+        low, high = 2.0 ** (a - 1), 2.0**a
+        power = high if high - abs(residual) < abs(residual) - low else low
+        estimate += math.copysign(power, residual)
+        residual = x - estimate
+        used += 1
+    return estimate, used
+
+
+def test_spec_example_inverse_sqrt2():
+    x = torch.tensor(1 / math.sqrt(2), dtype=torch.float64)
+    assert [float(sopot(x, p)) for p in (1, 2, 3)] == [0.5, 0.75, 0.71875]
+
+
+def test_terms_none_and_inf_return_input_unchanged():
+    x = torch.randn(5)
+    assert sopot(x, None) is x
+    assert sopot(x, math.inf) is x
+
+
+def test_ties_go_to_the_smaller_power():
+    x = torch.tensor([0.375, 3.0, -3.0, 1.5, -0.75], dtype=torch.float64)
+    assert sopot(x, 1).tolist() == [0.25, 2.0, -2.0, 1.0, -0.5]
+
+
+def test_matches_scalar_reference_on_random_values():
+    rng = random.Random(0)
+    values = [rng.uniform(-10, 10) * 10 ** rng.randint(-3, 3) for _ in range(300)] + [0.0, 1.0, -2.0, 1e-7]
+    x = torch.tensor(values, dtype=torch.float64)
+    for p in (1, 2, 3, 5):
+        result = sopot_with_cost(x, p)
+        expected = [reference_sopot(v, p) for v in values]
+        assert result.values.tolist() == [e for e, _ in expected]
+        assert result.shifts.tolist() == [k for _, k in expected]
+
+
+def test_error_shrinks_by_at_least_three_per_term_and_decreases_with_terms():
+    x = torch.randn(2000, dtype=torch.float64) * 5
+    previous = x.abs()
+    for p in range(1, 8):
+        error = sopot_with_cost(x, p).error.abs()
+        # nearest power of two: |r_t| <= |r_{t-1}| / 3 (until the early stop at 1e-6)
+        assert bool((error <= torch.maximum(previous / 3, torch.full_like(previous, 1e-6)) * (1 + 1e-12)).all())
+        assert bool((error <= previous).all())
+        assert float(error.mean()) < float(previous.mean())
+        previous = error
+
+
+def test_exact_sums_of_powers_of_two_have_zero_error():
+    rng = random.Random(1)
+    for _ in range(200):
+        k = rng.randint(1, 4)
+        exponents = rng.sample(range(-12, 12), k)
+        value = sum(rng.choice((-1, 1)) * 2.0**e for e in exponents)
+        result = sopot_with_cost(torch.tensor([value], dtype=torch.float64), k, tol=0.0)
+        assert float(result.error[0]) == 0.0, (value, exponents)
+        assert int(result.shifts[0]) <= k
+
+
+def test_expansion_reconstructs_values_and_costs_count_terms():
+    x = torch.randn(4, 7, dtype=torch.float64)
+    result = sopot_with_cost(x, 4)
+    assert isinstance(result, SOPOTResult)
+    assert result.signs.shape == result.exponents.shape == (4, 7, 4)
+    rebuilt = (result.signs.double() * torch.pow(2.0, result.exponents.double())).sum(-1)
+    assert torch.equal(rebuilt, result.values)
+    assert torch.equal(result.error, x - result.values)
+    used = (result.signs != 0).sum(-1)
+    assert torch.equal(result.shifts, used)
+    assert torch.equal(result.additions, (used - 1).clamp_min(0))
+    zero = sopot_with_cost(torch.zeros(3), 3)
+    assert zero.shifts.tolist() == [0, 0, 0] and zero.additions.tolist() == [0, 0, 0]
+
+
+def test_float32_values_are_exact_powers_and_keep_dtype():
+    x = torch.randn(100)
+    y = sopot(x, 2)
+    assert y.dtype == torch.float32
+    assert torch.equal(y.double(), sopot(x.double(), 2))
+
+
+def test_terms_needed():
+    assert sopot_terms_needed(0.75, 3) == 2
+    assert sopot_terms_needed(0.5, 1) == 1
+    assert sopot_terms_needed(1 / 3, 4) is None
+
+
+@pytest.mark.parametrize("terms", [0, -1, 1.5, True])
+def test_bad_terms_raise(terms):
+    with pytest.raises(ValueError, match="terms"):
+        sopot(torch.ones(2), terms)
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="NaN"):
+        sopot(torch.tensor([1.0, float("nan")]), 2)
+    with pytest.raises(ValueError, match="NaN"):
+        sopot(torch.tensor([float("inf")]), None)
+    with pytest.raises(TypeError, match="floating"):
+        sopot(torch.tensor([1, 2]), 2)
+    with pytest.raises(ValueError, match="sopot\\(x, None\\)"):
+        sopot_with_cost(torch.ones(2), None)
