@@ -25,6 +25,7 @@ from lightning_ortho.transforms.blocks import (
     schedule_layers,
 )
 from lightning_ortho.transforms.costs import OpCount, block_cost, multiplier_cost, row_cost
+from lightning_ortho.transforms.m_dla import MTransformResult, learn_m_stage, learn_m_transform, m_pair_costs
 from lightning_ortho.transforms.sopot import SOPOT_TOLERANCE, SOPOTResult, sopot, sopot_terms_needed, sopot_with_cost
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "SWAP_INDEX",
     "BinaryBlockProduct",
     "BlockProduct",
+    "MTransformResult",
     "OpCount",
     "SOPOTResult",
     "SingularBlockError",
@@ -47,6 +49,9 @@ __all__ = [
     "binary_cores",
     "block_cost",
     "embed_block",
+    "learn_m_stage",
+    "learn_m_transform",
+    "m_pair_costs",
     "multiplier_cost",
     "row_cost",
     "schedule_layers",
