@@ -4,6 +4,7 @@ cores, and products of 2x2 blocks on coordinate pairs (B-, M-, shear- and O-tran
 Pure PyTorch; nothing here imports Lightning.
 """
 
+from lightning_ortho.transforms.b_dla import BTransformResult, learn_b_transform
 from lightning_ortho.transforms.binary_cores import (
     BINARY_CORE_COSTS,
     CORE_INVERSE,
@@ -40,6 +41,7 @@ __all__ = [
     "SOPOT_TOLERANCE",
     "SWAP_INDEX",
     "BinaryBlockProduct",
+    "BTransformResult",
     "BlockProduct",
     "MTransformResult",
     "OpCount",
@@ -49,6 +51,7 @@ __all__ = [
     "binary_cores",
     "block_cost",
     "embed_block",
+    "learn_b_transform",
     "learn_m_stage",
     "learn_m_transform",
     "m_pair_costs",
