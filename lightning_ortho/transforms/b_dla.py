@@ -32,7 +32,7 @@ import torch
 
 from lightning_ortho.transforms.binary_cores import G1_INDICES, IDENTITY_INDEX, SWAP_INDEX, binary_cores
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
-from lightning_ortho.transforms.sparse_codes import keep_largest
+from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest, representation_error
 
 #: Candidate core indices before the first convergence (G1, the spec's t = 1..8) and after it (t = 1..15: every
 #: core except the identity; this includes the swap t = 14, which the author's code disables).
@@ -160,29 +160,11 @@ def sweep(
         _right_transposed(z, i, j, cores[t])
 
 
-def _error(y: torch.Tensor, x: torch.Tensor, d: torch.Tensor, norm: torch.Tensor) -> float:
-    return float(100 * (y - x @ d.T).square().sum() / norm)
-
-
 def _check(y: object, m: object, s: object, iterations: object, tol: object) -> None:
     where = "learn_b_transform"
-    if not isinstance(y, torch.Tensor) or not y.is_floating_point():
-        raise ValueError(f"{where}: Y must be a floating-point tensor (N, n), got {type(y).__name__}.")
-    if y.dim() != 2:
-        raise ValueError(f"{where}: Y must be 2-d (N, n) batch-first, got shape {tuple(y.shape)}.")
-    n = y.shape[1]
-    if n < 2:
-        raise ValueError(f"{where}: Y needs n >= 2 features (blocks act on pairs), got n = {n}.")
-    if y.shape[0] < 1:
-        raise ValueError(f"{where}: Y has no rows (N = 0).")
-    if not bool(torch.isfinite(y).all()):
-        raise ValueError(f"{where}: Y holds NaN or inf.")
-    if not bool((y != 0).any()):
-        raise ValueError(f"{where}: Y is all zeros; the relative error 100 ||Y - X D^T||^2 / ||Y||^2 is undefined.")
+    check_training_data(y, s, where)
     if not isinstance(m, int) or isinstance(m, bool) or m < 1:
         raise ValueError(f"{where}: m must be an int >= 1 (number of blocks), got {m!r}.")
-    if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= n:
-        raise ValueError(f"{where}: s must be an int in [1, {n}] (nonzeros per code), got {s!r}.")
     if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
         raise ValueError(f"{where}: iterations must be an int >= 1 (sweeps), got {iterations!r}.")
     if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not math.isfinite(tol) or tol < 0:
@@ -245,7 +227,6 @@ def learn_b_transform(
         raise TypeError(f"learn_b_transform: allow_swap must be a bool, got {allow_swap!r}.")
     y = Y.detach().to(torch.float64)
     n = y.shape[1]
-    norm = y.square().sum()
 
     # 1. SVD init: the paper's U (left singular vectors of Y_p = Y^T) are the right singular vectors of Y.
     _, _, vh = torch.linalg.svd(y, full_matrices=False)
@@ -261,7 +242,7 @@ def learn_b_transform(
     # 3. Codes for the initial transform.
     d = dense()
     x = keep_largest(y @ d, s)
-    initial_error = _error(y, x, d, norm)
+    initial_error = float(representation_error(y, x, d))
 
     errors: list[float] = []
     widened_at: int | None = None
@@ -270,7 +251,7 @@ def learn_b_transform(
         sweep(y, x, d, pairs, index, candidates)
         d = dense()
         x = keep_largest(y @ d, s)
-        errors.append(_error(y, x, d, norm))
+        errors.append(float(representation_error(y, x, d)))
         # 5. Stopping rule with one widening of the candidate set.
         if it >= 3 and abs(errors[-1] - errors[-2]) <= tol:
             if widened_at is not None:

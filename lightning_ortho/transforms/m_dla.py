@@ -31,7 +31,7 @@ import torch
 
 from lightning_ortho.transforms.binary_cores import G1_INDICES, binary_cores
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
-from lightning_ortho.transforms.sparse_codes import keep_largest, representation_error
+from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest, representation_error
 
 
 @dataclass
@@ -111,24 +111,10 @@ def learn_m_stage(data: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor
 
 def _check_inputs(data: object, q: object, s: object, rounds: object, generator: object) -> None:
     where = "learn_m_transform"
-    if not isinstance(data, torch.Tensor) or not data.is_floating_point():
-        raise ValueError(f"{where}: Y must be a floating-point torch.Tensor (N, n).")
-    if data.dim() != 2:
-        raise ValueError(f"{where}: Y must be 2-d (N, n), batch-first, got shape {tuple(data.shape)}.")
-    n = data.shape[1]
-    if n < 2 or n % 2:
-        raise ValueError(f"{where}: n (= Y.shape[1]) must be even and >= 2 (stages are perfect matchings), got {n}.")
-    if data.shape[0] < 1:
-        raise ValueError(f"{where}: Y needs at least one sample (row), got shape {tuple(data.shape)}.")
-    if not bool(torch.isfinite(data).all()):
-        raise ValueError(f"{where}: Y holds NaN or inf.")
-    if not float(data.square().sum()) > 0:
-        raise ValueError(f"{where}: Y is all zero; the relative error is undefined.")
+    check_training_data(data, s, where, even=True)
     for name, value in (("q", q), ("rounds", rounds)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{where}: {name} must be an int >= 1, got {value!r}.")
-    if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= n:
-        raise ValueError(f"{where}: s must be an int in [1, {n}] (nonzeros per sample), got {s!r}.")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"{where}: generator must be a torch.Generator or None, got {type(generator).__name__}.")
 
