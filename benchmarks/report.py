@@ -31,6 +31,14 @@ class ReportError(ValueError):
 ORTHOGONAL_COLUMNS = ("aux", "householder_wy", "householder_sequential", "torch_householder", "cayley", "matrix_exp")
 
 
+def claims_table(claims: list[dict]) -> list[str]:
+    """The markdown lines of a result's claims (preceded by a blank line): claim, measured figure, holds."""
+    lines = ["", "| claim | measured | holds |", "|---|---:|:---:|"]
+    for claim in claims:
+        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
+    return lines
+
+
 def _fmt_ratio(row: dict | None) -> str:
     if row is None:
         return ""
@@ -96,10 +104,7 @@ def render_bench_orthogonal(data: dict) -> str:
         fcnn_skipped = sorted({r["skipped"] for r in fcnn if "skipped" in r})
         if fcnn_skipped:
             lines += ["", "Skipped: " + "; ".join(fcnn_skipped) + "."]
-    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
-    for claim in data["claims"]:
-        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
-    return "\n".join(lines)
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 #: metric of a reproduction's curves -> (column label, decimals)
@@ -155,10 +160,7 @@ def render_reproduction(data: dict) -> str:
             lines.append(f"| {kind} | {good} of {len(mine)} | {100 * flips:.2f}% |")
     if not data["claims"]:
         return "\n".join(lines)
-    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
-    for claim in data["claims"]:
-        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
-    return "\n".join(lines)
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 def render_bench_flows(data: dict) -> str:
@@ -181,10 +183,7 @@ def render_bench_flows(data: dict) -> str:
             f"| {row['step_vs_lu']:.1f}x | {inverse} "
             f"| {newton} | {row.get('newton_failures', '')} |"
         )
-    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
-    for claim in data["claims"]:
-        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
-    return "\n".join(lines)
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 def render_rnn_initial_loss(data: dict) -> str:
@@ -200,10 +199,7 @@ def render_rnn_initial_loss(data: dict) -> str:
             f"| {row['scaling']} | {row['transition']} | {row['initial_loss']:.2f} | {row['final_state_norm']:.1f} "
             f"| {row['logit_std']:.2f} |"
         )
-    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
-    for claim in data["claims"]:
-        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
-    return "\n".join(lines)
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 def render_reproduce_uoro(data: dict) -> str:
@@ -234,10 +230,7 @@ def render_reproduce_uoro(data: dict) -> str:
             f"| {method} | " + " / ".join(f"{r['total_variance']:.4g}" for r in mine)
             + f" | {gain:.3g}x | {predicted} | {bias:.3f} (± {bias_se:.3f}) | {z:.2f} | {ms:.0f} |"
         )
-    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
-    for claim in data["claims"]:
-        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
-    return "\n".join(lines)
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 def _online_label(row: dict) -> str:
@@ -323,10 +316,7 @@ def render_bench_online(data: dict) -> str:
         for (name, hidden, reason), where in skipped.items():
             when = "timing and every T" if "time" in where else "T = " + ", ".join(str(t) for t in where)
             lines.append(f"- {name} at H = {hidden} ({when}): {reason}.")
-    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
-    for claim in data["claims"]:
-        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
-    return "\n".join(lines)
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 def render_reproduce_uoro_training(data: dict) -> str:
@@ -353,10 +343,7 @@ def render_reproduce_uoro_training(data: dict) -> str:
                 final += f" (stopped: {blew[0]['diverged'].split(':')[0]})"
             seconds = f"{last['train_seconds']:.0f}" if last else ""
             lines.append(f"| {task} | {method} | {final} | {last.get('epoch', '')} | {seconds} |")
-    lines += ["", "| claim | measured | holds |", "|---|---:|:---:|"]
-    for claim in data["claims"]:
-        lines.append(f"| {claim['claim']} | {claim['figure']} | {'yes' if claim['holds'] else '**no**'} |")
-    return "\n".join(lines)
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 RENDERERS = {
