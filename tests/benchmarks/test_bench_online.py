@@ -55,7 +55,7 @@ def test_quick_benchmark_writes_schema(tmp_path, monkeypatch):
         return
     for row in memory:
         assert "skipped" not in row, row
-        assert row["peak_memory_mb"] >= 0 and row["run_s"] > 0 and row["baseline_rss_mb"] > 0
+        assert row["run_s"] > 0 and row["baseline_rss_mb"] > 0  # peak memory: the BPTT growth check below
         assert row["in_use_mb"] < 1 and row["heap_mb"] < 5  # tiny H: nothing big is kept
         assert (row["state_mb"] is None) == (row["method"] in ("forward", "bptt"))
     bptt = {r["T"]: r["peak_memory_mb"] for r in memory if r["method"] == "bptt"}
