@@ -143,15 +143,14 @@ class OnlineRNNModule(pl.LightningModule):
         carry = self.carry
         self._begin_chunk(chunk)
         x = chunk.x.to(carry.state.h.dtype)
-        loss_sum, count = torch.zeros((), device=x.device, dtype=torch.float64), 0
+        loss_sum = torch.zeros((), device=x.device, dtype=torch.float64)
+        # Which steps have a loss, and how many entries: read once per chunk (one host sync, not one per step).
+        active, count = chunk.mask.any(0).tolist(), int(chunk.mask.sum())
         for t in range(chunk.steps):
             with _no_autocast(x):
                 h, carry.state = self.estimator.step(x[:, t], carry.state)
-            mask = chunk.mask[:, t]
-            n = int(mask.sum())
-            if n:
-                loss_sum = loss_sum + self._accumulate(h, chunk.y[:, t], mask, chunk.streams)
-                count += n
+            if active[t]:
+                loss_sum = loss_sum + self._accumulate(h, chunk.y[:, t], chunk.mask[:, t], chunk.streams)
             carry.window_steps += 1
             if carry.window_steps == self.update_every:
                 self._update()
