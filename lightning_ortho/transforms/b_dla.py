@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from lightning_ortho.transforms.binary_cores import G1_INDICES, IDENTITY_INDEX, SWAP_INDEX, binary_cores
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
-from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest, representation_error
+from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
+from lightning_ortho.transforms.statistics import TransformStatistics, fit_in_memory, principal_basis
 
 #: Candidate core indices before the first convergence (G1, the spec's t = 1..8) and after it (t = 1..15: every
 #: core except the identity; this includes the swap t = 14, which the author's code disables).
@@ -108,21 +110,19 @@ def _right_transposed(z: torch.Tensor, i: int, j: int, core: torch.Tensor) -> No
     z[:, [i, j]] = cols @ core.T
 
 
-def greedy_init(
-    y: torch.Tensor, x: torch.Tensor, m: int, candidates: torch.Tensor
-) -> tuple[list[tuple[int, int]], list[int]]:
-    """Step 2: ``Z <- Y^T X``; ``m`` times pick ``B_k`` by eq. (10), then ``Z <- Z B_k^T`` (i.e. ``X <- X B_k^T``).
+def greedy_init(z: torch.Tensor, m: int, candidates: torch.Tensor) -> tuple[list[tuple[int, int]], list[int]]:
+    """Step 2: from ``Z = Y^T X``, ``m`` times pick ``B_k`` by eq. (10), then ``Z <- Z B_k^T`` (``X <- X B_k^T``).
 
     Args:
-        y, x: ``(N, n)`` float64 data and codes. m: number of blocks. candidates: ``(T,)`` int64 core indices.
+        z: ``(n, n)`` float64 ``Y^T X`` (not modified). m: number of blocks. candidates: ``(T,)`` core indices.
 
     Returns:
         ``pairs`` (``m`` tuples ``(i, j)``, ``i < j``) and ``index`` (``m`` core indices), block 0 acting first.
     """
-    cores = binary_cores(y.dtype, y.device)
+    cores = binary_cores(z.dtype, z.device)
     pairs: list[tuple[int, int]] = []
     index: list[int] = []
-    z = y.T @ x
+    z = z.clone()
     for _ in range(m):
         i, j, k, _cost = best_block(z, candidates)
         pairs.append((i, j))
@@ -131,26 +131,20 @@ def greedy_init(
     return pairs, index
 
 
-def sweep(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    d: torch.Tensor,
-    pairs: list[tuple[int, int]],
-    index: list[int],
-    candidates: torch.Tensor,
-) -> None:
-    """One sweep of step 4, re-picking every block in place in ``pairs`` / ``index`` (codes ``x`` fixed).
-
-    ``Z <- (Y D)^T X = B^T Y_p X_p^T``; for ``k = 1..m``: ``Z <- B_k Z`` (so ``Z = Y_k X_k^T``, eq. 12 with the
-    blocks ``< k`` already re-picked), ``B_k <-`` eq. (10) on ``Z``, ``Z <- Z B_k^T``.
+def sweep(z: torch.Tensor, pairs: list[tuple[int, int]], index: list[int], candidates: torch.Tensor) -> None:
+    """One sweep of step 4, re-picking every block in place in ``pairs`` / ``index`` (codes fixed).
 
     Args:
-        y, x: ``(N, n)`` float64 data and codes. d: ``(n, n)`` the current ``D`` built from ``pairs`` / ``index``.
+        z: ``(n, n)`` float64 ``(Y D)^T X = D^T Y^T X`` (the paper's ``B^T Y_p X_p^T``) for the current ``D``
+            built from ``pairs`` / ``index`` (not modified).
         pairs, index: the blocks (``m`` entries each), modified in place.
         candidates: ``(T,)`` int64 candidate core indices.
+
+    For ``k = 1..m``: ``Z <- B_k Z`` (so ``Z = Y_k X_k^T``, eq. 12 with the blocks ``< k`` already re-picked),
+    ``B_k <-`` eq. (10) on ``Z``, ``Z <- Z B_k^T``.
     """
-    cores = binary_cores(y.dtype, y.device)
-    z = (y @ d).T @ x
+    cores = binary_cores(z.dtype, z.device)
+    z = z.clone()
     for k in range(len(pairs)):
         i, j = pairs[k]
         _left(z, i, j, cores[index[k]])
@@ -160,15 +154,135 @@ def sweep(
         _right_transposed(z, i, j, cores[t])
 
 
-def _check(y: object, m: object, s: object, iterations: object, tol: object) -> None:
+class BTransformLearner:
+    """B_m-DLA as one alternation per pass over the data (:class:`~lightning_ortho.transforms.statistics.
+    TransformLearner`): what :func:`learn_b_transform` runs in memory and the Lightning module runs on a stream.
+
+    Passes: (0) the Gram matrix ``Y^T Y`` gives the principal basis ``V`` (step 1); (1) codes ``T_s(Y V)`` give
+    ``Z`` and the greedy init (step 2); (2, 3, ...) codes ``T_s(Y D)`` give the error of ``D`` (the first one is
+    ``initial_error``, step 3) and ``Z`` for one sweep (step 4), until the stopping rule of step 5 or
+    ``iterations`` sweeps. The last pass only measures: its codes are the final ``T_s(Y D)``.
+
+    Args:
+        n: features (``>= 2``). m, s, iterations, tol, allow_swap: as :func:`learn_b_transform`.
+
+    Raises:
+        ValueError: an argument out of range (see :func:`learn_b_transform`).
+    """
+
+    def __init__(
+        self, n: int, m: int, s: int, *, iterations: int = 10, tol: float = 1e-5, allow_swap: bool = True
+    ) -> None:
+        _check_settings(n, m, s, iterations, tol, allow_swap)
+        self.n, self.m, self.s = n, m, s
+        self.iterations, self.tol, self.allow_swap = iterations, float(tol), allow_swap
+        self.phase = "basis"
+        self.basis: torch.Tensor | None = None
+        self.pairs: list[tuple[int, int]] = []
+        self.index: list[int] = []
+        self.initial_error = math.nan
+        self.errors: list[float] = []
+        self.widened_at: int | None = None
+        self.finished = False
+        self._dense: torch.Tensor | None = None
+
+    @property
+    def needs_gram(self) -> bool:
+        return self.phase == "basis"
+
+    def candidates(self) -> torch.Tensor:
+        """The current candidate cores: G1 before the widening, all 15 non-identity cores (or 14) after."""
+        if self.widened_at is None:
+            return torch.tensor(NARROW_CANDIDATES, dtype=torch.int64)
+        return torch.tensor([k for k in WIDE_CANDIDATES if self.allow_swap or k != SWAP_INDEX], dtype=torch.int64)
+
+    def transform(self, dtype: torch.dtype = torch.float64) -> BinaryBlockProduct:
+        """The current ``D = B_m ... B_1`` (the identity with no blocks before the greedy init)."""
+        return BinaryBlockProduct(self.n, self.pairs, self.index, dtype=dtype)
+
+    def dictionary(self) -> torch.Tensor:
+        """The dense float64 ``(n, n)`` ``D`` (cached until the blocks change)."""
+        if self._dense is None:
+            self._dense = self.transform().matrix()
+        return self._dense
+
+    def encode(self, data: torch.Tensor) -> torch.Tensor | None:
+        """Codes of a batch ``(B, n)`` for this pass (float64): ``None``, ``T_s(Y V)`` or ``T_s(Y D)``."""
+        if self.phase == "basis":
+            return None
+        y = data.detach().to(torch.float64)
+        basis = self.basis if self.phase == "greedy" else self.dictionary()
+        assert basis is not None
+        return keep_largest(y @ basis.to(y.device), self.s)
+
+    def update(self, statistics: TransformStatistics) -> float | None:
+        """End of a pass: the next step of Algorithm 2 from the pass's sums; returns the pass's error."""
+        if self.finished:
+            raise RuntimeError("BTransformLearner.update: the learner has finished; start a new one to learn again.")
+        if self.phase == "basis":
+            self.basis = principal_basis(statistics.gram).cpu()
+            self.phase = "greedy"
+            return None
+        if self.phase == "greedy":
+            assert self.basis is not None
+            error = statistics.error(self.basis)
+            self.pairs, self.index = greedy_init(statistics.cross.cpu(), self.m, self.candidates())
+            self._dense = None
+            self.phase = "sweep"
+            return error
+        d = self.dictionary()
+        error = statistics.error(d)
+        if math.isnan(self.initial_error):
+            self.initial_error = error
+        else:
+            self.errors.append(error)
+            it = len(self.errors)
+            if it >= 3 and abs(self.errors[-1] - self.errors[-2]) <= self.tol:
+                if self.widened_at is not None:
+                    self.finished = True
+                    return error
+                self.widened_at = it  # step 5: widen the candidates from G1 and sweep on
+            if it >= self.iterations:
+                self.finished = True
+                return error
+        sweep(d.T @ statistics.cross.cpu(), self.pairs, self.index, self.candidates())
+        self._dense = None
+        return error
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume (plain Python values and one tensor)."""
+        return {
+            "phase": self.phase,
+            "basis": self.basis,
+            "pairs": list(self.pairs),
+            "index": list(self.index),
+            "initial_error": self.initial_error,
+            "errors": list(self.errors),
+            "widened_at": self.widened_at,
+            "finished": self.finished,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.phase, self.basis = state["phase"], state["basis"]
+        self.pairs = [tuple(p) for p in state["pairs"]]  # type: ignore[misc]
+        self.index = list(state["index"])
+        self.initial_error, self.errors = state["initial_error"], list(state["errors"])
+        self.widened_at, self.finished = state["widened_at"], state["finished"]
+        self._dense = None
+
+
+def _check_settings(n: object, m: object, s: object, iterations: object, tol: object, allow_swap: object) -> None:
     where = "learn_b_transform"
-    check_training_data(y, s, where)
     if not isinstance(m, int) or isinstance(m, bool) or m < 1:
         raise ValueError(f"{where}: m must be an int >= 1 (number of blocks), got {m!r}.")
+    if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= n:  # type: ignore[operator]
+        raise ValueError(f"{where}: s must be an int in [1, {n}] (nonzeros per sample), got {s!r}.")
     if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
         raise ValueError(f"{where}: iterations must be an int >= 1 (sweeps), got {iterations!r}.")
     if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not math.isfinite(tol) or tol < 0:
         raise ValueError(f"{where}: tol must be a finite number >= 0 (percent), got {tol!r}.")
+    if not isinstance(allow_swap, bool):
+        raise TypeError(f"{where}: allow_swap must be a bool, got {allow_swap!r}.")
 
 
 def learn_b_transform(
@@ -185,7 +299,8 @@ def learn_b_transform(
 
     Steps (``Z`` as in the module docstring, ``T_s`` = :func:`keep_largest`):
 
-    1. SVD init: ``Y = U' S V^T`` (batch-first; the paper's ``U`` is ``V``), ``X <- T_s(Y V)``, ``D = I``.
+    1. SVD init: ``Y = U' S V^T`` (batch-first; the paper's ``U`` is ``V``), ``X <- T_s(Y V)``, ``D = I``; ``V``
+       from the Gram matrix ``Y^T Y`` with a fixed column order and sign (:func:`principal_basis`).
     2. Greedy init: ``Z <- Y^T X``; for ``k = 1..m`` pick ``B_k`` by eq. (10) among G1, then ``Z <- Z B_k^T``.
     3. ``X <- T_s(Y D)``.
     4. Sweep ``it = 1..iterations``: ``Z <- (Y D)^T X``; for each ``k``: ``Z <- B_k Z`` (now ``Z_k = Y_k X_k^T``,
@@ -222,43 +337,10 @@ def learn_b_transform(
         TypeError: ``allow_swap`` is not a bool.
     """
     del generator
-    _check(Y, m, s, iterations, tol)
-    if not isinstance(allow_swap, bool):
-        raise TypeError(f"learn_b_transform: allow_swap must be a bool, got {allow_swap!r}.")
+    n = check_training_data(Y, s, "learn_b_transform")
+    learner = BTransformLearner(n, m, s, iterations=iterations, tol=tol, allow_swap=allow_swap)
     y = Y.detach().to(torch.float64)
-    n = y.shape[1]
-
-    # 1. SVD init: the paper's U (left singular vectors of Y_p = Y^T) are the right singular vectors of Y.
-    _, _, vh = torch.linalg.svd(y, full_matrices=False)
-    x = keep_largest(y @ vh.T, s)
-
-    # 2. Greedy init with the G1 candidates.
-    candidates = torch.tensor(NARROW_CANDIDATES, dtype=torch.int64, device=y.device)
-    pairs, index = greedy_init(y, x, m, candidates)
-
-    def dense() -> torch.Tensor:
-        return BinaryBlockProduct(n, pairs, index, dtype=torch.float64).matrix()
-
-    # 3. Codes for the initial transform.
-    d = dense()
-    x = keep_largest(y @ d, s)
-    initial_error = float(representation_error(y, x, d))
-
-    errors: list[float] = []
-    widened_at: int | None = None
-    for it in range(1, iterations + 1):
-        # 4. One sweep: Z = B^T Y_p X_p^T = (Y D)^T X, then peel and re-pick every block in product order.
-        sweep(y, x, d, pairs, index, candidates)
-        d = dense()
-        x = keep_largest(y @ d, s)
-        errors.append(float(representation_error(y, x, d)))
-        # 5. Stopping rule with one widening of the candidate set.
-        if it >= 3 and abs(errors[-1] - errors[-2]) <= tol:
-            if widened_at is not None:
-                break
-            widened_at = it
-            wide = [k for k in WIDE_CANDIDATES if allow_swap or k != SWAP_INDEX]
-            candidates = torch.tensor(wide, dtype=torch.int64, device=y.device)
-
-    transform = BinaryBlockProduct(n, pairs, index, dtype=Y.dtype)
-    return BTransformResult(transform, x.to(Y.dtype), errors, widened_at, initial_error)
+    fit_in_memory(learner, y)
+    codes = keep_largest(y @ learner.dictionary().to(y.device), s)
+    transform = learner.transform(Y.dtype).to(Y.device)
+    return BTransformResult(transform, codes.to(Y.dtype), learner.errors, learner.widened_at, learner.initial_error)

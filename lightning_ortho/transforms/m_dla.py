@@ -25,13 +25,15 @@ One stage (eqs. 7, 8, 16), with later stages taken as the identity:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 import torch
 
 from lightning_ortho.transforms.binary_cores import G1_INDICES, binary_cores
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
-from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest, representation_error
+from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
+from lightning_ortho.transforms.statistics import TransformStatistics, fit_in_memory, principal_basis
 
 
 @dataclass
@@ -91,7 +93,12 @@ def learn_m_stage(data: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor
     n = data.shape[1]
     if n % 2:
         raise ValueError(f"learn_m_stage: n must be even for a perfect matching, got n = {n}.")
-    z = data.T @ codes  # Z = Y X^T in the paper's orientation
+    return m_stage_from_cross(data.T @ codes)  # Z = Y X^T in the paper's orientation
+
+
+def m_stage_from_cross(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`learn_m_stage` from ``Z = Yb^T Xb`` ``(n, n)`` alone (``n`` even): same returns."""
+    n = z.shape[0]
     costs = m_pair_costs(z).double().cpu()
     best, argbest = costs.min(dim=2)
     graph = nx.Graph()
@@ -107,6 +114,101 @@ def learn_m_stage(data: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor
     pair_tensor = torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
     core_index = torch.tensor([G1_INDICES[int(argbest[i, j])] for i, j in pairs], dtype=torch.int64)
     return pair_tensor, core_index
+
+
+class MTransformLearner:
+    """M_q-DLA as one alternation per pass over the data (:class:`~lightning_ortho.transforms.statistics.
+    TransformLearner`): what :func:`learn_m_transform` runs in memory and the Lightning module runs on a stream.
+
+    Passes: (0) the Gram matrix gives the principal basis ``U`` (step 1); then each pass's codes (``T_s(Y U)`` the
+    first time, ``T_s(Y M)`` after) give ``Z = Y^T X`` and every stage is rebuilt from it, ``Z_{l+1} = Z_l
+    Mbar_l^T`` (step 2; ``X_{l+1} = X_l Mbar_l^T``); the pass after round ``r`` measures its error (step 3).
+    ``rounds`` rounds take ``rounds + 2`` passes; the last one only measures.
+
+    Raises:
+        ValueError: ``n`` odd, ``q``/``rounds`` not ints ``>= 1`` or ``s`` not in ``[1, n]``.
+    """
+
+    def __init__(self, n: int, q: int, s: int, *, rounds: int = 1) -> None:
+        where = "learn_m_transform"
+        if not isinstance(n, int) or n < 2 or n % 2:
+            raise ValueError(f"{where}: n must be even (its stages are perfect matchings), got n = {n}.")
+        for name, value in (("q", q), ("rounds", rounds)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{where}: {name} must be an int >= 1, got {value!r}.")
+        if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= n:
+            raise ValueError(f"{where}: s must be an int in [1, {n}] (nonzeros per sample), got {s!r}.")
+        self.n, self.q, self.s, self.rounds = n, q, s, rounds
+        self.basis: torch.Tensor | None = None
+        self.pairs: torch.Tensor | None = None
+        self.core_index: torch.Tensor | None = None
+        self.errors: list[float] = []
+        self.finished = False
+        self._dense: torch.Tensor | None = None
+
+    @property
+    def needs_gram(self) -> bool:
+        return self.basis is None
+
+    def transform(self, dtype: torch.dtype = torch.float64) -> BinaryBlockProduct:
+        """The current ``M`` (no blocks, the identity, before the first round)."""
+        if self.pairs is None or self.core_index is None:
+            return BinaryBlockProduct(self.n, [], [], dtype=dtype)
+        return BinaryBlockProduct(self.n, self.pairs, self.core_index, dtype=dtype)
+
+    def dictionary(self) -> torch.Tensor:
+        """Dense float64 ``(n, n)`` ``M`` (cached until the stages change)."""
+        if self._dense is None:
+            self._dense = self.transform().matrix()
+        return self._dense
+
+    def encode(self, data: torch.Tensor) -> torch.Tensor | None:
+        if self.basis is None:
+            return None
+        y = data.detach().to(torch.float64)
+        basis = self.basis if self.pairs is None else self.dictionary()
+        return keep_largest(y @ basis.to(y.device), self.s)
+
+    def update(self, statistics: TransformStatistics) -> float | None:
+        """End of a pass: the next step of Algorithm 3 from the pass's sums; returns the pass's error."""
+        if self.finished:
+            raise RuntimeError("MTransformLearner.update: the learner has finished; start a new one to learn again.")
+        if self.basis is None:
+            self.basis = principal_basis(statistics.gram).cpu()
+            return None
+        if self.pairs is None:
+            error = statistics.error(self.basis)
+        else:
+            error = statistics.error(self.dictionary())
+            self.errors.append(error)
+            if len(self.errors) >= self.rounds:
+                self.finished = True
+                return error
+        z = statistics.cross.cpu()
+        all_pairs, all_cores = [], []
+        for _stage in range(self.q):
+            pairs, core_index = m_stage_from_cross(z)
+            stage = BinaryBlockProduct(self.n, pairs, core_index, dtype=torch.float64)
+            z = z @ stage.matrix().T  # Z_{l+1} = Y^T X_l Mbar_l^T
+            all_pairs.append(pairs)
+            all_cores.append(core_index)
+        self.pairs, self.core_index = torch.cat(all_pairs), torch.cat(all_cores)
+        self._dense = None
+        return error
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "basis": self.basis,
+            "pairs": self.pairs,
+            "core_index": self.core_index,
+            "errors": list(self.errors),
+            "finished": self.finished,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.basis, self.pairs, self.core_index = state["basis"], state["pairs"], state["core_index"]
+        self.errors, self.finished = list(state["errors"]), state["finished"]
+        self._dense = None
 
 
 def _check_inputs(data: object, q: object, s: object, rounds: object, generator: object) -> None:
@@ -131,7 +233,8 @@ def learn_m_transform(
 
     Steps (batch-first, see the module docstring for the orientation):
 
-    1. ``X <- T_s(Y U)``, ``U`` the left singular vectors of ``Y^T`` (the paper's SVD initialisation).
+    1. ``X <- T_s(Y U)``, ``U`` the left singular vectors of ``Y^T`` (the paper's SVD initialisation; from the
+       Gram matrix ``Y^T Y`` with a fixed column order and sign, :func:`principal_basis`).
     2. For ``l = 1..q``: ``Z = Y^T X_l`` with ``X_1 = X``; ``Mbar_l`` = maximum-weight perfect matching of
        ``w_ij = -min_{t in G1} C_ij^(t)`` with argmin cores (:func:`learn_m_stage`); ``X_{l+1} = X_l Mbar_l^T``.
     3. ``X <- T_s(Y M)``, record ``100 ||Y - X M^T||^2 / ||Y||^2``.
@@ -155,25 +258,10 @@ def learn_m_transform(
             ints ``>= 1``, ``s`` not an int in ``[1, n]``, or ``generator`` neither ``None`` nor a Generator.
     """
     _check_inputs(Y, q, s, rounds, generator)
-    data = Y.detach()
-    count, n = data.shape
-    u = torch.linalg.svd(data.T, full_matrices=count < n).U  # (n, n): Y = U S V^T in the paper's orientation
-    codes = keep_largest(data @ u, s)
-    errors: list[float] = []
-    transform = None
-    for _ in range(rounds):
-        all_pairs, all_cores = [], []
-        stage_input = codes
-        for _stage in range(q):
-            pairs, core_index = learn_m_stage(data, stage_input)
-            stage = BinaryBlockProduct(n, pairs, core_index, dtype=data.dtype).to(data.device)
-            stage_input = stage(stage_input)  # X_{l+1} = Mbar_l X_l
-            all_pairs.append(pairs)
-            all_cores.append(core_index)
-        transform = BinaryBlockProduct(n, torch.cat(all_pairs), torch.cat(all_cores), dtype=data.dtype)
-        transform = transform.to(data.device)
-        dictionary = transform.matrix()
-        codes = keep_largest(data @ dictionary, s)
-        errors.append(float(representation_error(data, codes, dictionary)))
-    assert transform is not None
-    return MTransformResult(transform=transform, codes=codes, errors=errors)
+    n = Y.shape[1]
+    learner = MTransformLearner(n, q, s, rounds=rounds)
+    data = Y.detach().to(torch.float64)
+    fit_in_memory(learner, data)
+    codes = keep_largest(data @ learner.dictionary().to(data.device), s)
+    transform = learner.transform(Y.dtype).to(Y.device)
+    return MTransformResult(transform=transform, codes=codes.to(Y.dtype), errors=learner.errors)

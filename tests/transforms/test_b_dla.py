@@ -69,7 +69,7 @@ def test_greedy_init_picks_match_brute_force() -> None:
     _, _, vh = torch.linalg.svd(y, full_matrices=False)
     x = keep_largest(y @ vh.T, 2)
     cores = binary_cores()
-    pairs, index = greedy_init(y, x, 3, G1)
+    pairs, index = greedy_init(y.T @ x, 3, G1)
     current = x
     for (i, j), k in zip(pairs, index, strict=True):
         values = {
@@ -107,7 +107,7 @@ def test_sweep_repicks_each_block_as_brute_force_argmin(candidates: torch.Tensor
         best = min(values.values())
         i, j, t = next(key for key, value in values.items() if value <= best + 1e-9)
         expected_pairs[k], expected_index[k] = (i, j), t
-    sweep(y, x, _dense(n, pairs, index), pairs, index, candidates)
+    sweep((y @ _dense(n, pairs, index)).T @ x, pairs, index, candidates)
     assert pairs == expected_pairs
     assert index == expected_index
 
@@ -232,15 +232,16 @@ def test_svd_init_codes_are_principal_components(monkeypatch: pytest.MonkeyPatch
     captured: list[torch.Tensor] = []
     original = b_dla.greedy_init
 
-    def spy(y: torch.Tensor, x: torch.Tensor, m: int, candidates: torch.Tensor):  # noqa: ANN202
-        captured.append(x.clone())
-        return original(y, x, m, candidates)
+    def spy(z: torch.Tensor, m: int, candidates: torch.Tensor):  # noqa: ANN202
+        captured.append(z.clone())
+        return original(z, m, candidates)
 
     monkeypatch.setattr(b_dla, "greedy_init", spy)
     g = torch.Generator().manual_seed(9)
     y = torch.randn(100, 5, generator=g, dtype=torch.float64) @ torch.randn(5, 5, generator=g, dtype=torch.float64)
     learn_b_transform(y, 2, 5, iterations=1)
-    (x,) = captured
+    (z,) = captured
+    x = y @ torch.linalg.solve(y.T @ y, z)  # Z = Y^T X with X = Y V (s = n), so V = (Y^T Y)^{-1} Z
     gram = x.T @ x
     off = gram - torch.diag(torch.diagonal(gram))
     assert float(off.abs().max()) < 1e-9 * float(gram.abs().max())

@@ -14,6 +14,7 @@ from lightning_ortho.transforms import (
 )
 from lightning_ortho.transforms.m_dla import MTransformResult, learn_m_stage, learn_m_transform, m_pair_costs
 from lightning_ortho.transforms.sparse_codes import keep_largest, representation_error
+from lightning_ortho.transforms.statistics import principal_basis
 
 DT = torch.float64
 
@@ -126,7 +127,11 @@ def test_every_learned_stage_is_optimal_given_its_input():
     y = data(6, 100, seed=5)
     q, s = 2, 2
     result = learn_m_transform(y, q, s)
-    x = keep_largest(y @ torch.linalg.svd(y.T, full_matrices=False).U, s)  # step 1 (X = T_s(U^T Y), batch-first)
+    basis = principal_basis(y.T @ y)
+    # step 1 (X = T_s(U^T Y), batch-first); U is the SVD's U up to column signs
+    u = torch.linalg.svd(y.T, full_matrices=False).U
+    torch.testing.assert_close((basis.T @ u).abs(), torch.eye(6, dtype=DT), atol=1e-10, rtol=0)
+    x = keep_largest(y @ basis, s)
     half = 3
     for stage_index in range(q):
         rows = slice(stage_index * half, (stage_index + 1) * half)

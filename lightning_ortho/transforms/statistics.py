@@ -1,0 +1,166 @@
+"""Sufficient statistics of the transform learners, and the protocol that lets them learn from a stream of batches.
+
+Every alternation of the paper's learners (Algorithms 2 and 3, the S-DLA sweep) touches the data only through
+sums over samples. With batch-first data ``Y`` ``(N, n)`` and codes ``X`` ``(N, n)`` (``Y ~ X D^T``) they are
+
+    gram        = Y^T Y        (n, n)   the principal directions for the SVD initialisation,
+    cross       = Y^T X        (n, n)   the paper's Z = Y_p X_p^T (eq. 9),
+    code_gram   = X^T X        (n, n)   the paper's W = X_p X_p^T (shears and O-transforms),
+    data_energy = ||Y||_F^2,   code_energy = ||X||_F^2,   count = N.
+
+Sums over disjoint batches (or processes) add up, so a learner can stream its data once per alternation,
+accumulate :class:`TransformStatistics` batch by batch, all-reduce them across processes and update the transform
+at the end: the result is the same as with all the data in memory, up to the order of floating-point additions.
+The in-memory learners (:func:`~lightning_ortho.transforms.learn_b_transform` and friends) are this loop over one
+batch (:func:`fit_in_memory`), so both routes run the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+import torch
+
+#: Dtype of the accumulated sums (the alternations compare costs that differ in the last digits of float32).
+STATISTICS_DTYPE = torch.float64
+
+
+@dataclass
+class TransformStatistics:
+    """Running sums of one alternation (see the module docstring); all float64 tensors on one device.
+
+    ``gram`` is accumulated only when ``with_gram``; ``cross``/``code_gram``/``code_energy`` only for batches that
+    carry codes. Use :meth:`zeros`, :meth:`add` per batch, :meth:`all_reduce` across processes.
+    """
+
+    gram: torch.Tensor
+    cross: torch.Tensor
+    code_gram: torch.Tensor
+    data_energy: torch.Tensor
+    code_energy: torch.Tensor
+    count: torch.Tensor
+
+    @classmethod
+    def zeros(cls, n: int, device: torch.device | str | None = None) -> TransformStatistics:
+        """Empty sums for ``n`` features."""
+        square = {"dtype": STATISTICS_DTYPE, "device": device}
+        return cls(
+            gram=torch.zeros(n, n, **square),
+            cross=torch.zeros(n, n, **square),
+            code_gram=torch.zeros(n, n, **square),
+            data_energy=torch.zeros((), **square),
+            code_energy=torch.zeros((), **square),
+            count=torch.zeros((), **square),
+        )
+
+    @property
+    def n(self) -> int:
+        return int(self.gram.shape[0])
+
+    def add(self, data: torch.Tensor, codes: torch.Tensor | None, *, with_gram: bool = False) -> None:
+        """Add one batch: ``data`` ``(B, n)`` and its ``codes`` ``(B, n)`` (``None`` while no transform exists).
+
+        Raises:
+            ValueError: shapes are not ``(B, n)`` with this ``n``, or ``data``/``codes`` hold NaN/inf (a clear
+                message instead of statistics that silently turn every later transform into NaN).
+        """
+        if data.dim() != 2 or data.shape[1] != self.n:
+            raise ValueError(f"TransformStatistics.add: data must be (B, {self.n}), got {tuple(data.shape)}.")
+        y = data.detach().to(device=self.gram.device, dtype=STATISTICS_DTYPE)
+        if not bool(torch.isfinite(y).all()):
+            raise ValueError(
+                "TransformStatistics.add: a batch holds NaN or inf features; clean the data module's output "
+                "(or its normalisation) before learning a transform."
+            )
+        self.data_energy += y.square().sum()
+        self.count += y.shape[0]
+        if with_gram:
+            self.gram += y.T @ y
+        if codes is None:
+            return
+        if codes.shape != data.shape:
+            raise ValueError(
+                f"TransformStatistics.add: codes must have the data's shape {tuple(data.shape)}, got "
+                f"{tuple(codes.shape)}."
+            )
+        x = codes.detach().to(device=self.gram.device, dtype=STATISTICS_DTYPE)
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("TransformStatistics.add: the codes hold NaN or inf (the transform is not finite).")
+        self.cross += y.T @ x
+        self.code_gram += x.T @ x
+        self.code_energy += x.square().sum()
+
+    def all_reduce(self, reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace every sum by ``reduce_sum`` of it (e.g. a DDP all-reduce); all sums travel in one tensor."""
+        parts = [getattr(self, f.name) for f in fields(self)]
+        flat = reduce_sum(torch.cat([p.reshape(-1) for p in parts]))
+        offset = 0
+        for f, part in zip(fields(self), parts, strict=True):
+            size = part.numel()
+            setattr(self, f.name, flat[offset : offset + size].view_as(part).clone())
+            offset += size
+
+    def error(self, dictionary: torch.Tensor) -> float:
+        """``100 ||Y - X D^T||_F^2 / ||Y||_F^2`` from the sums: ``||Y||^2 - 2 tr(D^T Z) + tr(D W D^T)``, for any
+        ``(n, n)`` dictionary ``D`` (orthonormal or not)."""
+        d = dictionary.to(device=self.cross.device, dtype=STATISTICS_DTYPE)
+        residual = self.data_energy - 2 * (d * self.cross).sum() + ((d @ self.code_gram) * d).sum()
+        return float(100 * residual / self.data_energy)
+
+
+def principal_basis(gram: torch.Tensor) -> torch.Tensor:
+    """The paper's SVD initialisation from ``gram = Y^T Y``: the right singular vectors of batch-first ``Y``
+    (the paper's ``U``) as the columns of an ``(n, n)`` orthonormal matrix, by decreasing singular value.
+
+    Made deterministic, so every process and every route (streamed or in memory) starts from the same basis:
+    ``torch.linalg.eigh`` in float64, columns sorted by decreasing eigenvalue, each column's sign fixed so its
+    entry of largest magnitude (first one on ties) is positive.
+    """
+    values, vectors = torch.linalg.eigh(gram.to(STATISTICS_DTYPE))
+    vectors = vectors[:, values.argsort(descending=True, stable=True)]
+    pivot = vectors.abs().argmax(dim=0)
+    signs = torch.sign(vectors[pivot, torch.arange(vectors.shape[1], device=vectors.device)])
+    return vectors * torch.where(signs == 0, torch.ones_like(signs), signs)
+
+
+class TransformLearner(Protocol):
+    """One alternation per pass over the data (the protocol the Lightning module and :func:`fit_in_memory` drive).
+
+    Per pass: ``encode(y)`` for every batch (``None`` while only the Gram matrix is needed), the sums collected in
+    :class:`TransformStatistics` (with ``gram`` when ``needs_gram``), then ``update(statistics)`` once, which
+    returns the error of the pass's codes under the transform that produced them (percent; ``None`` when the
+    pass had no codes) and sets ``finished`` when the algorithm has stopped.
+    """
+
+    finished: bool
+
+    @property
+    def needs_gram(self) -> bool: ...
+
+    def encode(self, data: torch.Tensor) -> torch.Tensor | None: ...
+
+    def update(self, statistics: TransformStatistics) -> float | None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def fit_in_memory(learner: TransformLearner, data: torch.Tensor, max_passes: int = 10_000) -> list[float | None]:
+    """Run ``learner`` on ``data`` ``(N, n)`` as one batch per pass until it finishes; returns each pass's error.
+
+    Raises:
+        RuntimeError: the learner did not finish within ``max_passes`` passes.
+    """
+    errors: list[float | None] = []
+    for _ in range(max_passes):
+        if learner.finished:
+            return errors
+        statistics = TransformStatistics.zeros(data.shape[1], data.device)
+        statistics.add(data, learner.encode(data), with_gram=learner.needs_gram)
+        errors.append(learner.update(statistics))
+    if not learner.finished:
+        raise RuntimeError(f"fit_in_memory: the learner did not finish within {max_passes} passes.")
+    return errors
