@@ -1,3 +1,4 @@
+import socket
 from collections.abc import Callable
 
 import pytest
@@ -8,6 +9,13 @@ import torch
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def free_port() -> int:
+    """A free TCP port for a DDP rendezvous (Lightning caches MASTER_PORT; a fresh one per run avoids reuse)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def make_tiny_trainer(root, **kwargs) -> pl.Trainer:

@@ -1,6 +1,5 @@
 """Multi-process training (DDP, spawned on CPU), exact checkpoint/resume, and bf16 mixed precision."""
 
-import socket
 
 import pytest
 import pytorch_lightning as pl
@@ -10,7 +9,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_ortho.datamodules import DigitsDataModule, SequentialImageDataModule
 from lightning_ortho.models import OrthogonalClassifier, OrthogonalRNNClassifier
-from tests.conftest import make_tiny_trainer
+from tests.conftest import free_port, make_tiny_trainer
 
 
 def fcnn(batch_size: int, shuffle: bool = True):
@@ -43,12 +42,6 @@ def same_global_batches(data, per_rank_batch: int, world_size: int = 2):
     steps = len(ranks[0]) // per_rank_batch
     batches = [sum((rank[t * per_rank_batch : (t + 1) * per_rank_batch] for rank in ranks), []) for t in range(steps)]
     return DataLoader(dataset, batch_sampler=batches)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("name", BUILDERS)

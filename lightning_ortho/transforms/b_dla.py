@@ -33,6 +33,7 @@ import torch
 
 from lightning_ortho.transforms.binary_cores import G1_INDICES, IDENTITY_INDEX, SWAP_INDEX, binary_cores
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
+from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
 from lightning_ortho.transforms.statistics import TransformStatistics, fit_in_memory, principal_basis
 
@@ -214,6 +215,14 @@ class BTransformLearner:
         basis = self.basis if self.phase == "greedy" else self.dictionary()
         assert basis is not None
         return keep_largest(y @ basis.to(y.device), self.s)
+
+    def op_count(self) -> OpCount:
+        """Operations of one ``D x``: 2 additions + 2 multiplications per G1 block, none per G2 block."""
+        return self.transform().op_count()
+
+    def code(self, data: torch.Tensor) -> torch.Tensor:
+        """Best ``s``-sparse codes of a batch ``(B, n)`` under the current transform, ``T_s(Y D)`` (float64)."""
+        return keep_largest(data.detach().to(torch.float64) @ self.dictionary().to(data.device), self.s)
 
     def update(self, statistics: TransformStatistics) -> float | None:
         """End of a pass: the next step of Algorithm 2 from the pass's sums; returns the pass's error."""

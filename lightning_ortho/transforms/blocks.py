@@ -304,7 +304,8 @@ class BinaryBlockProduct(BlockProduct):
         *,
         dtype: torch.dtype | None = None,
     ) -> None:
-        index = torch.as_tensor(core_index)
+        # An empty list (no blocks: the identity) has no element to infer an integer dtype from.
+        index = torch.as_tensor(core_index) if len(core_index) else torch.empty(0, dtype=torch.int64)
         if index.is_floating_point() or index.dtype == torch.bool:
             raise TypeError(f"BinaryBlockProduct: core_index must hold integers, got dtype {index.dtype}.")
         index = index.detach().to(device="cpu", dtype=torch.int64)

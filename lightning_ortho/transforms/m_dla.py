@@ -32,6 +32,7 @@ import torch
 
 from lightning_ortho.transforms.binary_cores import G1_INDICES, binary_cores
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
+from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
 from lightning_ortho.transforms.statistics import TransformStatistics, fit_in_memory, principal_basis
 
@@ -168,6 +169,15 @@ class MTransformLearner:
         y = data.detach().to(torch.float64)
         basis = self.basis if self.pairs is None else self.dictionary()
         return keep_largest(y @ basis.to(y.device), self.s)
+
+    def op_count(self) -> OpCount:
+        """Operations of one ``M x`` as the paper counts them: ``nq`` additions and ``n`` multiplications (shifts
+        for even ``q``), the ``2^{-1/2}`` factors deferred (``BinaryBlockProduct.op_count(defer_scaling=True)``)."""
+        return self.transform().op_count(defer_scaling=True)
+
+    def code(self, data: torch.Tensor) -> torch.Tensor:
+        """Best ``s``-sparse codes of a batch ``(B, n)`` under the current transform, ``T_s(Y D)`` (float64)."""
+        return keep_largest(data.detach().to(torch.float64) @ self.dictionary().to(data.device), self.s)
 
     def update(self, statistics: TransformStatistics) -> float | None:
         """End of a pass: the next step of Algorithm 3 from the pass's sums; returns the pass's error."""

@@ -131,15 +131,26 @@ class TransformLearner(Protocol):
     Per pass: ``encode(y)`` for every batch (``None`` while only the Gram matrix is needed), the sums collected in
     :class:`TransformStatistics` (with ``gram`` when ``needs_gram``), then ``update(statistics)`` once, which
     returns the error of the pass's codes under the transform that produced them (percent; ``None`` when the
-    pass had no codes) and sets ``finished`` when the algorithm has stopped.
+    pass had no codes) and sets ``finished`` when the algorithm has stopped. ``code(y)`` gives the best codes under
+    the current transform (for validation), ``dictionary()`` its dense float64 ``(n, n)`` matrix, ``transform()``
+    the fast product and ``op_count()`` its operation count as the paper counts it for the family.
     """
 
+    n: int
     finished: bool
 
     @property
     def needs_gram(self) -> bool: ...
 
     def encode(self, data: torch.Tensor) -> torch.Tensor | None: ...
+
+    def code(self, data: torch.Tensor) -> torch.Tensor: ...
+
+    def dictionary(self) -> torch.Tensor: ...
+
+    def transform(self, dtype: torch.dtype = torch.float64) -> Any: ...
+
+    def op_count(self) -> Any: ...
 
     def update(self, statistics: TransformStatistics) -> float | None: ...
 

@@ -1,7 +1,6 @@
 """GlowInvertibilityCheck and GlowImageGrids: what they log and write equals what the test computes by brute force."""
 
 import math
-import socket
 import warnings
 
 import numpy as np
@@ -18,6 +17,7 @@ from lightning_ortho.flows import AuxConv1x1, InvertibleAuxConv1x1
 from lightning_ortho.models import GlowModule
 from lightning_ortho.nn import NewtonInverseError
 from tests.flows.references import conv1x1_inputs, minority_fraction, pixel_jacobian_signs
+from tests.conftest import free_port
 
 
 def small_glow(conv1x1: str) -> GlowModule:
@@ -139,12 +139,6 @@ def test_arguments_are_validated_with_a_message_that_says_what_to_do(build, mess
 def test_a_model_without_a_glow_is_refused_at_setup(callback, tiny_trainer):
     with pytest.raises(ValueError, match="BoringModel contains no lightning_ortho.flows.Glow"):
         tiny_trainer(limit_val_batches=1, callbacks=[callback()]).validate(BoringModel(), verbose=False)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_callbacks_log_on_every_process_under_ddp_without_hanging(tmp_path, tiny_trainer, monkeypatch):

@@ -2,7 +2,6 @@
 
 import copy
 import math
-import socket
 
 import pytest
 import pytorch_lightning as pl
@@ -13,13 +12,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_ortho.models import OnlineRNNModule
 from lightning_ortho.models.online_readout import masked_loss_sum
 from lightning_ortho.online import InfluenceBalancingCell, TanhRNNCell
-from tests.conftest import make_tiny_trainer
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.conftest import free_port, make_tiny_trainer
 
 
 class _Chunks(IterableDataset):
