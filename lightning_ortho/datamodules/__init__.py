@@ -1,7 +1,7 @@
 """LightningDataModules. The embedded default (scikit-learn's digits) needs no download; MNIST and CIFAR-10
 come through torchvision from a local root (``download=True`` where there is a network). Online recurrent training
 reads ordered chunks of parallel streams (:class:`StreamDataModule` and its tasks; the text one reads a corpus
-shipped with Python)."""
+shipped with Python). Fast transforms learn from 8x8 patches of photographs (:class:`ImagePatchesDataModule`)."""
 
 from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
 from lightning_ortho.datamodules.adding_task import AddingTaskDataModule
@@ -9,6 +9,7 @@ from lightning_ortho.datamodules.cifar10 import CIFAR10DataModule
 from lightning_ortho.datamodules.copy_task import CopyTaskDataModule
 from lightning_ortho.datamodules.digits import DigitsDataModule
 from lightning_ortho.datamodules.file_formats import DatasetFormatError
+from lightning_ortho.datamodules.image_patches import ImagePatchesDataModule
 from lightning_ortho.datamodules.images import DatasetNotFoundError, ImageDataModule, NormalizedImages
 from lightning_ortho.datamodules.influence_balancing import InfluenceBalancingDataModule
 from lightning_ortho.datamodules.mnist import MNISTDataModule
@@ -28,6 +29,7 @@ __all__ = [
     "DigitsDataModule",
     "EpochSeededRandomSampler",
     "ImageDataModule",
+    "ImagePatchesDataModule",
     "ImageSequences",
     "InfluenceBalancingDataModule",
     "MNISTDataModule",

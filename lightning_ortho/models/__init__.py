@@ -3,12 +3,20 @@
 import warnings
 
 from lightning_ortho.models.classification import ClassifierModule
+from lightning_ortho.models.fast_transform_module import FastTransformModule
 from lightning_ortho.models.glow_module import GlowModule
 from lightning_ortho.models.online_rnn_module import OnlineRNNModule
 from lightning_ortho.models.orthogonal_classifier import OrthogonalClassifier
 from lightning_ortho.models.orthogonal_rnn_classifier import OrthogonalRNNClassifier
 
-__all__ = ["ClassifierModule", "GlowModule", "OnlineRNNModule", "OrthogonalClassifier", "OrthogonalRNNClassifier"]
+__all__ = [
+    "ClassifierModule",
+    "FastTransformModule",
+    "GlowModule",
+    "OnlineRNNModule",
+    "OrthogonalClassifier",
+    "OrthogonalRNNClassifier",
+]
 
 #: Names of version 0.1, kept so that old configs (``class_path: lightning_ortho.models.OrthoClassifier``) and
 #: code keep working; they warn once and resolve to the new classes.

@@ -4,7 +4,7 @@ cores, and products of 2x2 blocks on coordinate pairs (B-, M-, shear- and O-tran
 Pure PyTorch; nothing here imports Lightning.
 """
 
-from lightning_ortho.transforms.b_dla import BTransformResult, learn_b_transform
+from lightning_ortho.transforms.b_dla import BTransformLearner, BTransformResult, learn_b_transform
 from lightning_ortho.transforms.binary_cores import (
     BINARY_CORE_COSTS,
     CORE_INVERSE,
@@ -26,8 +26,30 @@ from lightning_ortho.transforms.blocks import (
     schedule_layers,
 )
 from lightning_ortho.transforms.costs import OpCount, block_cost, multiplier_cost, row_cost
-from lightning_ortho.transforms.m_dla import MTransformResult, learn_m_stage, learn_m_transform, m_pair_costs
+from lightning_ortho.transforms.m_dla import (
+    MTransformLearner,
+    MTransformResult,
+    learn_m_stage,
+    learn_m_transform,
+    m_pair_costs,
+)
+from lightning_ortho.transforms.patches import image_patches
+from lightning_ortho.transforms.s_dla import (
+    ShearTransformLearner,
+    ShearTransformResult,
+    learn_shear_transform,
+    shear_error,
+    shear_greedy_init,
+    shear_sweep,
+)
 from lightning_ortho.transforms.sopot import SOPOT_TOLERANCE, SOPOTResult, sopot, sopot_terms_needed, sopot_with_cost
+from lightning_ortho.transforms.sparse_codes import keep_largest, omp_codes, representation_error
+from lightning_ortho.transforms.statistics import (
+    TransformLearner,
+    TransformStatistics,
+    fit_in_memory,
+    principal_basis,
+)
 
 __all__ = [
     "BINARY_CORE_COSTS",
@@ -40,24 +62,40 @@ __all__ = [
     "SELF_INVERSE_INDICES",
     "SOPOT_TOLERANCE",
     "SWAP_INDEX",
-    "BinaryBlockProduct",
+    "BTransformLearner",
     "BTransformResult",
+    "BinaryBlockProduct",
     "BlockProduct",
+    "MTransformLearner",
     "MTransformResult",
     "OpCount",
     "SOPOTResult",
+    "ShearTransformLearner",
+    "ShearTransformResult",
     "SingularBlockError",
+    "TransformLearner",
+    "TransformStatistics",
     "binary_core_cost",
     "binary_cores",
     "block_cost",
     "embed_block",
+    "fit_in_memory",
+    "image_patches",
+    "keep_largest",
     "learn_b_transform",
     "learn_m_stage",
     "learn_m_transform",
+    "learn_shear_transform",
     "m_pair_costs",
     "multiplier_cost",
+    "omp_codes",
+    "principal_basis",
+    "representation_error",
     "row_cost",
     "schedule_layers",
+    "shear_error",
+    "shear_greedy_init",
+    "shear_sweep",
     "sopot",
     "sopot_terms_needed",
     "sopot_with_cost",

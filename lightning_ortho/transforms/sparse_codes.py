@@ -1,8 +1,11 @@
-"""Sparse codes for an orthonormal dictionary: ``T_s`` of the paper (keep the ``s`` largest entries per sample)."""
+"""Sparse codes: ``T_s`` of the paper for an orthonormal dictionary (keep the ``s`` largest entries per sample) and
+OMP for any other (shears, scalings)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from sklearn.linear_model import orthogonal_mp_gram
 
 
 def keep_largest(codes: torch.Tensor, s: int) -> torch.Tensor:
@@ -56,3 +59,42 @@ def check_training_data(data: object, s: object, where: str, *, even: bool = Fal
     if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= n:
         raise ValueError(f"{where}: s must be an int in [1, {n}] (nonzeros per sample), got {s!r}.")
     return n
+
+
+def omp_codes(y: torch.Tensor, dictionary: torch.Tensor, s: int) -> torch.Tensor:
+    """``s``-sparse codes by OMP (spec section 10, "sparse coding"): ``Y ~ codes @ D^T``.
+
+    ``D_n = D diag(1 / ||d_col||)``; ``C = OMP(D_n, Y, s)`` by ``sklearn.linear_model.orthogonal_mp_gram`` with the
+    precomputed Gram ``D_n^T D_n`` and ``D_n^T y`` per sample (float64); then ``codes = C diag(1 / ||d_col||)``, the
+    codes of the unnormalised ``D`` (the column scaling absorbed into ``X``). Rows of ``Y`` that are zero get zero
+    codes (OMP is not run on them); every other row gets at most ``s`` nonzeros (exactly ``s`` unless the row is
+    represented exactly by fewer atoms, when scikit-learn warns that OMP ended early).
+
+    Shapes: ``y`` ``(N, n)``, ``dictionary`` ``(n, n)`` -> ``(N, n)`` in ``y``'s dtype and device.
+
+    Raises:
+        ValueError: ``y`` not a finite floating ``(N, n)`` tensor, ``dictionary`` not a finite ``(n, n)`` tensor
+            without zero columns, or ``s`` not an int in ``[1, n]``.
+    """
+    where = "omp_codes"
+    if not isinstance(y, torch.Tensor) or not y.is_floating_point() or y.dim() != 2:
+        raise ValueError(f"{where}: y must be a floating-point (N, n) tensor.")
+    n = y.shape[1]
+    if not isinstance(dictionary, torch.Tensor) or dictionary.shape != (n, n):
+        raise ValueError(f"{where}: dictionary must be an ({n}, {n}) tensor for y of shape {tuple(y.shape)}.")
+    if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= n:
+        raise ValueError(f"{where}: s must be an int in [1, {n}] (nonzeros per sample), got {s!r}.")
+    data = y.detach().to(torch.float64).cpu().numpy()
+    d = dictionary.detach().to(torch.float64).cpu().numpy()
+    if not (np.isfinite(data).all() and np.isfinite(d).all()):
+        raise ValueError(f"{where}: y and the dictionary must be finite (no NaN/inf).")
+    norms = np.linalg.norm(d, axis=0)
+    if not (norms > 0).all():
+        raise ValueError(f"{where}: dictionary column {int(np.argmin(norms))} is zero; OMP needs nonzero atoms.")
+    atoms = d / norms
+    codes = np.zeros_like(data)
+    rows = np.flatnonzero(np.any(data != 0, axis=1))
+    if rows.size:
+        coefficients = orthogonal_mp_gram(atoms.T @ atoms, atoms.T @ data[rows].T, n_nonzero_coefs=s)
+        codes[rows] = coefficients.reshape(n, rows.size).T / norms
+    return torch.from_numpy(codes).to(dtype=y.dtype, device=y.device)

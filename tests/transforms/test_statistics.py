@@ -9,6 +9,7 @@ import torch
 from lightning_ortho.transforms import learn_b_transform, learn_m_transform
 from lightning_ortho.transforms.b_dla import BTransformLearner
 from lightning_ortho.transforms.m_dla import MTransformLearner
+from lightning_ortho.transforms.s_dla import ShearTransformLearner, learn_shear_transform
 from lightning_ortho.transforms.sparse_codes import keep_largest, representation_error
 from lightning_ortho.transforms.statistics import TransformStatistics, fit_in_memory, principal_basis
 
@@ -112,6 +113,19 @@ def test_streamed_m_learning_equals_the_in_memory_learner() -> None:
     assert learner.transform().core_index.tolist() == expected.transform.core_index.tolist()
     torch.testing.assert_close(torch.tensor(learner.errors), torch.tensor(expected.errors), rtol=1e-9, atol=0)
     assert len(passes) == 2 + 2
+
+
+@pytest.mark.parametrize("bits", [None, 2])
+def test_streamed_shear_learning_equals_the_in_memory_learner(bits: int | None) -> None:
+    y = _walks(300, 8, 8)
+    expected = learn_shear_transform(y.float().double(), 10, 3, bits=bits, iterations=4)
+    learner = ShearTransformLearner(8, 10, 3, bits=bits, iterations=4)
+    passes = _stream(learner, y, 70)
+    assert learner.transform().pairs.tolist() == expected.transform.pairs.tolist()
+    torch.testing.assert_close(learner.transform().blocks, expected.transform.blocks, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(torch.tensor(learner.errors), torch.tensor(expected.errors), rtol=1e-7, atol=0)
+    assert len(passes) == 3 + 4
+    assert learner.initial_error == pytest.approx(expected.initial_error, rel=1e-7)
 
 
 def test_learner_state_dict_resumes_mid_learning() -> None:

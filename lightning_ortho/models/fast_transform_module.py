@@ -1,0 +1,224 @@
+"""Learn a multiplication-free fast transform from the batches of any data module (one alternation per epoch)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+
+from lightning_ortho.transforms.blocks import BlockProduct
+from lightning_ortho.transforms.patches import image_patches
+from lightning_ortho.transforms.statistics import TransformLearner, TransformStatistics
+
+TransformFamily = Literal["b", "m", "shear"]
+FeatureMode = Literal["flatten", "patches"]
+
+
+def make_learner(
+    family: str,
+    n: int,
+    *,
+    blocks: int,
+    stages: int,
+    sparsity: int,
+    bits: int | None,
+    iterations: int,
+    rounds: int,
+    tol: float | None,
+) -> TransformLearner:
+    """The streaming learner of ``family`` for ``n`` features (see :class:`FastTransformModule` for the arguments).
+
+    Raises:
+        ValueError: an unknown family, or a setting the family's learner rejects (its message says which).
+    """
+    if family == "b":
+        from lightning_ortho.transforms.b_dla import BTransformLearner
+
+        return BTransformLearner(n, blocks, sparsity, iterations=iterations, tol=0.0 if tol is None else tol)
+    if family == "m":
+        from lightning_ortho.transforms.m_dla import MTransformLearner
+
+        return MTransformLearner(n, stages, sparsity, rounds=rounds)
+    if family == "shear":
+        from lightning_ortho.transforms.s_dla import ShearTransformLearner
+
+        return ShearTransformLearner(n, blocks, sparsity, bits=bits, iterations=iterations, tol=tol)
+    raise ValueError(f"family must be 'b', 'm' or 'shear', got {family!r}.")
+
+
+class FastTransformModule(pl.LightningModule):
+    """Learns a fast transform ``D`` (B_m-, M_q- or S-DLA) and sparse codes from any data module's batches.
+
+    Every training epoch is one alternation of the chosen algorithm: the batches are turned into features ``Y``
+    ``(B, n)``, coded with the current transform, and only their sums are kept (:class:`TransformStatistics`:
+    ``Y^T Y``, ``Z = Y^T X``, ``W = X^T X``, ``||Y||^2``). After the last batch of the epoch the sums are
+    all-reduced across processes and the transform is updated from them; a DDP run therefore learns the same
+    transform as one process on the same data (DistributedSampler pads an uneven split with repeated samples,
+    which then count twice). No gradient is involved: there is no optimizer, and Trainer options about it do not
+    apply. Training stops by itself when the algorithm has converged; ``max_epochs`` must allow enough passes
+    (B: 3 + sweeps; M: 2 + rounds; shear: 2 + sweeps).
+
+    Args:
+        family: ``"b"`` (binary blocks, Algorithm 2), ``"m"`` (perfect-matching stages, Algorithm 3) or
+            ``"shear"`` (shears and scalings, S-DLA).
+        blocks: number of blocks ``m`` for ``"b"`` and ``"shear"``.
+        stages: number of stages ``q`` for ``"m"``.
+        sparsity: nonzeros per code ``s``.
+        bits: SOPOT terms of each shear value (``None``: exact values); ``"shear"`` only.
+        iterations: maximum number of sweeps (``"b"``, ``"shear"``).
+        rounds: outer rounds of ``"m"``.
+        tol: convergence threshold on the error change, in percent (``None``: shear sweeps run all ``iterations``,
+            as the spec's fixed ``K``; B treats it as 0).
+        features: ``"flatten"`` (each input flattened to a vector, for vectors or patches) or ``"patches"`` (images
+            ``(B, C, H, W)`` cut into non-overlapping ``patch_size`` patches, each patch's mean removed when
+            ``remove_mean``).
+        patch_size, remove_mean: see ``features``.
+
+    Logs ``train_error`` (percent, ``100 ||Y - X D^T||^2 / ||Y||^2`` of the epoch's codes under the transform
+    that produced them), ``val_error`` (the validation batches coded with the updated transform), ``additions``,
+    ``multiplications`` and ``shifts`` of one application of ``D``.
+
+    The learned transform is :meth:`transform` (a :class:`~lightning_ortho.transforms.BlockProduct`); the
+    learner's state is part of the module's ``state_dict`` (extra state), so a run resumed from an end-of-epoch
+    checkpoint learns exactly what the uninterrupted run learns, and ``ddp_spawn`` returns the learned transform.
+
+    Raises:
+        ValueError: a bad family or feature mode, or settings the learner rejects (at the first batch, when
+            ``n`` is known); features that are not 2-d after extraction or hold NaN/inf.
+    """
+
+    def __init__(
+        self,
+        family: TransformFamily = "b",
+        blocks: int = 32,
+        stages: int = 8,
+        sparsity: int = 4,
+        bits: int | None = 1,
+        iterations: int = 10,
+        rounds: int = 1,
+        tol: float | None = 1e-5,
+        features: FeatureMode = "flatten",
+        patch_size: int = 8,
+        remove_mean: bool = True,
+    ) -> None:
+        super().__init__()
+        if family not in ("b", "m", "shear"):
+            raise ValueError(f"FastTransformModule: family must be 'b', 'm' or 'shear', got {family!r}.")
+        if features not in ("flatten", "patches"):
+            raise ValueError(f"FastTransformModule: features must be 'flatten' or 'patches', got {features!r}.")
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        # torch's DistributedDataParallel refuses to wrap a module without a parameter that requires a gradient,
+        # and this module learns in closed form. One scalar that no loss ever touches lets DDP strategies wrap it
+        # (no backward runs, so DDP never all-reduces it); the statistics are all-reduced explicitly instead.
+        self.ddp_anchor = torch.nn.Parameter(torch.zeros(()))
+        self.learner: TransformLearner | None = None
+        self._statistics: TransformStatistics | None = None
+        self._validation: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------------------------------------ features
+    def features(self, batch: Any) -> torch.Tensor:
+        """``Y`` ``(B, n)`` of a batch: its first element (inputs) flattened or cut into patches."""
+        inputs = batch[0] if isinstance(batch, list | tuple) else batch
+        if not isinstance(inputs, torch.Tensor) or not inputs.is_floating_point():
+            raise ValueError(
+                f"FastTransformModule: the batch's inputs must be a floating-point tensor, got "
+                f"{type(inputs).__name__ if not isinstance(inputs, torch.Tensor) else inputs.dtype}."
+            )
+        if self.hparams.features == "patches":
+            return image_patches(inputs, self.hparams.patch_size, remove_mean=self.hparams.remove_mean)
+        return inputs.flatten(1)
+
+    def _ensure_learner(self, n: int) -> TransformLearner:
+        if self.learner is None:
+            h = self.hparams
+            self.learner = make_learner(
+                h.family,
+                n,
+                blocks=h.blocks,
+                stages=h.stages,
+                sparsity=h.sparsity,
+                bits=h.bits,
+                iterations=h.iterations,
+                rounds=h.rounds,
+                tol=h.tol,
+            )
+        return self.learner
+
+    # ------------------------------------------------------------------------------------------------ training
+    def configure_optimizers(self) -> None:
+        """No optimizer: the transform is updated in closed form from the epoch's sums."""
+        return None
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        y = self.features(batch)
+        learner = self._ensure_learner(y.shape[1])
+        if learner.finished:
+            return None
+        if self._statistics is None:
+            self._statistics = TransformStatistics.zeros(y.shape[1], y.device)
+        self._statistics.add(y, learner.encode(y), with_gram=learner.needs_gram)
+        # The update runs here, after the pass's last batch, rather than in on_train_epoch_end: validation and
+        # the end-of-epoch checkpoint (callbacks run before the module's epoch-end hook) then see the new state.
+        if batch_idx + 1 == self.trainer.num_training_batches:
+            self._end_of_pass()
+        return None
+
+    def _end_of_pass(self) -> None:
+        assert self.learner is not None and self._statistics is not None
+        statistics, self._statistics = self._statistics, None
+        statistics.all_reduce(lambda flat: self.trainer.strategy.reduce(flat, reduce_op="sum"))
+        error = self.learner.update(statistics)
+        if error is not None:
+            self.log("train_error", error, on_step=False, on_epoch=True, prog_bar=True, sync_dist=False)
+        count = self.learner.op_count()
+        for name in ("additions", "multiplications", "shifts"):
+            self.log(name, float(getattr(count, name)), on_step=False, on_epoch=True, sync_dist=False)
+        if self.learner.finished:
+            self.trainer.should_stop = True
+
+    def on_train_epoch_start(self) -> None:
+        self._statistics = None
+
+    # ---------------------------------------------------------------------------------------------- validation
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        y = self.features(batch)
+        learner = self._ensure_learner(y.shape[1])
+        codes = learner.code(y)
+        dictionary = learner.dictionary().to(codes.device)
+        y64 = y.detach().to(torch.float64)
+        sums = torch.stack([(y64 - codes @ dictionary.T).square().sum(), y64.square().sum()])
+        self._validation = sums if self._validation is None else self._validation + sums
+
+    def on_validation_epoch_end(self) -> None:
+        if self._validation is None:
+            return
+        sums, self._validation = self._validation, None
+        sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
+        error = 100 * float(sums[0] / sums[1]) if float(sums[1]) > 0 else math.nan
+        self.log("val_error", error, prog_bar=True, sync_dist=False)
+
+    # ------------------------------------------------------------------------------------------------- results
+    def transform(self, dtype: torch.dtype = torch.float32) -> BlockProduct:
+        """The learned transform ``D`` (identity before the first update).
+
+        Raises:
+            RuntimeError: nothing has been learned yet (no batch seen, so ``n`` is unknown).
+        """
+        if self.learner is None:
+            raise RuntimeError("FastTransformModule.transform: no data seen yet; run trainer.fit first.")
+        return self.learner.transform(dtype)
+
+    # The learner's state is the module's "extra state": it travels in state_dict, so checkpoints and the weights
+    # ddp_spawn hands back to the main process both carry the learned transform.
+    def get_extra_state(self) -> dict[str, Any]:
+        if self.learner is None:
+            return {}
+        return {"n": self.learner.n, "learner": self.learner.state_dict()}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if state:
+            self.learner = None
+            self._ensure_learner(state["n"]).load_state_dict(state["learner"])

@@ -1,0 +1,163 @@
+"""FastTransformModule: learning a transform from any data module equals the in-memory learners, in one
+process, under DDP and across a checkpoint resume."""
+
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_ortho.models.fast_transform_module import FastTransformModule
+from lightning_ortho.transforms import learn_b_transform, learn_m_transform, learn_shear_transform
+from lightning_ortho.transforms.patches import image_patches
+from lightning_ortho.transforms.sparse_codes import keep_largest, representation_error
+from tests.conftest import free_port, make_tiny_trainer
+
+
+def _walks(count: int = 400, n: int = 16, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(count, n, generator=g).cumsum(1)
+
+
+class Vectors(pl.LightningDataModule):
+    """A user's data module: (inputs, labels) batches of float32 vectors, shuffled; the module ignores labels."""
+
+    def __init__(self, data: torch.Tensor, batch_size: int = 64, shuffle: bool = True) -> None:
+        super().__init__()
+        self.data, self.batch_size, self.shuffle = data, batch_size, shuffle
+
+    def train_dataloader(self) -> DataLoader:
+        labels = torch.zeros(len(self.data), dtype=torch.int64)
+        generator = torch.Generator().manual_seed(1)
+        return DataLoader(
+            TensorDataset(self.data, labels), batch_size=self.batch_size, shuffle=self.shuffle, generator=generator
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.data[:100]), batch_size=50)
+
+
+def _fit(root, module: FastTransformModule, data: pl.LightningDataModule, **kwargs) -> pl.Trainer:  # noqa: ANN001
+    trainer = make_tiny_trainer(root, max_epochs=kwargs.pop("max_epochs", 30), **kwargs)
+    trainer.fit(module, data)
+    return trainer
+
+
+def test_b_transform_learned_from_batches_equals_the_in_memory_learner(tmp_path) -> None:
+    data = _walks()
+    module = FastTransformModule(family="b", blocks=12, sparsity=3, iterations=6, tol=0.0)
+    trainer = _fit(tmp_path, module, Vectors(data), limit_val_batches=0)
+    expected = learn_b_transform(data.double(), 12, 3, iterations=6, tol=0.0)
+    learned = module.transform()
+    assert learned.pairs.tolist() == expected.transform.pairs.tolist()
+    assert learned.core_index.tolist() == expected.transform.core_index.tolist()
+    # basis pass, greedy pass, initial error, one pass per sweep; then it stops by itself (well before 30 epochs).
+    assert trainer.current_epoch == 3 + len(expected.errors) and module.learner.finished
+    assert float(trainer.callback_metrics["train_error"]) == pytest.approx(expected.errors[-1], rel=1e-6)
+    assert float(trainer.callback_metrics["multiplications"]) == expected.transform.op_count().multiplications
+
+
+def test_m_transform_and_validation_error(tmp_path) -> None:
+    data = _walks(n=8)
+    module = FastTransformModule(family="m", stages=3, sparsity=2)
+    trainer = _fit(tmp_path, module, Vectors(data))
+    expected = learn_m_transform(data.double(), 3, 2)
+    assert module.transform().pairs.tolist() == expected.transform.pairs.tolist()
+    d = expected.transform.matrix().double()
+    held = data[:100].double()
+    val = float(representation_error(held, keep_largest(held @ d, 2), d))
+    assert float(trainer.callback_metrics["val_error"]) == pytest.approx(val, rel=1e-6)
+    assert float(trainer.callback_metrics["additions"]) == 8 * 3  # nq additions (paper's count)
+
+
+def test_shear_transform_with_one_bit_values_costs_no_multiplication(tmp_path) -> None:
+    data = _walks(n=8)
+    module = FastTransformModule(family="shear", blocks=10, sparsity=3, bits=1, iterations=3, tol=None)
+    trainer = _fit(tmp_path, module, Vectors(data), limit_val_batches=0)
+    expected = learn_shear_transform(data.double(), 10, 3, bits=1, iterations=3)
+    assert module.transform().pairs.tolist() == expected.transform.pairs.tolist()
+    torch.testing.assert_close(module.transform(torch.float64).blocks, expected.transform.blocks.double())
+    assert float(trainer.callback_metrics["multiplications"]) == 0
+    assert float(trainer.callback_metrics["train_error"]) == pytest.approx(expected.errors[-1], rel=1e-6)
+
+
+def test_patches_feature_mode_cuts_images_like_image_patches(tmp_path) -> None:
+    g = torch.Generator().manual_seed(3)
+    images = torch.rand(12, 1, 16, 16, generator=g)
+    module = FastTransformModule(family="b", blocks=4, sparsity=2, iterations=1, features="patches", patch_size=4)
+    torch.testing.assert_close(module.features((images, None)), image_patches(images, 4))
+    _fit(tmp_path, module, Vectors(images, batch_size=5), limit_val_batches=0)
+    expected = learn_b_transform(image_patches(images, 4).double(), 4, 2, iterations=1)
+    assert module.transform().pairs.tolist() == expected.transform.pairs.tolist()
+
+
+def test_ddp_spawn_two_processes_learns_the_single_process_transform(tmp_path) -> None:
+    data = _walks(count=512)
+
+    def run(root, **kwargs):  # noqa: ANN001, ANN202
+        module = FastTransformModule(family="b", blocks=10, sparsity=3, iterations=4, tol=0.0)
+        trainer = _fit(root, module, Vectors(data, shuffle=False), **kwargs)
+        return module, trainer
+
+    single, single_trainer = run(tmp_path / "single")
+    ddp, ddp_trainer = run(tmp_path / "ddp", strategy="ddp_spawn", devices=2)
+    assert ddp.learner is not None, "ddp_spawn did not hand the learned transform back"
+    assert ddp.transform().pairs.tolist() == single.transform().pairs.tolist()
+    assert ddp.transform().core_index.tolist() == single.transform().core_index.tolist()
+    torch.testing.assert_close(torch.tensor(ddp.learner.errors), torch.tensor(single.learner.errors), rtol=1e-9, atol=0)
+    for key in ("train_error", "val_error"):
+        torch.testing.assert_close(ddp_trainer.callback_metrics[key], single_trainer.callback_metrics[key])
+
+
+class EpochCounter(pl.Callback):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.count += 1
+
+
+def test_checkpoint_resume_learns_what_the_uninterrupted_run_learns(tmp_path, monkeypatch) -> None:
+    data = _walks()  # in order: the sums then add up in the same order, so the runs agree bit for bit
+
+    def module():  # noqa: ANN202
+        return FastTransformModule(family="b", blocks=12, sparsity=3, iterations=6, tol=0.0)
+
+    straight = module()
+    _fit(tmp_path / "straight", straight, Vectors(data, shuffle=False))
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    first = module()
+    _fit(
+        tmp_path / "first",
+        first,
+        Vectors(data, shuffle=False),
+        max_epochs=4,
+        enable_checkpointing=True,
+        callbacks=[checkpoint],
+    )
+    assert not first.learner.finished
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    resumed = module()
+    epochs_run = EpochCounter()
+    trainer = make_tiny_trainer(tmp_path / "resumed", max_epochs=30, callbacks=[epochs_run])
+    trainer.fit(resumed, Vectors(data, shuffle=False), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert epochs_run.count == 3 + len(straight.learner.errors) - 4  # it went on from epoch 4, not from scratch
+    assert resumed.learner.pairs == straight.learner.pairs and resumed.learner.index == straight.learner.index
+    assert resumed.learner.errors == straight.learner.errors
+
+
+def test_bad_settings_fail_clearly(tmp_path) -> None:
+    with pytest.raises(ValueError, match="family must be 'b', 'm' or 'shear'"):
+        FastTransformModule(family="dct")
+    with pytest.raises(ValueError, match="features must be 'flatten' or 'patches'"):
+        FastTransformModule(features="pixels")
+    with pytest.raises(ValueError, match="n must be even"):
+        _fit(tmp_path, FastTransformModule(family="m"), Vectors(_walks(n=7)))
+    with pytest.raises(ValueError, match=r"s must be an int in \[1, 16\]"):
+        _fit(tmp_path, FastTransformModule(sparsity=17), Vectors(_walks()))
+    with pytest.raises(ValueError, match="floating-point"):
+        FastTransformModule().features((torch.zeros(3, 4, dtype=torch.int64),))
+    with pytest.raises(RuntimeError, match="run trainer.fit first"):
+        FastTransformModule().transform()
