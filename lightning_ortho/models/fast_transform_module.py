@@ -58,7 +58,7 @@ class FastTransformModule(pl.LightningModule):
     transform as one process on the same data (DistributedSampler pads an uneven split with repeated samples,
     which then count twice). No gradient is involved: there is no optimizer, and Trainer options about it do not
     apply. Training stops by itself when the algorithm has converged; ``max_epochs`` must allow enough passes
-    (B: 3 + sweeps; M: 2 + rounds; shear: 2 + sweeps).
+    (B and shear: 3 + sweeps; M: 2 + rounds).
 
     Args:
         family: ``"b"`` (binary blocks, Algorithm 2), ``"m"`` (perfect-matching stages, Algorithm 3) or

@@ -159,7 +159,8 @@ class BTransformLearner:
     """B_m-DLA as one alternation per pass over the data (:class:`~lightning_ortho.transforms.statistics.
     TransformLearner`): what :func:`learn_b_transform` runs in memory and the Lightning module runs on a stream.
 
-    Passes: (0) the Gram matrix ``Y^T Y`` gives the principal basis ``V`` (step 1); (1) codes ``T_s(Y V)`` give
+    Passes: (0) the Gram matrix ``Y^T Y`` gives the principal basis ``V`` (step 1; the pass's codes are ``T_s(Y)``,
+    so its error is that of no transform); (1) codes ``T_s(Y V)`` give
     ``Z`` and the greedy init (step 2); (2, 3, ...) codes ``T_s(Y D)`` give the error of ``D`` (the first one is
     ``initial_error``, step 3) and ``Z`` for one sweep (step 4), until the stopping rule of step 5 or
     ``iterations`` sweeps. The last pass only measures: its codes are the final ``T_s(Y D)``.
@@ -208,9 +209,10 @@ class BTransformLearner:
         return self._dense
 
     def encode(self, data: torch.Tensor) -> torch.Tensor | None:
-        """Codes of a batch ``(B, n)`` for this pass (float64): ``None``, ``T_s(Y V)`` or ``T_s(Y D)``."""
+        """Codes of a batch ``(B, n)`` for this pass (float64): ``T_s(Y)`` (no transform yet), ``T_s(Y V)`` or
+        ``T_s(Y D)``."""
         if self.phase == "basis":
-            return None
+            return self.code(data)
         y = data.detach().to(torch.float64)
         basis = self.basis if self.phase == "greedy" else self.dictionary()
         assert basis is not None
@@ -229,9 +231,10 @@ class BTransformLearner:
         if self.finished:
             raise RuntimeError("BTransformLearner.update: the learner has finished; start a new one to learn again.")
         if self.phase == "basis":
+            error = statistics.error(self.dictionary())  # of T_s(Y): the identity, before any transform
             self.basis = principal_basis(statistics.gram).cpu()
             self.phase = "greedy"
-            return None
+            return error
         if self.phase == "greedy":
             assert self.basis is not None
             error = statistics.error(self.basis)

@@ -121,7 +121,8 @@ class MTransformLearner:
     """M_q-DLA as one alternation per pass over the data (:class:`~lightning_ortho.transforms.statistics.
     TransformLearner`): what :func:`learn_m_transform` runs in memory and the Lightning module runs on a stream.
 
-    Passes: (0) the Gram matrix gives the principal basis ``U`` (step 1); then each pass's codes (``T_s(Y U)`` the
+    Passes: (0) the Gram matrix gives the principal basis ``U`` (step 1; codes ``T_s(Y)``, the error of no
+    transform); then each pass's codes (``T_s(Y U)`` the
     first time, ``T_s(Y M)`` after) give ``Z = Y^T X`` and every stage is rebuilt from it, ``Z_{l+1} = Z_l
     Mbar_l^T`` (step 2; ``X_{l+1} = X_l Mbar_l^T``); the pass after round ``r`` measures its error (step 3).
     ``rounds`` rounds take ``rounds + 2`` passes; the last one only measures.
@@ -165,7 +166,7 @@ class MTransformLearner:
 
     def encode(self, data: torch.Tensor) -> torch.Tensor | None:
         if self.basis is None:
-            return None
+            return self.code(data)  # T_s(Y): no transform yet
         y = data.detach().to(torch.float64)
         basis = self.basis if self.pairs is None else self.dictionary()
         return keep_largest(y @ basis.to(y.device), self.s)
@@ -184,8 +185,9 @@ class MTransformLearner:
         if self.finished:
             raise RuntimeError("MTransformLearner.update: the learner has finished; start a new one to learn again.")
         if self.basis is None:
+            error = statistics.error(self.dictionary())  # of T_s(Y): the identity, before any transform
             self.basis = principal_basis(statistics.gram).cpu()
-            return None
+            return error
         if self.pairs is None:
             error = statistics.error(self.basis)
         else:

@@ -269,7 +269,7 @@ class ShearTransformLearner:
     """S-DLA as one alternation per pass over the data (:class:`~lightning_ortho.transforms.statistics.
     TransformLearner`): what :func:`learn_shear_transform` runs in memory and the Lightning module on a stream.
 
-    Passes: (0) the Gram matrix gives the principal basis ``V``; (1) codes ``T_s(Y V)`` give ``z, w`` for
+    Passes: (0) the Gram matrix gives the principal basis ``V`` (codes ``T_s(Y)``: the error of no transform); (1) codes ``T_s(Y V)`` give ``z, w`` for
     :func:`shear_greedy_init`; (2, 3, ...) OMP codes under the current ``D`` give its error (the first one is
     ``initial_error``) and ``z, w, ||Y||^2`` for one :func:`shear_sweep`, until ``iterations`` sweeps (or the
     ``tol`` rule). The last pass only measures.
@@ -321,13 +321,15 @@ class ShearTransformLearner:
 
     def encode(self, data: torch.Tensor) -> torch.Tensor | None:
         if self.basis is None:
-            return None
+            return self.code(data)  # T_s(Y): no transform yet
         if self.pairs is None:
             return keep_largest(data.detach().to(torch.float64) @ self.basis.to(data.device), self.s)
         return self.code(data)
 
     def code(self, data: torch.Tensor) -> torch.Tensor:
-        """OMP codes of a batch ``(B, n)`` under the current ``D`` (float64)."""
+        """OMP codes of a batch ``(B, n)`` under the current ``D`` (float64; ``T_s(Y)``, the same, before any block)."""
+        if self.pairs is None:
+            return keep_largest(data.detach().to(torch.float64), self.s)
         return omp_codes(data.detach().to(torch.float64), self.dictionary(), self.s)
 
     def update(self, statistics: TransformStatistics) -> float | None:
@@ -335,8 +337,9 @@ class ShearTransformLearner:
         if self.finished:
             raise RuntimeError("ShearTransformLearner.update: the learner has finished; start a new one.")
         if self.basis is None:
+            error = statistics.error(self.dictionary())  # of T_s(Y): the identity, before any transform
             self.basis = principal_basis(statistics.gram).cpu()
-            return None
+            return error
         z, w = statistics.cross.cpu(), statistics.code_gram.cpu()
         if self.pairs is None:
             error = statistics.error(self.basis)

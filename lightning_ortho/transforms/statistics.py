@@ -128,10 +128,10 @@ def principal_basis(gram: torch.Tensor) -> torch.Tensor:
 class TransformLearner(Protocol):
     """One alternation per pass over the data (the protocol the Lightning module and :func:`fit_in_memory` drive).
 
-    Per pass: ``encode(y)`` for every batch (``None`` while only the Gram matrix is needed), the sums collected in
-    :class:`TransformStatistics` (with ``gram`` when ``needs_gram``), then ``update(statistics)`` once, which
-    returns the error of the pass's codes under the transform that produced them (percent; ``None`` when the
-    pass had no codes) and sets ``finished`` when the algorithm has stopped. ``code(y)`` gives the best codes under
+    Per pass: ``encode(y)`` for every batch (the codes of this pass; ``None`` would mean none are needed), the sums
+    collected in :class:`TransformStatistics` (with ``gram`` when ``needs_gram``), then ``update(statistics)``
+    once, which returns the error of the pass's codes under the transform that produced them (percent; ``None``
+    when the pass had no codes) and sets ``finished`` when the algorithm has stopped. ``code(y)`` gives the best codes under
     the current transform (for validation), ``dictionary()`` its dense float64 ``(n, n)`` matrix, ``transform()``
     the fast product and ``op_count()`` its operation count as the paper counts it for the family.
     """
