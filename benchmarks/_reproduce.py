@@ -136,8 +136,8 @@ def plot_curves(
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.ticker
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return
     panels = 2 if time_axis else 1

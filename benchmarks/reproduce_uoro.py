@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, write_result  # noqa: E402
+from _common import write_result  # noqa: E402
 
 from lightning_ortho.online import (  # noqa: E402
     RTRL,
@@ -139,7 +139,13 @@ def main(argv: list[str] | None = None) -> Path:
         fixed_part = (total_variance(terms, identity) - preactivation_variance(terms, None, None)).item()
         for name, estimator in estimators.items():
             values, seconds = estimates(estimator, xs, h0, loss_gradients, args.draws)
-            row = {"method": name, "seed": seed, "draws": args.draws, "seconds_per_step": seconds, **summary(values, exact)}
+            row = {
+                "method": name,
+                "seed": seed,
+                "draws": args.draws,
+                "seconds_per_step": seconds,
+                **summary(values, exact),
+            }
             if name in fixed:
                 a, q = fixed[name]
                 row["predicted_total_variance"] = total_variance(terms, a[:, None, None] * q).item()
@@ -201,9 +207,12 @@ def claims(rows: list[dict]) -> list[dict]:
     preactivation_gain = _ratio(rows, "GIR, preactivation", "GIR, state")
     preactivation_gain_fixed = _ratio(rows, "fixed Q, Q0 = I", "fixed Q, Q0 = I, state")
     none_gain = min(
-        _ratio(rows, "none (no spatial noise), GIR", other) for other in {r["method"] for r in estimators} - {"none (no spatial noise), GIR"}
+        _ratio(rows, "none (no spatial noise), GIR", other)
+        for other in {r["method"] for r in estimators} - {"none (no spatial noise), GIR"}
     )
-    cost = _mean(rows, "none (no spatial noise), GIR", "seconds_per_step") / _mean(rows, "GIR, preactivation", "seconds_per_step")
+    cost = _mean(rows, "none (no spatial noise), GIR", "seconds_per_step") / _mean(
+        rows, "GIR, preactivation", "seconds_per_step"
+    )
     return [
         {
             "claim": "every estimator is unbiased (largest per-parameter abs(z) / Bonferroni critical value at 1e-3, <= 1)",

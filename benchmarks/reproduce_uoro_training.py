@@ -33,7 +33,7 @@ import pytorch_lightning as pl
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, write_result  # noqa: E402
+from _common import write_result  # noqa: E402
 
 from lightning_ortho.datamodules import (  # noqa: E402
     AddingTaskDataModule,
@@ -111,10 +111,19 @@ def influence_runs(quick: bool) -> dict:
     }
 
     def build(estimator, options):
-        data = InfluenceBalancingDataModule(streams=1, chunk_length=10, chunks_per_epoch=steps_per_epoch // 10,
-                                            val_streams=1, val_chunks=10)
-        model = OnlineRNNModule(InfluenceBalancingCell(23, 10, theta=0.0), output_size=1, loss="mse", readout="units",
-                                estimator=estimator, estimator_options=options, optimizer="sgd", lr=1e-5)
+        data = InfluenceBalancingDataModule(
+            streams=1, chunk_length=10, chunks_per_epoch=steps_per_epoch // 10, val_streams=1, val_chunks=10
+        )
+        model = OnlineRNNModule(
+            InfluenceBalancingCell(23, 10, theta=0.0),
+            output_size=1,
+            loss="mse",
+            readout="units",
+            estimator=estimator,
+            estimator_options=options,
+            optimizer="sgd",
+            lr=1e-5,
+        )
         return model, data
 
     return {name: fit(lambda e=e, o=o: build(e, o), epochs) for name, (e, o) in estimators.items()}
@@ -134,8 +143,15 @@ def adding_runs(quick: bool) -> dict:
 
     def build(estimator, options):
         data = AddingTaskDataModule(streams=32, chunk_length=32, chunks_per_epoch=chunks, val_streams=32, val_chunks=8)
-        model = OnlineRNNModule(TanhRNNCell(1, hidden), output_size=2, loss="cross_entropy", estimator=estimator,
-                                estimator_options=options, optimizer="adam", lr=1e-3)
+        model = OnlineRNNModule(
+            TanhRNNCell(1, hidden),
+            output_size=2,
+            loss="cross_entropy",
+            estimator=estimator,
+            estimator_options=options,
+            optimizer="adam",
+            lr=1e-3,
+        )
         return model, data
 
     return {name: fit(lambda e=e, o=o: build(e, o), epochs) for name, (e, o) in estimators.items()}
@@ -152,11 +168,23 @@ def character_runs(quick: bool, seconds: int) -> dict:
     }
 
     def build(estimator, options):
-        data = CharacterStreamDataModule(streams=32, chunk_length=25, chunks_per_epoch=4 if quick else 40,
-                                         val_streams=8, val_chunks=4 if quick else 20)
-        model = OnlineRNNModule(TanhRNNCell(data.input_size, hidden), output_size=data.output_size,
-                                loss="cross_entropy", estimator=estimator, estimator_options=options,
-                                optimizer="adam", lr=1e-3, clip_gradient_norm=1.0)
+        data = CharacterStreamDataModule(
+            streams=32,
+            chunk_length=25,
+            chunks_per_epoch=4 if quick else 40,
+            val_streams=8,
+            val_chunks=4 if quick else 20,
+        )
+        model = OnlineRNNModule(
+            TanhRNNCell(data.input_size, hidden),
+            output_size=data.output_size,
+            loss="cross_entropy",
+            estimator=estimator,
+            estimator_options=options,
+            optimizer="adam",
+            lr=1e-3,
+            clip_gradient_norm=1.0,
+        )
         return model, data
 
     budget = time.strftime("00:%H:%M:%S", time.gmtime(seconds))
@@ -166,8 +194,12 @@ def character_runs(quick: bool, seconds: int) -> dict:
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--tasks", nargs="+", choices=["influence", "adding", "characters"],
-                        default=["influence", "adding", "characters"])
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        choices=["influence", "adding", "characters"],
+        default=["influence", "adding", "characters"],
+    )
     parser.add_argument("--seconds", type=int, default=180, help="wall time per estimator on the character task")
     args = parser.parse_args(argv)
     if args.quick:
@@ -186,11 +218,19 @@ def main(argv: list[str] | None = None) -> Path:
             if error:
                 rows.append({"task": task, "method": method, "diverged": error, "epoch": len(curve) + 1})
             last = curve[-1] if curve else {}
-            print(f"{task:10s} {method:32s} {'DIVERGED ' if error else ''}{ {k: round(v, 4) for k, v in last.items()} }",
-                  flush=True)
+            print(
+                f"{task:10s} {method:32s} {'DIVERGED ' if error else ''}{ {k: round(v, 4) for k, v in last.items()} }",
+                flush=True,
+            )
     setup = {"tasks": args.tasks, "character_seconds": args.seconds, "seeds": 1}
-    path = write_result("reproduce_uoro_training", device, rows, claims(rows),
-                        suffix="-quick" if args.quick else "", extra={"setup": setup})
+    path = write_result(
+        "reproduce_uoro_training",
+        device,
+        rows,
+        claims(rows),
+        suffix="-quick" if args.quick else "",
+        extra={"setup": setup},
+    )
     plot(rows, path.with_suffix(".png"))
     for claim in claims(rows):
         print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
@@ -208,30 +248,59 @@ def claims(rows: list[dict]) -> list[dict]:
     if "influence" in tasks:
         uoro = _last(rows, "influence", "UORO")
         gap = abs(uoro.get("theta", math.inf) - THETA_OPTIMUM)
-        out.append({"claim": "influence balancing: UORO converges (final abs(theta + 1/6) < 0.01)",
-                    "figure": round(gap, 4), "holds": gap < 0.01})
-        short = [m for m in {r["method"] for r in rows if r["task"] == "influence"} if m.startswith("TBPTT k=")
-                 and int(m.split("=")[1]) <= 10]
+        out.append(
+            {
+                "claim": "influence balancing: UORO converges (final abs(theta + 1/6) < 0.01)",
+                "figure": round(gap, 4),
+                "holds": gap < 0.01,
+            }
+        )
+        short = [
+            m
+            for m in {r["method"] for r in rows if r["task"] == "influence"}
+            if m.startswith("TBPTT k=") and int(m.split("=")[1]) <= 10
+        ]
         # theta starts at 0, 1/6 from the optimum: a run that ends farther away moved the wrong way.
-        away = [m for m in short if "diverged" in _last(rows, "influence", m)
-                or abs(_last(rows, "influence", m).get("theta", 0.0) - THETA_OPTIMUM) > abs(THETA_OPTIMUM)]
-        out.append({"claim": "influence balancing: truncated BPTT with k <= 10 moves away from the optimum (runs whose"
-                             " theta ends farther from -1/6 than its start 0, or blew up, of those run)",
-                    "figure": f"{len(away)} of {len(short)}", "holds": bool(short) and len(away) == len(short)})
+        away = [
+            m
+            for m in short
+            if "diverged" in _last(rows, "influence", m)
+            or abs(_last(rows, "influence", m).get("theta", 0.0) - THETA_OPTIMUM) > abs(THETA_OPTIMUM)
+        ]
+        out.append(
+            {
+                "claim": "influence balancing: truncated BPTT with k <= 10 moves away from the optimum (runs whose"
+                " theta ends farther from -1/6 than its start 0, or blew up, of those run)",
+                "figure": f"{len(away)} of {len(short)}",
+                "holds": bool(short) and len(away) == len(short),
+            }
+        )
     if "adding" in tasks:
         floor = AddingTaskDataModule().loss_floors()["lag_t1_only"]
         for method in ("RTRL", "UORO (state)", "UORO (none, no spatial noise)"):
             loss = _last(rows, "adding", method).get("val_loss", math.inf)
-            out.append({"claim": f"adding: {method} uses both lags (validation loss below the x_t-5-only floor {floor:.3f})",
-                        "figure": round(loss, 4), "holds": loss < floor})
+            out.append(
+                {
+                    "claim": f"adding: {method} uses both lags (validation loss below the x_t-5-only floor {floor:.3f})",
+                    "figure": round(loss, 4),
+                    "holds": loss < floor,
+                }
+            )
     if "characters" in tasks:
-        bits = {m: _last(rows, "characters", m).get("val_bits", math.inf)
-                for m in {r["method"] for r in rows if r["task"] == "characters"}}
+        bits = {
+            m: _last(rows, "characters", m).get("val_bits", math.inf)
+            for m in {r["method"] for r in rows if r["task"] == "characters"}
+        }
         best = min(bits, key=bits.get)
         uoro = min((m for m in bits if m.startswith("UORO")), key=bits.get)
-        out.append({"claim": f"characters at equal wall time: the best UORO ({uoro}) is the best estimator (bits/char"
-                             f" above the best, {best})",
-                    "figure": round(bits[uoro] - bits[best], 4), "holds": uoro == best})
+        out.append(
+            {
+                "claim": f"characters at equal wall time: the best UORO ({uoro}) is the best estimator (bits/char"
+                f" above the best, {best})",
+                "figure": round(bits[uoro] - bits[best], 4),
+                "holds": uoro == best,
+            }
+        )
     return out
 
 
@@ -245,7 +314,7 @@ def plot(rows: list[dict], path: Path) -> None:
         return
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
+    for ax, task in zip(axes[0], tasks, strict=True):
         key = "theta" if task == "influence" else ("val_bits" if task == "characters" else "val_loss")
         for method in dict.fromkeys(r["method"] for r in rows if r["task"] == task):
             mine = [r for r in rows if r["task"] == task and r["method"] == method and key in r]
@@ -255,7 +324,11 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.axhline(THETA_OPTIMUM, color="grey", lw=0.8)
             ax.set_yscale("symlog", linthresh=0.1)
         ax.set_xlabel("training seconds" if task == "characters" else "epoch")
-        ax.set_ylabel({"theta": "theta (optimum -1/6)", "val_bits": "validation bits/char", "val_loss": "validation loss (nats)"}[key])
+        ax.set_ylabel(
+            {"theta": "theta (optimum -1/6)", "val_bits": "validation bits/char", "val_loss": "validation loss (nats)"}[
+                key
+            ]
+        )
         ax.set_title(task)
         ax.legend(fontsize=7)
     fig.tight_layout()

@@ -1,6 +1,5 @@
 """Multi-process training (DDP, spawned on CPU), exact checkpoint/resume, and bf16 mixed precision."""
 
-
 import pytest
 import pytorch_lightning as pl
 import torch

@@ -3,8 +3,8 @@ truncated BPTT, all behind one interface (:class:`OnlineGradientEstimator`); see
 
 from lightning_ortho.online.cells import GRUCell, InfluenceBalancingCell, TanhRNNCell
 from lightning_ortho.online.estimator import OnlineGradientEstimator
-from lightning_ortho.online.modrelu_cell import ModReLURNNCell
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
+from lightning_ortho.online.modrelu_cell import ModReLURNNCell
 from lightning_ortho.online.oracle import (
     OracleTerms,
     optimal_alpha,

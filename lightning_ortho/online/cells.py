@@ -131,7 +131,9 @@ class InfluenceBalancingCell(nn.Module):
         super().__init__()
         _check_sizes("InfluenceBalancingCell", units=units, input_size=input_size)
         if not isinstance(positive, int) or not 0 <= positive <= units:
-            raise ValueError(f"InfluenceBalancingCell: positive must be an int in [0, units={units}], got {positive!r}.")
+            raise ValueError(
+                f"InfluenceBalancingCell: positive must be an int in [0, units={units}], got {positive!r}."
+            )
         self.input_size, self.hidden_size, self.positive = input_size, units, positive
         self.theta = nn.Parameter(torch.tensor(float(theta)))
         transition = 0.5 * (torch.eye(units) + torch.diag(torch.ones(units - 1), 1))

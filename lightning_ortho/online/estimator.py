@@ -100,7 +100,9 @@ class OnlineGradientEstimator:
         """
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (state.batch_size,):
             shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise ValueError(f"{type(self).__name__}.reset: mask must be a bool tensor of shape ({state.batch_size},), got {shape}.")
+            raise ValueError(
+                f"{type(self).__name__}.reset: mask must be a bool tensor of shape ({state.batch_size},), got {shape}."
+            )
         batch, hidden = state.h.shape
         if h0 is not None and (
             not isinstance(h0, torch.Tensor) or tuple(h0.shape) not in ((hidden,), (1, hidden), (batch, hidden))

@@ -49,7 +49,7 @@ class ParameterLayout:
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         lead = flat.shape[:-1]
         chunks = flat.split(list(self.numels), dim=-1)
-        return {n: c.reshape(tuple(lead) + s) for n, c, s in zip(self.names, chunks, self.shapes)}
+        return {n: c.reshape(tuple(lead) + s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
 
 
 class _Method(nn.Module):

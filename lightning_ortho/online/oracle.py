@@ -76,7 +76,9 @@ def oracle_terms(
     if cut == "preactivation":
         if not (hasattr(cell, "preactivation") and hasattr(cell, "activation")):
             raise ValueError(f"oracle_terms: {type(cell).__name__} has no preactivation/activation; use cut='state'.")
-        first_z = functional_call(_Method(cell, "preactivation"), {f"cell.{k}": v for k, v in params.items()}, (xs[:1], h0[None]))
+        first_z = functional_call(
+            _Method(cell, "preactivation"), {f"cell.{k}": v for k, v in params.items()}, (xs[:1], h0[None])
+        )
         if activation_reads_parameters(cell, first_z.detach()):
             raise ValueError(
                 f"oracle_terms: {type(cell).__name__}.activation reads parameters, so the preactivation is not a cut"
@@ -149,7 +151,9 @@ def preactivation_b_matrix(terms: OracleTerms, alpha: torch.Tensor | None = None
         ValueError: the terms have no preactivation inputs (cut the cell at a preactivation ``z = W a``).
     """
     if terms.inputs is None:
-        raise ValueError("preactivation_b_matrix: needs terms of a cell with z = W a (oracle_terms cut='preactivation').")
+        raise ValueError(
+            "preactivation_b_matrix: needs terms of a cell with z = W a (oracle_terms cut='preactivation')."
+        )
     steps = terms.b.shape[0]
     alpha = terms.b.new_ones(steps) if alpha is None else torch.as_tensor(alpha, dtype=terms.b.dtype)
     c = _future_sums(terms.b)  # c[q, r] (T, T, Z)

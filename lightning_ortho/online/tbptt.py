@@ -29,7 +29,9 @@ class TruncatedBPTT(OnlineGradientEstimator):
     def __init__(self, cell: nn.Module, k: int, *, closed_form: bool = True) -> None:
         super().__init__(cell, closed_form=closed_form)
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"TruncatedBPTT: k must be a positive integer (steps to backpropagate through), got {k!r}.")
+            raise ValueError(
+                f"TruncatedBPTT: k must be a positive integer (steps to backpropagate through), got {k!r}."
+            )
         self.k = k
 
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -85,7 +87,9 @@ class TruncatedBPTT(OnlineGradientEstimator):
         grads = vmap(one)(t["inputs"], t["starts"].detach(), t["cut"], grad_h)
         return self.layout.flatten(grads, lead=1)
 
-    def gradient(self, state: OnlineState, grad_h: torch.Tensor, *, per_stream: bool = False) -> dict[str, torch.Tensor]:
+    def gradient(
+        self, state: OnlineState, grad_h: torch.Tensor, *, per_stream: bool = False
+    ) -> dict[str, torch.Tensor]:
         if per_stream:
             return super().gradient(state, grad_h, per_stream=True)
         # Summed over streams, one ordinary backward pass is enough (no per-stream vmap).
@@ -98,4 +102,4 @@ class TruncatedBPTT(OnlineGradientEstimator):
         with torch.enable_grad():
             h = self._replay(params, t["inputs"], t["starts"].detach(), t["cut"])
             grads = torch.autograd.grad(h, list(params.values()), grad_h, allow_unused=True)
-        return {n: (g if g is not None else torch.zeros_like(params[n])) for n, g in zip(params, grads)}
+        return {n: (g if g is not None else torch.zeros_like(params[n])) for n, g in zip(params, grads, strict=True)}

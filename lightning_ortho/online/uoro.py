@@ -6,7 +6,7 @@ preactivation estimator without spatial noise. Equations: ``spec/uoro.md`` secti
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 from torch import nn
@@ -18,9 +18,9 @@ from lightning_ortho.online.state import OnlineState
 Projection = Literal["state", "preactivation", "parameter", "none"]
 PROJECTIONS: tuple[str, ...] = Projection.__args__  # type: ignore[attr-defined]
 #: ``alpha``: a constant, a sequence indexed by step (``alpha[t - 1]`` at step ``t``) or a function of ``t``.
-Alpha = Union[float, Sequence[float], torch.Tensor, Callable[[int], float]]
+Alpha = float | Sequence[float] | torch.Tensor | Callable[[int], float]
 #: The fixed rescaling ``Q_t = alpha_t Q0`` (``Q0`` ``None`` is the identity).
-FixedRescaling = tuple[Alpha, Union[torch.Tensor, None]]
+FixedRescaling = tuple[Alpha, torch.Tensor | None]
 
 _ESTIMATE_TENSORS = ("h_tilde", "w_tilde", "a_tilde")
 
@@ -129,7 +129,9 @@ class UORO(OnlineGradientEstimator):
             return
         values = torch.as_tensor(alpha, dtype=torch.float64)
         if values.dim() > 1 or not torch.isfinite(values).all() or (values <= 0).any():
-            raise ValueError(f"UORO: alpha must be positive and finite (a number, a 1-d sequence or a function), got {alpha!r}.")
+            raise ValueError(
+                f"UORO: alpha must be positive and finite (a number, a 1-d sequence or a function), got {alpha!r}."
+            )
 
     def _prepare_q0(self, q0: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if q0 is None:
@@ -137,7 +139,9 @@ class UORO(OnlineGradientEstimator):
         if self.projection == "none":
             raise ValueError("UORO: projection='none' has no spatial noise, so Q0 must be None (alpha still applies).")
         if not isinstance(q0, torch.Tensor) or q0.dim() != 2 or q0.shape[0] != q0.shape[1]:
-            raise ValueError(f"UORO: Q0 must be a square (Z, Z) matrix at the cut vertex, got {getattr(q0, 'shape', q0)}.")
+            raise ValueError(
+                f"UORO: Q0 must be a square (Z, Z) matrix at the cut vertex, got {getattr(q0, 'shape', q0)}."
+            )
         q0 = q0.detach()
         if torch.linalg.matrix_rank(q0.double()) < q0.shape[0]:
             raise ValueError("UORO: Q0 is singular; the rescaling Q_t = alpha_t Q0 must be invertible.")
@@ -175,7 +179,9 @@ class UORO(OnlineGradientEstimator):
         stream_ids = torch.arange(batch) if stream_ids is None else stream_ids
         stream_ids = torch.as_tensor(stream_ids, dtype=torch.long, device=h0.device)
         if stream_ids.shape != (batch,) or stream_ids.min() < 0 or stream_ids.max() >= total:
-            raise ValueError(f"UORO: stream_ids must be {batch} indices in [0, total_streams={total}), got {stream_ids.tolist()}.")
+            raise ValueError(
+                f"UORO: stream_ids must be {batch} indices in [0, total_streams={total}), got {stream_ids.tolist()}."
+            )
         state.tensors["stream_ids"] = stream_ids
         state.tensors["total_streams"] = torch.tensor(total, device=h0.device)
         return state
@@ -255,12 +261,16 @@ class UORO(OnlineGradientEstimator):
         t = state.tensors
         size, forward, norm, accumulate = self._cut(lin)
         if not self.gir and self.q0 is not None and self.q0.shape[0] != size:
-            raise ValueError(f"UORO: Q0 is {tuple(self.q0.shape)} but the cut vertex ({self.projection!r}) has {size} entries.")
+            raise ValueError(
+                f"UORO: Q0 is {tuple(self.q0.shape)} but the cut vertex ({self.projection!r}) has {size} entries."
+            )
         propagated = lin.state_jvp(t["h_tilde"])  # J h_tilde_{t-1}
         nu, tau = self._noise(state, size, propagated)
         if self.gir:
             psi = forward(nu)  # J^h_z nu
-            gamma = self._ratio(torch.linalg.vector_norm(t["w_tilde"], dim=1), torch.linalg.vector_norm(propagated, dim=1))
+            gamma = self._ratio(
+                torch.linalg.vector_norm(t["w_tilde"], dim=1), torch.linalg.vector_norm(propagated, dim=1)
+            )
             beta = self._ratio(norm(nu), torch.linalg.vector_norm(psi, dim=1))  # ||nu^T J^z_theta|| / ||J^h_z nu||
             h_tilde = gamma[:, None] * propagated + (beta * tau)[:, None] * psi
             w_tilde = t["w_tilde"] * (1 / gamma)[:, None]  # a new tensor; the old state is left as it was
@@ -325,6 +335,8 @@ class UORO(OnlineGradientEstimator):
         parts, start = {}, 0
         for name, columns in self._weight_columns:
             block = weight[:, :, start : start + columns]
-            parts[name] = block[:, :, 0] if columns == 1 and dict(self.cell.named_parameters())[name].dim() == 1 else block
+            parts[name] = (
+                block[:, :, 0] if columns == 1 and dict(self.cell.named_parameters())[name].dim() == 1 else block
+            )
             start += columns
         return self.layout.flatten(parts, lead=1)

@@ -1,5 +1,5 @@
-import math
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -150,9 +150,7 @@ def test_quick_uoro_variance_reproduction(tmp_path, monkeypatch):
     assert len(data["claims"]) == 8 and all({"claim", "figure", "holds"} <= set(c) for c in data["claims"])
 
 
-@pytest.mark.parametrize(
-    "tasks", [["influence", "adding"], pytest.param(["characters"], marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("tasks", [["influence", "adding"], pytest.param(["characters"], marks=pytest.mark.slow)])
 def test_quick_uoro_training_reproduction(tasks, tmp_path, monkeypatch):
     script = load("reproduce_uoro_training")
     import _common

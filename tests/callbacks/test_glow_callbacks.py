@@ -16,8 +16,8 @@ from lightning_ortho.datamodules import DigitsDataModule
 from lightning_ortho.flows import AuxConv1x1, InvertibleAuxConv1x1
 from lightning_ortho.models import GlowModule
 from lightning_ortho.nn import NewtonInverseError
-from tests.flows.references import conv1x1_inputs, minority_fraction, pixel_jacobian_signs
 from tests.conftest import free_port
+from tests.flows.references import conv1x1_inputs, minority_fraction, pixel_jacobian_signs
 
 
 def small_glow(conv1x1: str) -> GlowModule:

@@ -69,7 +69,7 @@ def test_rtrl_through_the_closed_form_equals_bptt():
         _, state = estimator.step(xs[:, t], state)
         for n, grad in estimator.gradient(state, cots[:, t]).items():
             total[n] += grad
-    for (name, _), expected in zip(cell.named_parameters(), reference):
+    for (name, _), expected in zip(cell.named_parameters(), reference, strict=True):
         torch.testing.assert_close(total[name], expected, rtol=1e-10, atol=1e-10)
 
 

@@ -35,7 +35,9 @@ def cell() -> TanhRNNCell:
 def test_oracle_gradient_is_the_exact_gradient(cell, cut):
     xs, h0, loss_gradients = sequence()
     exact = total_estimates(RTRL(cell), xs, h0, loss_gradients, 1)[0]
-    torch.testing.assert_close(oracle_terms(cell, xs, h0, loss_gradients, cut=cut).gradient, exact, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        oracle_terms(cell, xs, h0, loss_gradients, cut=cut).gradient, exact, rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("cut", ["preactivation", "state"])
@@ -65,7 +67,9 @@ def test_b_form_equals_the_sum_form_and_q0_attains_the_minimum(cell):
     alpha = 0.5 + torch.rand(STEPS, generator=g, dtype=torch.float64)
     q0 = torch.eye(HIDDEN, dtype=torch.float64) + 0.3 * torch.randn(HIDDEN, HIDDEN, generator=g, dtype=torch.float64)
     # V(Q) (B form) = total variance minus its Q-independent part, read off at Q = I.
-    fixed_part = total_variance(terms, torch.eye(HIDDEN, dtype=torch.float64)) - preactivation_variance(terms, None, None)
+    fixed_part = total_variance(terms, torch.eye(HIDDEN, dtype=torch.float64)) - preactivation_variance(
+        terms, None, None
+    )
     sum_form = total_variance(terms, alpha[:, None, None] * q0) - fixed_part
     torch.testing.assert_close(preactivation_variance(terms, q0, alpha), sum_form, rtol=1e-10, atol=0)
 
@@ -77,7 +81,10 @@ def test_b_form_equals_the_sum_form_and_q0_attains_the_minimum(cell):
     torch.testing.assert_close(optimum, torch.linalg.eigvalsh(b).sqrt().sum() ** 2)  # tr(B^{1/2})^2
     assert optimum < identity
     for _ in range(20):
-        perturbed = best @ (torch.eye(HIDDEN, dtype=torch.float64) + 0.05 * torch.randn(HIDDEN, HIDDEN, generator=g, dtype=torch.float64))
+        perturbed = best @ (
+            torch.eye(HIDDEN, dtype=torch.float64)
+            + 0.05 * torch.randn(HIDDEN, HIDDEN, generator=g, dtype=torch.float64)
+        )
         assert preactivation_variance(terms, perturbed, None) >= optimum * (1 - 1e-12)
 
 

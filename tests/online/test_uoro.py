@@ -91,7 +91,11 @@ def rescaling_for(name: str, cut_size: int):
     if name == "fixed":
         return (alpha, None)
     g = torch.Generator().manual_seed(5)
-    return (alpha, torch.eye(cut_size, dtype=torch.float64) + 0.3 * torch.randn(cut_size, cut_size, generator=g, dtype=torch.float64))
+    return (
+        alpha,
+        torch.eye(cut_size, dtype=torch.float64)
+        + 0.3 * torch.randn(cut_size, cut_size, generator=g, dtype=torch.float64),
+    )
 
 
 @pytest.mark.parametrize(("kind", "projection", "rescaling"), CONFIGS)
