@@ -2,5 +2,6 @@
 
 from lightning_ortho.callbacks.glow_images import GlowImageGrids
 from lightning_ortho.callbacks.glow_invertibility import GlowInvertibilityCheck
+from lightning_ortho.callbacks.transform_compression import TransformCompression
 
-__all__ = ["GlowImageGrids", "GlowInvertibilityCheck"]
+__all__ = ["GlowImageGrids", "GlowInvertibilityCheck", "TransformCompression"]

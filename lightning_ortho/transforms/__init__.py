@@ -25,7 +25,16 @@ from lightning_ortho.transforms.blocks import (
     embed_block,
     schedule_layers,
 )
+from lightning_ortho.transforms.compression import (
+    CompressionReport,
+    NotAffineError,
+    affine_parts,
+    compress_linear,
+    default_hyperparameters,
+    restore_factorized,
+)
 from lightning_ortho.transforms.costs import OpCount, block_cost, multiplier_cost, row_cost
+from lightning_ortho.transforms.factorized_linear import FactorizedLinear
 from lightning_ortho.transforms.m_dla import (
     MTransformLearner,
     MTransformResult,
@@ -66,8 +75,11 @@ __all__ = [
     "BTransformResult",
     "BinaryBlockProduct",
     "BlockProduct",
+    "CompressionReport",
+    "FactorizedLinear",
     "MTransformLearner",
     "MTransformResult",
+    "NotAffineError",
     "OpCount",
     "SOPOTResult",
     "ShearTransformLearner",
@@ -75,9 +87,12 @@ __all__ = [
     "SingularBlockError",
     "TransformLearner",
     "TransformStatistics",
+    "affine_parts",
     "binary_core_cost",
     "binary_cores",
     "block_cost",
+    "compress_linear",
+    "default_hyperparameters",
     "embed_block",
     "fit_in_memory",
     "image_patches",
@@ -91,6 +106,7 @@ __all__ = [
     "omp_codes",
     "principal_basis",
     "representation_error",
+    "restore_factorized",
     "row_cost",
     "schedule_layers",
     "shear_error",

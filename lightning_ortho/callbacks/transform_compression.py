@@ -1,0 +1,355 @@
+"""Compress a trained model's dense layers into "fast transform x sparse codes" during or after ``fit``."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_only
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from torch import nn
+
+from lightning_ortho.nn import SVDLinear
+from lightning_ortho.transforms.compression import (
+    FAMILIES,
+    FactorizedLinear,
+    NotAffineError,
+    affine_parts,
+    compress_linear,
+)
+
+Metric = Callable[[pl.LightningModule, Any], tuple[torch.Tensor | float, int]]
+
+
+def accuracy_metric(pl_module: pl.LightningModule, batch: Any) -> tuple[torch.Tensor, int]:
+    """Default metric: batch ``(inputs, labels, ...)``, ``pl_module(inputs)`` logits ``(N, C)``; returns
+    ``(correct, N)`` (the micro accuracy that ``ClassifierModule`` logs as ``val_acc``)."""
+    inputs, labels = batch[0], batch[1]
+    logits = pl_module(inputs)
+    return (logits.argmax(dim=-1) == labels).sum(), labels.numel()
+
+
+def _check_optional_int(value: object, name: str, low: int) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+        raise ValueError(f"TransformCompression: {name} must be None or an int >= {low}, got {value!r}.")
+
+
+class TransformCompression(pl.Callback):
+    """Replaces dense layers by :class:`~lightning_ortho.transforms.FactorizedLinear` ``C (D^T x) + b`` learned
+    with :func:`~lightning_ortho.transforms.compression.compress_linear` (``W ~ C D^T`` in the Frobenius norm).
+
+    When: with ``at_epoch=None, finetune_epochs=0`` (default) at ``on_fit_end``, no fine-tuning. Otherwise at the end
+    of training epoch ``at_epoch`` (0-based), or of epoch ``max_epochs - 1 - finetune_epochs``; the remaining epochs
+    of the same ``fit`` then fine-tune the compressed model: the optimizers and LR schedulers are re-created from
+    ``configure_optimizers`` (``trainer.strategy.setup_optimizers``, so the new codes are optimised; optimizer state
+    such as Adam moments and schedules restart), the codes train only on their support (see
+    :class:`FactorizedLinear`), and the transforms stay fixed. Fine-tuning needs one process (DDP registered the old
+    parameters); if ``fit`` stops before that epoch, compression happens at ``on_fit_end`` with a warning.
+
+    Around the compression the validation dataloaders are run through the model (eval mode, no gradients, the
+    trainer's precision context) with ``metric``; the totals are summed across processes. Logged (``pl_module.log``
+    inside an epoch, the trainer's loggers at ``on_fit_end``): ``compression/<metric_name>_before``, ``.._after``,
+    ``compression/error/<module>`` (percent), ``compression/ops_before`` and ``compression/ops_after`` (additions +
+    multiplications + shifts, bias excluded). ``report`` keeps one dict per layer; a rich table is printed at the end.
+
+    Resuming from a checkpoint saved after compression: call
+    :func:`~lightning_ortho.transforms.compression.restore_factorized` on the fresh model with the checkpoint's
+    ``state_dict`` first; this callback's state (``done``) keeps it from compressing again.
+
+    Args:
+        modules: names of submodules to replace (``"head"``, ``"features.0"``); ``None``: every outermost
+            ``nn.Linear`` and :class:`~lightning_ortho.nn.SVDLinear`, skipping (with a warning) layers that are not
+            affine (``SVDLinear(orthogonal="aux")``), have fewer than 2 inputs (odd for family ``"m"``) or belong to
+            ``nn.MultiheadAttention``.
+        family, s, m, q, bits, iterations: as :func:`compress_linear` (defaults per layer).
+        at_epoch, finetune_epochs: when to compress (above); give at most one.
+        metric: ``metric(pl_module, batch) -> (total, count)``; the logged value is ``sum(total) / sum(count)``.
+            Default :func:`accuracy_metric`. metric_name: its name in the logs (default ``"val_acc"``).
+        verbose: print the rich table at the end of ``fit`` (rank zero).
+
+    Raises:
+        ValueError: invalid arguments (in ``__init__``); at ``fit`` start: a named module does not exist or is not
+            compressible (the message lists the model's Linear modules), no module to compress, ``at_epoch`` or
+            ``finetune_epochs`` do not fit ``max_epochs``, or fine-tuning under more than one process.
+    """
+
+    def __init__(
+        self,
+        modules: Sequence[str] | None = None,
+        family: str = "b",
+        s: int | None = None,
+        m: int | None = None,
+        q: int | None = None,
+        bits: int | None = None,
+        at_epoch: int | None = None,
+        finetune_epochs: int = 0,
+        iterations: int | None = None,
+        metric: Metric | None = None,
+        metric_name: str = "val_acc",
+        verbose: bool = True,
+    ) -> None:
+        if isinstance(modules, str) or (
+            modules is not None
+            and (not isinstance(modules, Sequence) or not modules or not all(isinstance(n, str) and n for n in modules))
+        ):
+            raise ValueError(
+                "TransformCompression: modules must be None (every Linear/SVDLinear) or a non-empty list of submodule "
+                f"names such as ['head', 'features.0'], got {modules!r}."
+            )
+        if modules is not None and len(set(modules)) != len(modules):
+            raise ValueError(f"TransformCompression: modules lists a name twice: {list(modules)}.")
+        if family not in FAMILIES:
+            raise ValueError(f"TransformCompression: family must be one of {FAMILIES}, got {family!r}.")
+        for name, value in (
+            ("s", s),
+            ("m", m),
+            ("q", q),
+            ("bits", bits),
+            ("iterations", iterations),
+            ("at_epoch", at_epoch),
+        ):
+            _check_optional_int(value, name, 0 if name == "at_epoch" else 1)
+        if family == "m" and (m is not None or bits is not None):
+            raise ValueError("TransformCompression: family 'm' takes q (stages), not m or bits.")
+        if family != "m" and q is not None:
+            raise ValueError(
+                f"TransformCompression: q is the stages of family 'm'; family {family!r} takes m (blocks)."
+            )
+        if family == "b" and bits is not None:
+            raise ValueError("TransformCompression: bits (SOPOT terms) applies to family 'shear' only.")
+        if not isinstance(finetune_epochs, int) or isinstance(finetune_epochs, bool) or finetune_epochs < 0:
+            raise ValueError(f"TransformCompression: finetune_epochs must be an int >= 0, got {finetune_epochs!r}.")
+        if at_epoch is not None and finetune_epochs:
+            raise ValueError(
+                "TransformCompression: give at_epoch (compress after that epoch) or finetune_epochs (compress before "
+                "the last N epochs), not both."
+            )
+        if metric is not None and not callable(metric):
+            raise ValueError("TransformCompression: metric must be callable as metric(pl_module, batch).")
+        if not isinstance(metric_name, str) or not metric_name:
+            raise ValueError(f"TransformCompression: metric_name must be a non-empty string, got {metric_name!r}.")
+        self.modules = None if modules is None else list(modules)
+        self.family, self.at_epoch, self.finetune_epochs, self.verbose = family, at_epoch, finetune_epochs, verbose
+        self.options = {"s": s, "m": m, "q": q, "bits": bits, "iterations": iterations}
+        self.metric, self.metric_name = metric or accuracy_metric, metric_name
+        self.report: list[dict[str, Any]] = []
+        self.metric_before: float | None = None
+        self.metric_after: float | None = None
+        self.done = False
+        self._epoch: int | None = None
+
+    # ------------------------------------------------------------------------------------------------ selection
+    @staticmethod
+    def linear_modules(model: nn.Module) -> list[str]:
+        """Names of the outermost ``nn.Linear`` / ``SVDLinear`` / ``FactorizedLinear`` modules of ``model``."""
+        names: list[str] = []
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear | SVDLinear | FactorizedLinear) and name:
+                if not any(name.startswith(f"{outer}.") for outer in names):
+                    names.append(name)
+        return names
+
+    def _problem(self, name: str, module: nn.Module, parent: nn.Module | None) -> str | None:
+        if isinstance(parent, nn.MultiheadAttention):
+            return "it belongs to nn.MultiheadAttention, which reads its weight directly instead of calling it"
+        try:
+            weight, _ = affine_parts(module)
+        except (TypeError, NotAffineError) as error:
+            return str(error)
+        n = weight.shape[1]
+        if n < 2 or (self.family == "m" and n % 2):
+            return f"its {n} input features do not suit family {self.family!r} (needs >= 2{', even' if self.family == 'm' else ''})"
+        if self.options["s"] is not None and self.options["s"] > n:
+            return f"s={self.options['s']} exceeds its {n} input features"
+        return None
+
+    def select(self, model: nn.Module, *, warn: bool = True) -> list[str]:
+        """Names of the modules this callback will replace in ``model`` (see ``modules``).
+
+        Raises:
+            ValueError: a named module is missing or not compressible, or nothing is left to compress.
+        """
+        available = self.linear_modules(model)
+        chosen, skipped = [], []
+        for name in self.modules if self.modules is not None else available:
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                raise ValueError(
+                    f"TransformCompression: the model has no submodule {name!r}. Its Linear modules are: {available}."
+                ) from None
+            if isinstance(module, FactorizedLinear):
+                continue  # already compressed (a resumed run)
+            parent = model.get_submodule(name.rpartition(".")[0])
+            problem = self._problem(name, module, parent)
+            if problem is None:
+                chosen.append(name)
+            elif self.modules is not None:
+                raise ValueError(f"TransformCompression: cannot compress {name!r}: {problem}.")
+            else:
+                skipped.append(f"{name} ({problem})")
+        if skipped and warn:
+            warnings.warn(f"TransformCompression: skipping {'; '.join(skipped)}.", stacklevel=2)
+        if not chosen and not any(isinstance(model.get_submodule(n), FactorizedLinear) for n in available):
+            raise ValueError(f"TransformCompression: no module to compress. The model's Linear modules: {available}.")
+        return chosen
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.done:
+            return
+        self.select(pl_module, warn=False)  # fail early, before training
+        max_epochs = trainer.max_epochs
+        if self.finetune_epochs:
+            if max_epochs is None or max_epochs < 0 or max_epochs <= self.finetune_epochs:
+                raise ValueError(
+                    f"TransformCompression: finetune_epochs={self.finetune_epochs} needs Trainer(max_epochs=...) "
+                    f"larger than it, got max_epochs={max_epochs}."
+                )
+            self._epoch = max_epochs - 1 - self.finetune_epochs
+        else:
+            self._epoch = self.at_epoch
+        if self._epoch is not None and max_epochs is not None and max_epochs >= 0 and self._epoch >= max_epochs:
+            raise ValueError(
+                f"TransformCompression: at_epoch={self._epoch} is never reached with max_epochs={max_epochs} "
+                f"(epochs 0..{max_epochs - 1}); lower at_epoch or use at_epoch=None to compress at the end of fit."
+            )
+        if self._epoch is not None and trainer.world_size > 1:
+            raise ValueError(
+                "TransformCompression: fine-tuning after compression (at_epoch / finetune_epochs) needs a single "
+                "process; under DDP use at_epoch=None (compress at the end of fit)."
+            )
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.done or self._epoch is None or trainer.current_epoch != self._epoch:
+            return
+        metrics = self._compress(trainer, pl_module)
+        trainer.strategy.setup_optimizers(trainer)  # the new codes join the (re-created) optimizers
+        for key, value in metrics.items():
+            pl_module.log(key, value)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.done:
+            if self._epoch is not None:
+                warnings.warn(
+                    f"TransformCompression: fit ended before epoch {self._epoch}; compressing now, without fine-tuning.",
+                    stacklevel=2,
+                )
+            metrics = self._compress(trainer, pl_module)
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+        if self.verbose and self.report:
+            self._print_table()
+
+    # ------------------------------------------------------------------------------------------------ work
+    def _compress(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        names = self.select(pl_module)
+        self.metric_before = self.evaluate(trainer, pl_module)
+        replacements = {}
+        for name in names:  # compress all first, then replace: an error leaves the model untouched
+            kwargs = {k: v for k, v in self.options.items() if v is not None}
+            replacements[name] = compress_linear(pl_module.get_submodule(name), self.family, **kwargs)
+        for name, new in replacements.items():
+            parent_name, _, child = name.rpartition(".")
+            old = pl_module.get_submodule(name)
+            setattr(pl_module.get_submodule(parent_name), child, new)
+            row = {"module": name, "type": type(old).__name__, "epoch": trainer.current_epoch}
+            self.report.append({**row, **new.report.as_dict()})
+        self.metric_after = self.evaluate(trainer, pl_module)
+        self.done = True
+        metrics: dict[str, float] = {}
+        if self.metric_before is not None and self.metric_after is not None:
+            metrics[f"compression/{self.metric_name}_before"] = self.metric_before
+            metrics[f"compression/{self.metric_name}_after"] = self.metric_after
+        total = lambda r, k: r[f"{k}_additions"] + r[f"{k}_multiplications"] + r[f"{k}_shifts"]  # noqa: E731
+        new_rows = self.report[-len(replacements) :] if replacements else []
+        for row in new_rows:
+            metrics[f"compression/error/{row['module']}"] = float(row["error"])
+        metrics["compression/ops_before"] = float(sum(total(r, "dense_ops") for r in new_rows))
+        metrics["compression/ops_after"] = float(sum(total(r, "factorized_ops") for r in new_rows))
+        return metrics
+
+    @staticmethod
+    def _val_loaders(trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Any]:
+        loaders = trainer.val_dataloaders
+        if loaders is None:
+            source = trainer.datamodule if trainer.datamodule is not None else pl_module
+            try:
+                loaders = source.val_dataloader()
+            except (AttributeError, NotImplementedError, MisconfigurationException):
+                loaders = None
+        if loaders is None:
+            return []
+        if isinstance(loaders, dict):
+            return list(loaders.values())
+        return list(loaders) if isinstance(loaders, list | tuple) else [loaders]
+
+    def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float | None:
+        """``sum(total) / sum(count)`` of ``metric`` over the validation dataloaders (summed across processes),
+        or ``None`` (with a warning) when there is no validation data."""
+        loaders = self._val_loaders(trainer, pl_module)
+        if not loaders:
+            warnings.warn("TransformCompression: no validation dataloader; the metric is not measured.", stacklevel=2)
+            return None
+        modes = {module: module.training for module in pl_module.modules()}
+        pl_module.eval()
+        sums = torch.zeros(2, dtype=torch.float64)
+        try:
+            with torch.no_grad(), trainer.precision_plugin.forward_context():
+                for index, loader in enumerate(loaders):
+                    for batch in loader:
+                        batch = trainer.strategy.batch_to_device(batch, dataloader_idx=index)
+                        total, count = self.metric(pl_module, batch)
+                        sums += torch.tensor([float(total), float(count)], dtype=torch.float64)
+        finally:
+            for module, mode in modes.items():
+                module.training = mode
+        dtype = torch.float32 if pl_module.device.type == "mps" else torch.float64  # MPS has no float64
+        sums = trainer.strategy.reduce(sums.to(device=pl_module.device, dtype=dtype), reduce_op="sum")
+        return float(sums[0] / sums[1]) if float(sums[1]) > 0 else None
+
+    @rank_zero_only
+    def _print_table(self) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        def fmt(value: float | None) -> str:
+            return "-" if value is None else f"{value:.4f}"
+
+        table = Table(
+            title=f"TransformCompression ({self.metric_name}: {fmt(self.metric_before)} -> {fmt(self.metric_after)})"
+        )
+        for column in ("module", "type", "in -> out", "s", "blocks", "error %", "ops before", "ops after", "ratio"):
+            table.add_column(column, justify="left" if column in ("module", "type") else "right")
+        for row in self.report:
+            ops = lambda k: row[f"{k}_additions"] + row[f"{k}_multiplications"] + row[f"{k}_shifts"]  # noqa: E731
+            table.add_row(
+                row["module"],
+                row["type"],
+                f"{row['in_features']} -> {row['out_features']}",
+                str(row["s"]),
+                str(row["blocks"]),
+                f"{row['error']:.2f}",
+                str(ops("dense_ops")),
+                str(ops("factorized_ops")),
+                f"{row['ops_ratio']:.3f}",
+            )
+        Console().print(table)
+
+    # ------------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "done": self.done,
+            "report": self.report,
+            "metric_before": self.metric_before,
+            "metric_after": self.metric_after,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.done = bool(state_dict.get("done", False))
+        self.report = list(state_dict.get("report", []))
+        self.metric_before = state_dict.get("metric_before")
+        self.metric_after = state_dict.get("metric_after")

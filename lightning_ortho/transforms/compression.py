@@ -1,0 +1,332 @@
+"""Compress a trained dense layer into "fast transform x sparse matrix" (spec sections 1, 5, 8, 10).
+
+The rows of the layer's weight ``W`` ``(out, in)`` are the learner's data ``Y`` (``N = out`` samples of dimension
+``n = in``), so a learned dictionary ``D`` ``(in, in)`` (a product of 2x2 blocks) and ``s``-sparse codes ``C``
+``(out, in)`` give ``W ~ C D^T`` and
+
+    y = W x + b  ~  C (D^T x) + b:
+
+first the fast product ``D^T`` (``O(m)`` operations), then a sparse matrix with ``s`` nonzeros per row.
+
+What is approximated: ``W`` in the Frobenius norm, ``error = 100 ||W - C D^T||_F^2 / ||W||_F^2`` (percent), the
+learners' own objective. It bounds the output error for every input, ``||(W - C D^T) x|| <= ||W - C D^T||_2 ||x||
+<= ||W - C D^T||_F ||x||``, so it needs no data. With ``data`` (inputs of the layer) the support and the transform
+still come from the Frobenius fit, and then the nonzero values of ``C`` and the bias are refit by least squares on
+the layer's outputs over those inputs (exact: one small ``s x s`` system per output row). A transform learned on
+whitened data would not be a fast transform of ``x`` any more, so the data only moves the code values.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from lightning_ortho.transforms.b_dla import learn_b_transform
+from lightning_ortho.transforms.costs import OpCount
+from lightning_ortho.transforms.factorized_linear import FactorizedLinear
+from lightning_ortho.transforms.m_dla import learn_m_transform
+from lightning_ortho.transforms.s_dla import learn_shear_transform
+
+FAMILIES = ("b", "m", "shear")
+
+
+class NotAffineError(ValueError):
+    """The module is not an affine map ``x -> W x + b``, so it has no dense weight to compress."""
+
+
+@dataclass
+class CompressionReport:
+    """What :func:`compress_linear` did to one layer (op counts exclude the bias, see :class:`FactorizedLinear`)."""
+
+    family: str
+    in_features: int
+    out_features: int
+    s: int
+    blocks: int
+    stages: int | None
+    bits: int | None
+    error: float
+    output_error: float | None
+    dense_ops: OpCount
+    factorized_ops: OpCount
+    transform_ops: OpCount
+    code_ops: OpCount
+    learner_errors: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ops_ratio(self) -> float:
+        """All operations (additions + multiplications + shifts) after over before."""
+        total = lambda c: c.additions + c.multiplications + c.shifts  # noqa: E731
+        return total(self.factorized_ops) / max(total(self.dense_ops), 1)
+
+    def as_dict(self) -> dict[str, object]:
+        """Flat dict of Python scalars (op counts as ``<name>_additions`` etc.), for logging and tables."""
+        out: dict[str, object] = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, dict):
+                out.update({f"{key}_{k}": v for k, v in value.items()})
+            elif key != "learner_errors":
+                out[key] = value
+        out["ops_ratio"] = self.ops_ratio
+        return out
+
+
+def _first_tensor(module: nn.Module) -> torch.Tensor | None:
+    tensor = next(iter(module.parameters()), None)
+    return tensor if tensor is not None else next(iter(module.buffers()), None)
+
+
+def affine_parts(
+    module: nn.Module, *, in_features: int | None = None, probe: int = 8, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The dense ``(W, b)`` of an affine module ``x -> W x + b`` (detached, the module's dtype and device).
+
+    ``nn.Linear``: its ``weight`` and ``bias``. Any other module (e.g. :class:`~lightning_ortho.nn.SVDLinear`) is
+    applied, in eval mode and without gradients, to the identity: ``b = f(0)``, ``W^T = f(I) - f(0)``; then a
+    random probe ``X`` ``(probe, in)`` checks ``f(X) = X W^T + b`` within ``1000 eps sqrt(in)`` (relative). ``b`` is
+    ``None`` for an ``nn.Linear`` without bias or a module whose ``bias`` attribute is ``None``.
+
+    Raises:
+        TypeError: ``module`` is not an ``nn.Module``, or has no ``in_features`` and none was given.
+        NotAffineError: the probe shows the module is not affine (e.g. ``SVDLinear(orthogonal="aux")``: auxiliary
+            reflections are norm-preserving but not linear), or its output is not ``(k, out)``.
+    """
+    if isinstance(module, nn.Linear):
+        return module.weight.detach(), None if module.bias is None else module.bias.detach()
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"affine_parts: expected an nn.Module, got {type(module).__name__}.")
+    n = in_features if in_features is not None else getattr(module, "in_features", None)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise TypeError(
+            f"affine_parts: {type(module).__name__} has no integer in_features attribute; pass in_features=... "
+            f"(the size of the last input dimension)."
+        )
+    reference = _first_tensor(module)
+    dtype = reference.dtype if reference is not None and reference.is_floating_point() else torch.get_default_dtype()
+    device = reference.device if reference is not None else torch.device("cpu")
+    modes = {sub: sub.training for sub in module.modules()}
+    module.eval()
+    try:
+        with torch.no_grad():
+            rows = torch.cat([torch.zeros(1, n), torch.eye(n), torch.randn(probe, n, generator=generator)])
+            out = module(rows.to(device=device, dtype=dtype))
+    finally:
+        for sub, mode in modes.items():
+            sub.training = mode
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != rows.shape[0]:
+        raise NotAffineError(f"affine_parts: {type(module).__name__} must map (k, {n}) to (k, out).")
+    bias = out[0]
+    weight = (out[1 : n + 1] - bias).T
+    x, y = rows[n + 1 :].to(out), out[n + 1 :]
+    deviation = float((y - (x @ weight.T + bias)).abs().max())
+    scale = float(y.abs().max().clamp_min(torch.finfo(out.dtype).tiny))
+    tolerance = 1000 * torch.finfo(out.dtype).eps * math.sqrt(n)
+    if not deviation <= tolerance * scale:
+        raise NotAffineError(
+            f"affine_parts: {type(module).__name__} is not affine: on a random probe f(x) differs from "
+            f"W x + b (W, b read from f(I) - f(0), f(0)) by {deviation / scale:.2e} relative (tolerance "
+            f"{tolerance:.1e}). Only affine layers can be compressed; SVDLinear with orthogonal='aux' is not linear, "
+            f"use a linear map ('householder', 'cayley', ...) or compress the nn.Linear layers only."
+        )
+    if getattr(module, "bias", torch.zeros(())) is None:
+        return weight, None
+    return weight, bias
+
+
+def default_hyperparameters(family: str, in_features: int, out_features: int) -> dict[str, int]:
+    """The defaults of :func:`compress_linear` for an ``(out, in)`` layer, chosen so that the factorized count stays
+    near a quarter of the dense ``2 out in`` operations (each part at most ~1/8):
+
+    * ``s = max(1, in // 8)``: the codes cost about ``2 out s ~ 1/8`` of the dense count;
+    * ``b``: ``m = clamp(out * in // 16, in // 2, 2 in)`` blocks (at most 4 operations each, so at most ~1/8 of
+      the dense count; at least ``in / 2`` so every coordinate can be touched; at most ``2 in``, beyond which
+      B_m-DLA gains little);
+    * ``shear``: ``m = max(1, in // 2)`` (the paper's ``m = 32`` for ``n = 64``; S-DLA's sweeps grow fast with ``m``);
+    * ``m``: ``q = max(1, min(ceil(log2 in), out // 4 - 1))`` stages (an FFT's depth; ``n q + n`` operations).
+    """
+    s = max(1, in_features // 8)
+    if family == "m":
+        return {"s": s, "q": max(1, min(math.ceil(math.log2(max(in_features, 2))), out_features // 4 - 1))}
+    if family == "shear":
+        return {"s": s, "m": max(1, in_features // 2)}
+    return {"s": s, "m": min(2 * in_features, max(in_features // 2, out_features * in_features // 16))}
+
+
+def _check_int(value: object, name: str, low: int, high: int | None = None, hint: str = "") -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
+    if not ok:
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"compress_linear: {name} must be an int {bound}{hint}, got {value!r}.")
+
+
+def _learn(family: str, y: torch.Tensor, s: int, m, q, bits, iterations, generator):
+    if family == "b":
+        return learn_b_transform(y, m, s, iterations=iterations or 10, generator=generator)
+    if family == "m":
+        return learn_m_transform(y, q, s, rounds=iterations or 1, generator=generator)
+    return learn_shear_transform(y, m, s, bits=bits, iterations=iterations or 15, generator=generator)
+
+
+def _refit_on_data(data, weight, bias, dictionary, codes, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """Least-squares values of ``codes`` on ``mask`` and a new bias minimising ``||f(X) - (X D C^T + b')||_F``."""
+    mean = data.mean(0)
+    centered = data - mean
+    t = centered @ dictionary  # rows D^T x
+    gram, cross = t.T @ t, t.T @ (centered @ weight.T)  # (n, n), (n, out)
+    support = mask.nonzero()[:, 1].view(mask.shape[0], -1)  # (out, s): the mask has s entries in every row
+    systems = gram[support[:, :, None], support[:, None, :]]  # (out, s, s)
+    rhs = cross.T.gather(1, support)[..., None]  # (out, s, 1)
+    values = torch.linalg.lstsq(systems, rhs, driver="gelsd").solution[..., 0]
+    refit = torch.zeros_like(codes).scatter_(1, support, values)
+    new_bias = (bias if bias is not None else 0) + (weight - refit @ dictionary.T) @ mean
+    return refit, new_bias
+
+
+def compress_linear(
+    layer: nn.Module,
+    family: str = "b",
+    *,
+    s: int | None = None,
+    m: int | None = None,
+    q: int | None = None,
+    bits: int | None = None,
+    iterations: int | None = None,
+    generator: torch.Generator | None = None,
+    data: torch.Tensor | None = None,
+    in_features: int | None = None,
+) -> FactorizedLinear:
+    """Replace an affine layer by ``C (D^T x) + b`` with ``W ~ C D^T`` (see the module docstring).
+
+    Args:
+        layer: ``nn.Linear``, :class:`~lightning_ortho.nn.SVDLinear` with linear maps, or any affine module with an
+            ``in_features`` attribute (or pass ``in_features``); its ``(W, b)`` from :func:`affine_parts`.
+        family: ``"b"`` (B_m-DLA, binary blocks), ``"m"`` (M_q-DLA, ``q`` perfect-matching stages; even ``in``) or
+            ``"shear"`` (S-DLA, shears and scalings; ``bits`` SOPOT terms per shear, ``None`` = full precision).
+        s: nonzeros per code row (``1 <= s <= in``); m: blocks (``b``, ``shear``); q: stages (``m``); defaults from
+            :func:`default_hyperparameters`.
+        iterations: sweeps of the learner (``b``: 10, ``shear``: 15) or outer rounds (``m``: 1) when ``None``.
+        generator: passed to the learner. data: optional ``(N, in)`` inputs of the layer for the data-aware refit.
+
+    Returns:
+        A :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and ``report``
+        (:class:`CompressionReport`: errors, op counts before/after, learner errors, seconds).
+
+    Raises:
+        ValueError: unknown family; ``s``/``m``/``q``/``bits``/``iterations`` out of range or given for a family that
+            does not use them; odd ``in`` for ``"m"``; ``in < 2``; NaN/inf or all-zero weights; bad ``data``.
+        NotAffineError: the layer is not affine. TypeError: not a module, or no ``in_features``.
+        ImportError: ``"shear"`` and the S-DLA learner is not installed.
+    """
+    start = time.perf_counter()
+    if family not in FAMILIES:
+        raise ValueError(f"compress_linear: family must be one of {FAMILIES}, got {family!r}.")
+    weight, bias = affine_parts(layer, in_features=in_features, generator=generator)
+    out, n = weight.shape
+    name = type(layer).__name__
+    if not bool(torch.isfinite(weight).all()) or (bias is not None and not bool(torch.isfinite(bias).all())):
+        raise ValueError(f"compress_linear: the {name}'s weight or bias holds NaN or inf; fix the training first.")
+    if not bool((weight != 0).any()):
+        raise ValueError(f"compress_linear: the {name}'s weight is all zeros; there is nothing to compress.")
+    if n < 2 or (family == "m" and n % 2):
+        need = "an even in_features (its stages are perfect matchings)" if family == "m" else "in_features >= 2"
+        raise ValueError(f"compress_linear: family={family!r} needs {need}, got {n}; use family='b' or 'shear'.")
+    unused = {"b": ("q", "bits"), "m": ("m", "bits"), "shear": ("q",)}[family]
+    for key, value in (("m", m), ("q", q), ("bits", bits)):
+        if key in unused and value is not None:
+            what = {
+                "m": "the number of blocks of family 'b'/'shear'",
+                "q": "the stages of family 'm'",
+                "bits": "the SOPOT terms of family 'shear' (B and M cores are fixed binary cores)",
+            }[key]
+            raise ValueError(f"compress_linear: {key} is {what}; it does not apply to family={family!r}.")
+    defaults = default_hyperparameters(family, n, out)
+    s = defaults["s"] if s is None else s
+    _check_int(s, "s", 1, n, " (nonzeros per code row, at most in_features)")
+    if family != "m":
+        m = defaults["m"] if m is None else m
+        _check_int(m, "m", 1, hint=" (number of blocks)")
+    else:
+        q = defaults["q"] if q is None else q
+        _check_int(q, "q", 1, hint=" (number of stages)")
+    if bits is not None:
+        _check_int(bits, "bits", 1, hint=" (SOPOT terms per shear) or None")
+    if iterations is not None:
+        _check_int(iterations, "iterations", 1)
+    if data is not None:
+        if not isinstance(data, torch.Tensor) or not data.is_floating_point() or data.dim() != 2 or data.shape[1] != n:
+            raise ValueError(f"compress_linear: data must be a floating (N, {n}) tensor of layer inputs.")
+        if data.shape[0] < 1 or not bool(torch.isfinite(data).all()):
+            raise ValueError("compress_linear: data must hold at least one row and no NaN/inf.")
+
+    w64 = weight.double().cpu()
+    b64 = None if bias is None else bias.double().cpu()
+    result = _learn(family, w64, s, m, q, bits, iterations, generator)
+    dictionary = result.transform.to(torch.float64).cpu()
+    d = dictionary.matrix()
+    codes = result.codes.double().cpu()
+    support = codes.abs().topk(s, dim=1).indices  # exactly s entries per row: the learner's nonzeros, topped up
+    mask = torch.zeros_like(codes, dtype=torch.bool).scatter_(1, support, True)
+    codes = codes.masked_fill(~mask, 0)
+    output_error = None
+    if data is not None:
+        x = data.detach().double().cpu()
+        codes, b64 = _refit_on_data(x, w64, b64, d, codes, mask)
+        target = x @ w64.T + (0 if bias is None else bias.double().cpu())
+        approx = (x @ d) @ codes.T + b64
+        output_error = float(100 * (target - approx).square().sum() / target.square().sum().clamp_min(1e-300))
+    factorized = FactorizedLinear.from_dictionary(dictionary, codes, b64, mask=mask)
+    factorized.error = factorized.relative_error(w64)
+    terms = bits if family == "shear" else None
+    try:
+        transform_ops = factorized.transform_op_count(terms)
+    except ValueError:  # cores not in R_bits: count them as multiplications
+        transform_ops = factorized.transform_op_count()
+    code_ops = factorized.codes_op_count()
+    factorized = factorized.to(device=weight.device, dtype=weight.dtype)
+    factorized.report = CompressionReport(
+        family=family,
+        in_features=n,
+        out_features=out,
+        s=s,
+        blocks=dictionary.num_blocks,
+        stages=q if family == "m" else None,
+        bits=bits,
+        error=factorized.error,
+        output_error=output_error,
+        dense_ops=factorized.dense_op_count(),
+        factorized_ops=transform_ops + code_ops,
+        transform_ops=transform_ops,
+        code_ops=code_ops,
+        learner_errors=[float(e) for e in getattr(result, "errors", [])],
+        seconds=time.perf_counter() - start,
+    )
+    return factorized
+
+
+def restore_factorized(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
+    """Before ``model.load_state_dict(state_dict)``: replace every submodule whose keys in ``state_dict`` are those
+    of a :class:`FactorizedLinear` (``<name>.codes``, ``<name>.mask``, ``<name>.transform.pairs``) by one rebuilt
+    with :meth:`FactorizedLinear.from_state_dict`, on the device of the module it replaces. Returns the names.
+
+    Raises:
+        KeyError: ``model`` has no submodule of such a name.
+    """
+    names = [k[: -len(".transform.pairs")] for k in state_dict if k.endswith(".transform.pairs")]
+    names = [name for name in names if f"{name}.codes" in state_dict and f"{name}.mask" in state_dict]
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name)
+            old = parent.get_submodule(child)
+        except AttributeError as error:
+            raise KeyError(f"restore_factorized: the model has no submodule {name!r} for its state.") from error
+        new = FactorizedLinear.from_state_dict(state_dict, prefix=f"{name}.")
+        reference = _first_tensor(old)
+        setattr(parent, child, new.to(reference.device) if reference is not None else new)
+    return names
