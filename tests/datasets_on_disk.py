@@ -44,6 +44,21 @@ def write_cifar10(root: Path, n_per_batch: int = 16, n_test: int = 16, seed: int
     return Path(root)
 
 
+def write_photos(root: Path, seed: int = 0) -> Path:
+    """``root/photos/*.png``: two 8-bit PNG photographs (one grey 32x40, one RGB 24x48) of smooth random texture,
+    as an image folder for :class:`ImagePatchesDataModule` (20 + 18 = 38 patches of 8x8; the module reads root recursively)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "photos"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, shape in (("grey.png", (32, 40)), ("colour.png", (24, 48, 3))):
+        pixels = rng.normal(size=shape).cumsum(0).cumsum(1)
+        pixels = np.uint8(255 * (pixels - pixels.min()) / np.ptp(pixels))
+        Image.fromarray(pixels).save(folder / name)
+    return Path(root)
+
+
 @dataclass(frozen=True)
 class OnDisk:
     """How to give a file-reading data module tiny files: ``write(root)``, the folder under ``root`` that
@@ -59,4 +74,5 @@ class OnDisk:
 ON_DISK = {
     "MNISTDataModule": OnDisk(write_mnist, "MNIST/raw", 32),
     "CIFAR10DataModule": OnDisk(write_cifar10, "cifar-10-batches-py", 16, {"verify_checksums": "false"}),
+    "ImagePatchesDataModule": OnDisk(write_photos, "", 4),
 }

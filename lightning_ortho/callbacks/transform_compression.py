@@ -70,6 +70,8 @@ class TransformCompression(pl.Callback):
             Default :func:`accuracy_metric`. metric_name: its name in the logs (default ``"val_acc"``).
         verbose: print the rich table at the end of ``fit`` (rank zero).
 
+    Under ``fast_dev_run`` the layers are compressed at the end of fit, without fine-tuning (with a warning).
+
     Raises:
         ValueError: invalid arguments (in ``__init__``); at ``fit`` start: a named module does not exist or is not
             compressible (the message lists the model's Linear modules), no module to compress, ``at_epoch`` or
@@ -203,6 +205,15 @@ class TransformCompression(pl.Callback):
             return
         self.select(pl_module, warn=False)  # fail early, before training
         max_epochs = trainer.max_epochs
+        if trainer.fast_dev_run and (self.finetune_epochs or self.at_epoch is not None):
+            # A smoke run of one batch cannot hold the fine-tuning epochs; compress at its end instead of failing.
+            warnings.warn(
+                "TransformCompression: fast_dev_run runs one epoch, so the layers are compressed at the end of fit "
+                "without fine-tuning.",
+                stacklevel=2,
+            )
+            self._epoch = None
+            return
         if self.finetune_epochs:
             if max_epochs is None or max_epochs < 0 or max_epochs <= self.finetune_epochs:
                 raise ValueError(
