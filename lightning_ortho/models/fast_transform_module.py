@@ -56,8 +56,8 @@ class FastTransformModule(pl.LightningModule):
     ``Y^T Y``, ``Z = Y^T X``, ``W = X^T X``, ``||Y||^2``). After the last batch of the epoch the sums are
     all-reduced across processes and the transform is updated from them; a DDP run therefore learns the same
     transform as one process on the same data (DistributedSampler pads an uneven split with repeated samples,
-    which then count twice). No gradient is involved: there is no optimizer, and Trainer options about it do not
-    apply. Training stops by itself when the algorithm has converged; ``max_epochs`` must allow enough passes
+    which then count twice). No gradient is involved: the optimizer is a no-op that counts updates
+    (``global_step`` = number of transform updates), and Trainer options about gradients do not apply. Training stops by itself when the algorithm has converged; ``max_epochs`` must allow enough passes
     (B and shear: 3 + sweeps; M: 2 + rounds).
 
     Args:
@@ -77,7 +77,8 @@ class FastTransformModule(pl.LightningModule):
         patch_size, remove_mean: see ``features``.
 
     Logs ``train_error`` (percent, ``100 ||Y - X D^T||^2 / ||Y||^2`` of the epoch's codes under the transform
-    that produced them), ``val_error`` (the validation batches coded with the updated transform), ``additions``,
+    that produced them: no transform in the first epoch, the dense PCA basis that initialises the learner in the
+    second, the learned transform after), ``val_error`` (the validation batches coded with the updated transform), ``additions``,
     ``multiplications`` and ``shifts`` of one application of ``D``.
 
     The learned transform is :meth:`transform` (a :class:`~lightning_ortho.transforms.BlockProduct`); the
@@ -148,9 +149,15 @@ class FastTransformModule(pl.LightningModule):
         return self.learner
 
     # ------------------------------------------------------------------------------------------------ training
-    def configure_optimizers(self) -> None:
-        """No optimizer: the transform is updated in closed form from the epoch's sums."""
-        return None
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """A no-op optimizer whose ``step`` marks each update of the transform.
+
+        The transform is updated in closed form from the epoch's sums; nothing is trained by gradients. Lightning
+        counts ``global_step`` in optimizer steps and its ModelCheckpoint saves only when ``global_step`` has
+        moved, so one ``step()`` per update (SGD with ``lr=0`` on a parameter that never has a gradient) keeps
+        step-based logic working: ``global_step`` is the number of transform updates.
+        """
+        return torch.optim.SGD([self.ddp_anchor], lr=0.0)
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         y = self.features(batch)
@@ -171,6 +178,7 @@ class FastTransformModule(pl.LightningModule):
         statistics, self._statistics = self._statistics, None
         statistics.all_reduce(lambda flat: self.trainer.strategy.reduce(flat, reduce_op="sum"))
         error = self.learner.update(statistics)
+        self.optimizers().step()  # counts the update (see configure_optimizers); no parameter changes
         if error is not None:
             self.log("train_error", error, on_step=False, on_epoch=True, prog_bar=True, sync_dist=False)
         count = self.learner.op_count()

@@ -55,6 +55,7 @@ def test_b_transform_learned_from_batches_equals_the_in_memory_learner(tmp_path)
     assert learned.core_index.tolist() == expected.transform.core_index.tolist()
     # basis pass, greedy pass, initial error, one pass per sweep; then it stops by itself (well before 30 epochs).
     assert trainer.current_epoch == 3 + len(expected.errors) and module.learner.finished
+    assert trainer.global_step == trainer.current_epoch  # one (no-op) optimizer step per update
     assert float(trainer.callback_metrics["train_error"]) == pytest.approx(expected.errors[-1], rel=1e-6)
     assert float(trainer.callback_metrics["multiplications"]) == expected.transform.op_count().multiplications
 
@@ -127,7 +128,7 @@ def test_checkpoint_resume_learns_what_the_uninterrupted_run_learns(tmp_path, mo
 
     straight = module()
     _fit(tmp_path / "straight", straight, Vectors(data, shuffle=False))
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1)  # plain per-epoch checkpoints
     first = module()
     _fit(
         tmp_path / "first",
@@ -142,7 +143,7 @@ def test_checkpoint_resume_learns_what_the_uninterrupted_run_learns(tmp_path, mo
     resumed = module()
     epochs_run = EpochCounter()
     trainer = make_tiny_trainer(tmp_path / "resumed", max_epochs=30, callbacks=[epochs_run])
-    trainer.fit(resumed, Vectors(data, shuffle=False), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    trainer.fit(resumed, Vectors(data, shuffle=False), ckpt_path=str(tmp_path / "ckpt" / "epoch=3-step=4.ckpt"))
     assert epochs_run.count == 3 + len(straight.learner.errors) - 4  # it went on from epoch 4, not from scratch
     assert resumed.learner.pairs == straight.learner.pairs and resumed.learner.index == straight.learner.index
     assert resumed.learner.errors == straight.learner.errors
