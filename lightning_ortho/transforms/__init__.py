@@ -59,6 +59,7 @@ from lightning_ortho.transforms.statistics import (
     fit_in_memory,
     principal_basis,
 )
+from lightning_ortho.transforms.unnormalised import o_block_change, o_cores, o_transform
 
 __all__ = [
     "BINARY_CORE_COSTS",
@@ -103,6 +104,9 @@ __all__ = [
     "learn_shear_transform",
     "m_pair_costs",
     "multiplier_cost",
+    "o_block_change",
+    "o_cores",
+    "o_transform",
     "omp_codes",
     "principal_basis",
     "representation_error",
