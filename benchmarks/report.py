@@ -213,21 +213,30 @@ def render_reproduce_uoro(data: dict) -> str:
         f"{setup['hidden']}, T = {setup['steps']}, {setup['draws']:,} independent draws per estimator on each of "
         f"{len(seeds)} sequences; tr Cov(g) of the total gradient estimate; lower is better).",
         "",
-        "| estimator | tr Cov(g), sequences " + " / ".join(str(s) for s in seeds)
+        "| estimator | tr Cov(g), sequences "
+        + " / ".join(str(s) for s in seeds)
         + " | relative to GIR at the state | section 6 prediction | relative bias (± s.e.) | max abs(z) / critical | ms per step |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for method in methods:
         mine = [pick[(method, s)] for s in seeds]
-        logs = [math.log(r["total_variance"] / pick[("GIR, state", s)]["total_variance"]) for s, r in zip(seeds, mine)]
+        logs = [
+            math.log(r["total_variance"] / pick[("GIR, state", s)]["total_variance"])
+            for s, r in zip(seeds, mine, strict=True)
+        ]
         gain = math.exp(sum(logs) / len(logs))
-        predicted = " / ".join(f"{r['predicted_total_variance']:.4g}" for r in mine) if "predicted_total_variance" in mine[0] else ""
+        predicted = (
+            " / ".join(f"{r['predicted_total_variance']:.4g}" for r in mine)
+            if "predicted_total_variance" in mine[0]
+            else ""
+        )
         bias = sum(r["relative_bias"] for r in mine) / len(mine)
         bias_se = sum(r["bias_se"] for r in mine) / len(mine)
         z = max(r["max_z"] / r["critical_z"] for r in mine)
         ms = 1e3 * sum(r["seconds_per_step"] for r in mine) / len(mine)
         lines.append(
-            f"| {method} | " + " / ".join(f"{r['total_variance']:.4g}" for r in mine)
+            f"| {method} | "
+            + " / ".join(f"{r['total_variance']:.4g}" for r in mine)
             + f" | {gain:.3g}x | {predicted} | {bias:.3f} (± {bias_se:.3f}) | {z:.2f} | {ms:.0f} |"
         )
     return "\n".join(lines + claims_table(data["claims"]))
@@ -346,6 +355,29 @@ def render_reproduce_uoro_training(data: dict) -> str:
     return "\n".join(lines + claims_table(data["claims"]))
 
 
+def render_reproduce_transforms(data: dict) -> str:
+    setup = data["setup"]
+    lines = [
+        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` "
+        f"({data.get('total_seconds', '?')} s; {setup['patches']:,} patches, n = {setup['n']}, s = {setup['s']}; "
+        "error = 100 ||Y - X D^T||^2 / ||Y||^2; operations of one transform of one patch).",
+        "",
+        "| transform | codes | error (%) | additions | multiplications | shifts | total | seconds to learn |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        seconds = f"{row['seconds']:.1f}" if row.get("seconds") else ""
+        lines.append(
+            f"| {row['label']} | {row['coding']} | {row['error']:.2f} | {row['additions']} | {row['multiplications']} "
+            f"| {row['shifts']} | {row['total_ops']} | {seconds} |"
+        )
+    peer = data.get("peers", {}).get("pyfaust", {})
+    if peer:
+        status = f"version {peer['version']}" if "version" in peer else f"not available: {peer.get('error', '?')}"
+        lines += ["", f"FAµST: `{peer.get('requirement', 'pyfaust')}` ({status})."]
+    return "\n".join(lines + claims_table(data["claims"]))
+
+
 RENDERERS = {
     "rnn_initial_loss": render_rnn_initial_loss,
     "bench_flows": render_bench_flows,
@@ -359,6 +391,7 @@ RENDERERS = {
     "reproduce_uoro": render_reproduce_uoro,
     "reproduce_uoro_training": render_reproduce_uoro_training,
     "bench_online": render_bench_online,
+    "reproduce_transforms": render_reproduce_transforms,
 }
 
 

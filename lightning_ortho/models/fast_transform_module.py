@@ -190,6 +190,13 @@ class FastTransformModule(pl.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._statistics = None
 
+    def on_train_epoch_end(self) -> None:
+        # A loader without a length (an IterableDataset) never reveals its last batch to training_step: the
+        # pass ends here instead (after validation and the callbacks' epoch-end hooks, so those see the
+        # transform of the previous pass).
+        if self._statistics is not None:
+            self._end_of_pass()
+
     # ---------------------------------------------------------------------------------------------- validation
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         y = self.features(batch)

@@ -104,7 +104,17 @@ class TransformStatistics:
 
     def error(self, dictionary: torch.Tensor) -> float:
         """``100 ||Y - X D^T||_F^2 / ||Y||_F^2`` from the sums: ``||Y||^2 - 2 tr(D^T Z) + tr(D W D^T)``, for any
-        ``(n, n)`` dictionary ``D`` (orthonormal or not)."""
+        ``(n, n)`` dictionary ``D`` (orthonormal or not).
+
+        Raises:
+            ValueError: ``||Y||^2 = 0`` (no data, or only zeros): the relative error is undefined.
+        """
+        if float(self.data_energy) <= 0:
+            raise ValueError(
+                "TransformStatistics.error: every feature of the pass is zero, so the relative error "
+                "100 ||Y - X D^T||^2 / ||Y||^2 is undefined and no transform can be learned; check the data (e.g. "
+                "patches of a flat image with their mean removed are all zero)."
+            )
         d = dictionary.to(device=self.cross.device, dtype=STATISTICS_DTYPE)
         residual = self.data_energy - 2 * (d * self.cross).sum() + ((d @ self.code_gram) * d).sum()
         return float(100 * residual / self.data_energy)

@@ -149,6 +149,29 @@ def test_checkpoint_resume_learns_what_the_uninterrupted_run_learns(tmp_path, mo
     assert resumed.learner.errors == straight.learner.errors
 
 
+class Unsized(torch.utils.data.IterableDataset):
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+    def __iter__(self):  # noqa: ANN204
+        yield from (self.data[start : start + 50] for start in range(0, len(self.data), 50))
+
+
+def test_a_loader_without_length_updates_at_the_epoch_end(tmp_path) -> None:
+    data = _walks()
+    module = FastTransformModule(family="b", blocks=12, sparsity=3, iterations=6, tol=0.0)
+    trainer = make_tiny_trainer(tmp_path, max_epochs=30, limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=DataLoader(Unsized(data), batch_size=None))
+    expected = learn_b_transform(data.double(), 12, 3, iterations=6, tol=0.0)
+    assert module.transform().pairs.tolist() == expected.transform.pairs.tolist()
+    assert module.learner.finished and trainer.current_epoch == 3 + len(expected.errors)
+
+
+def test_all_zero_features_fail_clearly(tmp_path) -> None:
+    with pytest.raises(ValueError, match="every feature of the pass is zero"):
+        _fit(tmp_path, FastTransformModule(), Vectors(torch.zeros(64, 8)))
+
+
 def test_bad_settings_fail_clearly(tmp_path) -> None:
     with pytest.raises(ValueError, match="family must be 'b', 'm' or 'shear'"):
         FastTransformModule(family="dct")
