@@ -62,7 +62,7 @@ def _check_bits(bits: object, where: str) -> int | None:
     return bits
 
 
-def _check_statistics(z: object, w: object, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_statistics(z: object, w: object, where: str, *, rescale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     for name, value in (("z", z), ("w", w)):
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
             raise ValueError(f"{where}: {name} must be a floating-point (n, n) tensor, got {type(value).__name__}.")
@@ -75,7 +75,16 @@ def _check_statistics(z: object, w: object, where: str) -> tuple[torch.Tensor, t
         raise ValueError(
             f"{where}: z = Y^T X and w = X^T X must have one shape, got {tuple(z.shape)}, {tuple(w.shape)}."
         )
-    return z.detach().to(torch.float64).clone(), w.detach().to(device=z.device, dtype=torch.float64).clone()
+    z = z.detach().to(torch.float64).clone()
+    w = w.detach().to(device=z.device, dtype=torch.float64).clone()
+    # Every choice is invariant to scaling z and w together (values are ratios, scores scale alike), but the
+    # scores square them: bring the larger to O(1) by an exact power of two so data of any magnitude gives the
+    # same transform (without it, data of magnitude 1e100 overflowed the scores and 1e-100 underflowed them).
+    largest = float(torch.maximum(z.abs().max(), w.abs().max()))
+    if rescale and largest > 0:
+        shift = -math.frexp(largest)[1]
+        z, w = torch.ldexp(z, torch.tensor(shift)), torch.ldexp(w, torch.tensor(shift))
+    return z, w
 
 
 def _check_energy(data_energy: object, where: str) -> float:
@@ -125,7 +134,7 @@ def shear_greedy_init(z: torch.Tensor, w: torch.Tensor, m: int, bits: int | None
         ValueError: ``z``/``w`` not finite floating ``(n, n)`` tensors of one shape; ``m`` or ``bits`` out of range.
     """
     where = "shear_greedy_init"
-    z, w = _check_statistics(z, w, where)
+    z, w = _check_statistics(z, w, where, rescale=True)
     m, bits = _check_int(m, "m (number of blocks)", where, 1), _check_bits(bits, where)
     n = z.shape[0]
     ones = torch.ones(n, dtype=torch.float64, device=z.device)
@@ -173,7 +182,7 @@ def shear_sweep(
             valid pairs, or ``bits`` out of range.
     """
     where = "shear_sweep"
-    z, w = _check_statistics(z, w, where)
+    z, w = _check_statistics(z, w, where, rescale=True)
     _check_energy(data_energy, where)
     bits = _check_bits(bits, where)
     n = z.shape[0]

@@ -95,6 +95,11 @@ def omp_codes(y: torch.Tensor, dictionary: torch.Tensor, s: int) -> torch.Tensor
     codes = np.zeros_like(data)
     rows = np.flatnonzero(np.any(data != 0, axis=1))
     if rows.size:
-        coefficients = orthogonal_mp_gram(atoms.T @ atoms, atoms.T @ data[rows].T, n_nonzero_coefs=s)
-        codes[rows] = coefficients.reshape(n, rows.size).T / norms
+        # OMP is homogeneous in each sample, but scikit-learn stops early on absolute thresholds (a squared
+        # coefficient below the smallest float): scale every row by an exact power of two to magnitude ~1 first
+        # (without it, rows of magnitude 1e-100 got all-zero codes).
+        exponents = np.frexp(np.abs(data[rows]).max(axis=1))[1]
+        scaled = np.ldexp(data[rows], -exponents[:, None])
+        coefficients = orthogonal_mp_gram(atoms.T @ atoms, atoms.T @ scaled.T, n_nonzero_coefs=s)
+        codes[rows] = np.ldexp(coefficients.reshape(n, rows.size).T, exponents[:, None]) / norms
     return torch.from_numpy(codes).to(dtype=y.dtype, device=y.device)

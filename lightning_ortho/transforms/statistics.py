@@ -17,6 +17,7 @@ batch (:func:`fit_in_memory`), so both routes run the same code.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
@@ -25,6 +26,10 @@ import torch
 
 #: Dtype of the accumulated sums (the alternations compare costs that differ in the last digits of float32).
 STATISTICS_DTYPE = torch.float64
+#: Features of larger magnitude than ``2**MAX_EXPONENT`` (about 1e120) or nonzero and smaller than its inverse would
+#: push sums of squares out of float64's normal range (overflow to inf, or into denormals that lose the digits the
+#: alternations compare).
+MAX_EXPONENT = 400
 
 
 @dataclass
@@ -73,6 +78,13 @@ class TransformStatistics:
             raise ValueError(
                 "TransformStatistics.add: a batch holds NaN or inf features; clean the data module's output "
                 "(or its normalisation) before learning a transform."
+            )
+        largest = float(y.abs().max()) if y.numel() else 0.0
+        if largest > 2.0**MAX_EXPONENT or 0 < largest < 2.0**-MAX_EXPONENT:
+            raise ValueError(
+                f"TransformStatistics.add: features of magnitude {largest:.3g} would overflow or underflow the float64 "
+                f"sums of squares; rescale the features (e.g. standardise them): the learned transform does not "
+                f"depend on their scale."
             )
         self.data_energy += y.square().sum()
         self.count += y.shape[0]
@@ -172,9 +184,17 @@ class TransformLearner(Protocol):
 def fit_in_memory(learner: TransformLearner, data: torch.Tensor, max_passes: int = 10_000) -> list[float | None]:
     """Run ``learner`` on ``data`` ``(N, n)`` as one batch per pass until it finishes; returns each pass's error.
 
+    The data is first scaled by a power of two (exact) so its largest entry is in ``[0.5, 1)``: the transform is
+    the same for data of any magnitude; codes computed afterwards with ``learner.code`` use the original scale.
+
     Raises:
         RuntimeError: the learner did not finish within ``max_passes`` passes.
     """
+    # The learners are scale-invariant: an exact power-of-two rescaling keeps the sums of squares in range for
+    # data of any magnitude (the transform is the same; the errors are relative).
+    largest = float(data.detach().abs().max()) if data.numel() else 0.0
+    if largest > 0:
+        data = torch.ldexp(data.detach().to(STATISTICS_DTYPE), torch.tensor(-math.frexp(largest)[1]))
     errors: list[float | None] = []
     for _ in range(max_passes):
         if learner.finished:

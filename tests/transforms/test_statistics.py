@@ -147,3 +147,33 @@ def test_learner_state_dict_resumes_mid_learning() -> None:
     assert resumed.errors == reference.errors
     with pytest.raises(RuntimeError, match="has finished"):
         resumed.update(TransformStatistics.zeros(8))
+
+
+@pytest.mark.parametrize(
+    ("learn", "kwargs"),
+    [
+        (learn_b_transform, {"m": 6, "s": 2}),
+        (learn_m_transform, {"q": 2, "s": 2}),
+        (learn_shear_transform, {"m": 6, "s": 2}),
+        (learn_shear_transform, {"m": 6, "s": 2, "bits": 1}),
+    ],
+)
+def test_learners_give_the_same_transform_for_data_of_any_magnitude(learn, kwargs) -> None:  # noqa: ANN001
+    # Found by probing: shears of data scaled by 1e100 overflowed their squared scores (and 1e-100 underflowed
+    # them, and OMP returned all-zero codes), silently learning a different transform.
+    y = _walks(200, 8, 9)
+    reference = learn(y, **kwargs)
+    for scale in (1e-300, 1e-100, 1e100, 1e300):
+        result = learn(y * scale, **kwargs)
+        assert result.transform.pairs.tolist() == reference.transform.pairs.tolist(), scale
+        torch.testing.assert_close(result.transform.blocks, reference.transform.blocks, rtol=1e-12, atol=0)
+        torch.testing.assert_close(result.codes / scale, reference.codes, rtol=1e-9, atol=1e-12)
+        assert result.errors[-1] == pytest.approx(reference.errors[-1], rel=1e-9)
+
+
+def test_streamed_features_outside_the_float64_range_of_their_squares_fail_clearly() -> None:
+    statistics = TransformStatistics.zeros(4)
+    for scale in (1e130, 1e-130):
+        with pytest.raises(ValueError, match="overflow or underflow the float64 sums of squares"):
+            statistics.add(torch.full((2, 4), scale, dtype=DT), None)
+    statistics.add(torch.full((2, 4), 1e100, dtype=DT), None)  # 1e100 is fine: its squares stay normal
