@@ -1,0 +1,297 @@
+"""What every monitor shares: choosing modules, a fixed probe captured by forward hooks, a measurement every
+``every_n_steps`` reduced across processes, logging, a history that survives checkpoints, a rich table and a PNG.
+
+A monitor subclass says which modules it watches (:meth:`Monitor.candidates`) and what it measures on one module
+and its probe (:meth:`Monitor.measure`, returning :class:`Measurement` values with their reduction across
+processes); the base does the rest. Probes are the first ``probe_size`` rows of the first input each monitored
+module receives in training (a forward hook, removed once it has fired), so a monitor never asks the model for
+data and works on models it has never seen. Each process keeps its own probe (its own shard of the data);
+statistics are reduced across processes as the measurement declares (``"mean"`` weighted by probe rows,
+``"sum"``, ``"min"``, ``"max"``), so a DDP run logs what one process logs on the union of the probes.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_only
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+Reduction = Literal["mean", "sum", "min", "max"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One statistic of one module: its value on this process's probe, how processes combine, and the weight of
+    this process in a ``"mean"`` (its number of probe rows)."""
+
+    value: float
+    reduce: Reduction = "mean"
+    weight: float = 1.0
+
+
+def _check_positive_int(value: object, name: str, owner: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}.")
+    return value
+
+
+class Monitor(pl.Callback):
+    """Base class of the monitors (see the module docstring).
+
+    Args:
+        modules: which submodules to watch: ``None`` (every module the subclass can measure), or a list of names
+            (``"encoder.0"``) and/or module classes; a name must exist, and a class must match at least one module.
+        every_n_steps: measure after every ``every_n_steps``-th optimizer step (``global_step``), and after the
+            last training batch of fit.
+        probe_size: rows of the probe batch (the first rows of each module's first training input).
+        plot: write ``<log_dir>/<name>.png`` of the history at the end of fit when matplotlib is installed.
+
+    Raises:
+        ValueError: bad arguments (in ``__init__``); at setup, no module to monitor, or a name that does not exist.
+    """
+
+    #: Prefix of the logged keys, ``<prefix>/<module>/<statistic>``.
+    prefix = "monitor"
+
+    def __init__(
+        self,
+        modules: Sequence[str | type] | None = None,
+        every_n_steps: int = 50,
+        probe_size: int = 8,
+        plot: bool = True,
+    ) -> None:
+        owner = type(self).__name__
+        if modules is not None and (
+            isinstance(modules, str)
+            or not isinstance(modules, Sequence)
+            or not modules
+            or not all(isinstance(m, str) and m or isinstance(m, type) for m in modules)
+        ):
+            raise ValueError(
+                f"{owner}: modules must be None (every module it can measure) or a non-empty list of submodule names "
+                f"(such as 'encoder.0') and/or module classes, got {modules!r}."
+            )
+        self.modules = None if modules is None else list(modules)
+        self.every_n_steps = _check_positive_int(every_n_steps, "every_n_steps", owner)
+        self.probe_size = _check_positive_int(probe_size, "probe_size", owner)
+        self.plot = bool(plot)
+        self.history: list[dict[str, Any]] = []
+        self.probes: dict[str, torch.Tensor] = {}
+        self._watched: dict[str, nn.Module] = {}
+        self._hooks: list[RemovableHandle] = []
+        self._last_step = -1
+
+    # --------------------------------------------------------------------------------------------- subclass API
+    def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
+        """``(name, module)`` pairs this monitor can measure (used when ``modules`` is ``None``, and to check
+        named modules)."""
+        raise NotImplementedError
+
+    def can_measure(self, module: nn.Module) -> str | None:
+        """``None`` if ``module`` can be measured, else the reason (said in the error for a named module)."""
+        return None
+
+    def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:
+        """The statistics of one module on its probe (this process's)."""
+        raise NotImplementedError
+
+    def needs_probe(self) -> bool:
+        """Whether :meth:`measure` needs a probe (monitors of parameters alone do not)."""
+        return True
+
+    # -------------------------------------------------------------------------------------------- selection
+    def select(self, pl_module: pl.LightningModule) -> dict[str, nn.Module]:
+        """The watched modules by name (see ``modules``).
+
+        Raises:
+            ValueError: no module matches, or a named module does not exist or cannot be measured.
+        """
+        owner = type(self).__name__
+        available = dict(self.candidates(pl_module))
+        if self.modules is None:
+            chosen = available
+        else:
+            chosen = {}
+            names = dict(pl_module.named_modules())
+            for entry in self.modules:
+                if isinstance(entry, str):
+                    if entry not in names:
+                        raise ValueError(
+                            f"{owner}: {type(pl_module).__name__} has no submodule {entry!r}. Modules it can measure: "
+                            f"{sorted(available) or 'none'}."
+                        )
+                    reason = self.can_measure(names[entry])
+                    if reason is not None:
+                        raise ValueError(f"{owner}: cannot monitor {entry!r}: {reason}")
+                    chosen[entry] = names[entry]
+                else:
+                    matches = {n: m for n, m in names.items() if isinstance(m, entry) and n}
+                    if not matches:
+                        raise ValueError(f"{owner}: {type(pl_module).__name__} has no {entry.__name__} submodule.")
+                    for name, module in matches.items():
+                        reason = self.can_measure(module)
+                        if reason is not None:
+                            raise ValueError(f"{owner}: cannot monitor {name!r}: {reason}")
+                        chosen[name] = module
+        if not chosen:
+            raise ValueError(
+                f"{owner}: {type(pl_module).__name__} has no module this monitor can measure; pass modules=[...] "
+                f"naming them, or remove the callback."
+            )
+        return chosen
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._watched = self.select(pl_module)
+        self._remove_hooks()
+        if self.needs_probe():
+            for name, module in self._watched.items():
+                if name not in self.probes:
+                    self._hooks.append(module.register_forward_hook(self._capture(name)))
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _capture(self, name: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            if name in self.probes or not module.training or not args or not isinstance(args[0], torch.Tensor):
+                return
+            self.probes[name] = args[0][: self.probe_size].detach().clone()
+
+        return hook
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        last = batch_idx + 1 == trainer.num_training_batches and trainer.current_epoch + 1 == trainer.max_epochs
+        if step == self._last_step or not (step % self.every_n_steps == 0 or last):
+            return
+        self._last_step = step
+        self.run(trainer, pl_module)
+
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        """Measure every watched module now, reduce across processes, log and record; returns the logged values."""
+        logged: dict[str, float] = {}
+        ready = not self.needs_probe() or all(name in self.probes for name in self._watched)
+        if trainer.world_size > 1:  # every process must run the same reductions: measure only when all can
+            flag = torch.tensor(float(ready), device=trainer.strategy.root_device)
+            ready = bool(trainer.strategy.all_gather(flag).min() > 0)
+        if not ready:
+            return logged
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            for name, module in self._watched.items():
+                measured = self.measure(name, module, self.probes.get(name))
+                for statistic, measurement in sorted(measured.items()):
+                    value = self._reduce(trainer, measurement)
+                    key = f"{self.prefix}/{name}/{statistic}" if name else f"{self.prefix}/{statistic}"
+                    logged[key] = value
+        finally:
+            pl_module.train(was_training)
+        for key, value in logged.items():
+            pl_module.log(key, value, on_step=True, on_epoch=False, sync_dist=False, rank_zero_only=False)
+        self.history.append({"step": trainer.global_step, "values": logged})
+        return logged
+
+    @staticmethod
+    def _reduce(trainer: pl.Trainer, measurement: Measurement) -> float:
+        if trainer.world_size == 1:
+            return float(measurement.value)
+        device = trainer.strategy.root_device
+        if measurement.reduce == "mean":
+            pair = torch.tensor([measurement.value * measurement.weight, measurement.weight], device=device)
+            total = trainer.strategy.reduce(pair, reduce_op="sum")
+            return float(total[0] / total[1]) if float(total[1]) > 0 else math.nan
+        if measurement.reduce == "sum":
+            return float(
+                trainer.strategy.reduce(torch.tensor(float(measurement.value), device=device), reduce_op="sum")
+            )
+        gathered = trainer.strategy.all_gather(torch.tensor(float(measurement.value), device=device))
+        return float(gathered.min() if measurement.reduce == "min" else gathered.max())
+
+    # ---------------------------------------------------------------------------------------- checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history), "probes": dict(self.probes), "last_step": self._last_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
+        self.probes = dict(state_dict.get("probes", {}))
+        self._last_step = state_dict.get("last_step", -1)
+
+    # ------------------------------------------------------------------------------------------------ report
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._remove_hooks()
+        if not self.history:
+            return
+        self._print_table()
+        if self.plot:
+            self._plot(Path(trainer.log_dir or trainer.default_root_dir))
+
+    def summary(self) -> dict[str, tuple[float, float, float]]:
+        """``key -> (last, min, max)`` over the history."""
+        table: dict[str, list[float]] = {}
+        for record in self.history:
+            for key, value in record["values"].items():
+                table.setdefault(key, []).append(value)
+        return {key: (values[-1], min(values), max(values)) for key, values in table.items()}
+
+    @rank_zero_only
+    def _print_table(self) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"{type(self).__name__} ({len(self.history)} measurements)")
+        for column in ("statistic", "last", "min", "max"):
+            table.add_column(column, justify="left" if column == "statistic" else "right")
+        for key, (last, low, high) in self.summary().items():
+            table.add_row(key, f"{last:.4g}", f"{low:.4g}", f"{high:.4g}")
+        Console().print(table)
+
+    @rank_zero_only
+    def _plot(self, folder: Path) -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return
+        series: dict[str, tuple[list[int], list[float]]] = {}
+        for record in self.history:
+            for key, value in record["values"].items():
+                steps, values = series.setdefault(key, ([], []))
+                steps.append(record["step"])
+                values.append(value)
+        figure, axes = plt.subplots(len(series), 1, figsize=(7, 2.2 * len(series)), squeeze=False)
+        for axis, (key, (steps, values)) in zip(axes[:, 0], series.items(), strict=True):
+            axis.plot(steps, values, marker=".")
+            axis.set_title(key, fontsize=9)
+        axes[-1, 0].set_xlabel("global step")
+        figure.tight_layout()
+        folder.mkdir(parents=True, exist_ok=True)
+        figure.savefig(folder / f"{type(self).__name__}.png", dpi=80)
+        plt.close(figure)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        warned = self.__dict__.setdefault("_warned", set())
+        if key not in warned:
+            warned.add(key)
+            warnings.warn(message, stacklevel=2)
