@@ -374,7 +374,8 @@ def render_reproduce_transforms(data: dict) -> str:
     peer = data.get("peers", {}).get("pyfaust", {})
     if peer:
         status = f"version {peer['version']}" if "version" in peer else f"not available: {peer.get('error', '?')}"
-        lines += ["", f"FAµST: `{peer.get('requirement', 'pyfaust')}` ({status})."]
+        note = f" {peer['note']}." if peer.get("note") else ""
+        lines += ["", f"FAµST: `{peer.get('requirement', 'pyfaust')}` ({status}).{note}"]
     return "\n".join(lines + claims_table(data["claims"]))
 
 
