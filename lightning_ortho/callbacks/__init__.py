@@ -1,7 +1,31 @@
-"""Lightning callbacks (Jacobian determinants, invertibility, orthogonality, ...) live here."""
+"""Lightning callbacks for any project: monitors of Jacobian determinants, invertibility, gradient noise and
+orthogonality, layer compression, and the Glow callbacks.
 
-from lightning_ortho.callbacks.glow_images import GlowImageGrids
-from lightning_ortho.callbacks.glow_invertibility import GlowInvertibilityCheck
-from lightning_ortho.callbacks.transform_compression import TransformCompression
+Imported lazily: Lightning imports this package on every ``Trainer`` through the ``callbacks_factory`` entry point
+(:mod:`lightning_ortho.callbacks.factory`), so importing it costs nothing until a callback is used.
+"""
 
-__all__ = ["GlowImageGrids", "GlowInvertibilityCheck", "TransformCompression"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SUBMODULE = {
+    "GlowImageGrids": "glow_images",
+    "GlowInvertibilityCheck": "glow_invertibility",
+    "TransformCompression": "transform_compression",
+}
+
+__all__ = sorted(_SUBMODULE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULE:
+        value = getattr(importlib.import_module(f"{__name__}.{_SUBMODULE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
