@@ -11,9 +11,19 @@ import importlib
 from typing import Any
 
 _SUBMODULE = {
+    "EstimatorVariance": "gradient_variance",
     "GlowImageGrids": "glow_images",
     "GlowInvertibilityCheck": "glow_invertibility",
+    "GradientNoiseMonitor": "gradient_variance",
+    "GradientVarianceMonitor": "gradient_variance",
+    "InvertibilityMonitor": "invertibility_monitor",
+    "JacobianDeterminantMonitor": "jacobian_monitor",
+    "Measurement": "_monitor",
+    "Monitor": "_monitor",
+    "OnlineEstimatorVarianceMonitor": "gradient_variance",
+    "OrthogonalityMonitor": "orthogonality_monitor",
     "TransformCompression": "transform_compression",
+    "measure_estimator": "gradient_variance",
 }
 
 __all__ = sorted(_SUBMODULE)

@@ -21,8 +21,14 @@ class GlowModule(pl.LightningModule):
 
     Batches are ``(images, ...)`` with images ``(N, C, S, S)``. Logs ``train_bpd``, ``val_bpd`` and ``test_bpd``;
     ``predict`` returns each image's bits/dim.
-    Invertibility diagnostics and image grids are callbacks:
-    :class:`~lightning_ortho.callbacks.GlowInvertibilityCheck`, :class:`~lightning_ortho.callbacks.GlowImageGrids`.
+    Diagnostics are callbacks, as the Glow recipes configure them: while training,
+    :class:`~lightning_ortho.callbacks.InvertibilityMonitor` with ``modules=["glow"]`` (round-trip error of
+    ``decode(encode(y))``, Newton failures, Theorem 2 margin) and
+    :class:`~lightning_ortho.callbacks.JacobianDeterminantMonitor` with
+    ``modules=["lightning_ortho.flows.Invertible1x1Conv"]`` (``log|det J|`` of every 1x1 convolution and the fraction
+    of pixels whose ``det J_g`` is negative: Jacobian sign flips); per validation epoch,
+    :class:`~lightning_ortho.callbacks.GlowInvertibilityCheck` (the same numbers on held-out images) and
+    :class:`~lightning_ortho.callbacks.GlowImageGrids`.
     Gradient clipping: the Trainer's ``gradient_clip_val``.
 
     Raises (on the first batch): ``ValueError`` when pixel values lie outside [0, 1] (standardised data).

@@ -13,8 +13,9 @@ from torch import nn
 
 from lightning_ortho.models.online_carry import OnlineCarry
 from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, initial_state
-from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, masked_loss_sum, read_chunk
+from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, read_chunk
 from lightning_ortho.online import OnlineState
+from lightning_ortho.online.losses import masked_loss_sum
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 _CHECKPOINT_KEY = "online_rnn_module"

@@ -1,4 +1,5 @@
-"""GlowInvertibilityCheck and GlowImageGrids: what they log and write equals what the test computes by brute force."""
+"""GlowInvertibilityCheck, GlowImageGrids and the monitors the Glow recipes use: what they log and write equals
+what the test computes by brute force."""
 
 import math
 import warnings
@@ -12,12 +13,14 @@ from pytorch_lightning.demos.boring_classes import BoringModel
 from torchvision.utils import make_grid, save_image
 
 from lightning_ortho.callbacks import GlowImageGrids, GlowInvertibilityCheck
+from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
+from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
 from lightning_ortho.datamodules import DigitsDataModule
-from lightning_ortho.flows import AuxConv1x1, InvertibleAuxConv1x1
+from lightning_ortho.flows import AuxConv1x1, Invertible1x1Conv, InvertibleAuxConv1x1
 from lightning_ortho.models import GlowModule
 from lightning_ortho.nn import NewtonInverseError
 from tests.conftest import free_port
-from tests.flows.references import conv1x1_inputs, minority_fraction, pixel_jacobian_signs
+from tests.flows.references import autograd_log_det, conv1x1_inputs, minority_fraction, pixel_jacobian_signs
 
 
 def small_glow(conv1x1: str) -> GlowModule:
@@ -96,6 +99,45 @@ def test_invertibility_check_sign_flips_of_a_broken_aux_glow_equal_the_autograd_
     assert (float(metrics["val_newton_failures"]) > 0) == failed
     assert any("does not invert its validation probe" in str(w.message) for w in caught) == failed
     assert "min_invertibility_margin" not in metrics  # no layer is covered by Theorem 2
+
+
+def test_the_recipes_monitors_log_the_reconstruction_and_sign_flips_of_a_broken_aux_glow(tiny_trainer):
+    """The training-time monitors of the Glow recipes: InvertibilityMonitor on the Glow, JacobianDeterminantMonitor on
+    the 1x1 convolutions (chosen by class path, as in the YAML); each equals the autograd / explicit reference."""
+    pl.seed_everything(1)
+    model = small_glow("aux")
+    first = next(m for m in model.glow.modules() if isinstance(m, AuxConv1x1))
+    with torch.no_grad():  # a generic W: its Jacobian determinant changes sign between pixels
+        first.reflection.weight.copy_(3 * torch.randn_like(first.reflection.weight))
+    convs = {name: m for name, m in model.named_modules() if isinstance(m, Invertible1x1Conv)}
+    seen = {name: FirstGlowInput(conv) for name, conv in convs.items()}
+    glow_input = FirstGlowInput(model.glow)
+    monitors = [
+        InvertibilityMonitor(modules=["glow"], every_n_steps=1, probe_size=4, plot=False),
+        JacobianDeterminantMonitor(modules=["lightning_ortho.flows.Invertible1x1Conv"], probe_size=4, plot=False),
+    ]
+    trainer = tiny_trainer(precision="64-true", max_steps=1, limit_val_batches=0, callbacks=monitors)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, digits(8))
+    logged = {**monitors[0].history[-1]["values"], **monitors[1].history[-1]["values"]}
+    model.glow.eval()
+    y = glow_input.inputs[0][:4]
+    expected_error = brute_force_reconstruction_error(model.glow, y)
+    assert logged["monitor/glow/roundtrip_abs_error_max"] == pytest.approx(expected_error, rel=1e-9)
+    assert (logged["monitor/glow/newton_failures"] > 0) == (expected_error == math.inf)
+    assert any("'glow' is no longer invertible" in str(w.message) for w in caught) == (expected_error > 1e-4)
+    assert "monitor/glow/theorem2_margin" not in logged  # no layer is covered by Theorem 2
+    flips = []
+    for name, conv in convs.items():
+        x = seen[name].inputs[0][:4]
+        negative = float((pixel_jacobian_signs(conv, x) <= 0).double().mean())
+        assert logged[f"monitor/{name}/pixel_negative_fraction"] == pytest.approx(negative, abs=1e-12), name
+        log_det = autograd_log_det(conv, x)
+        assert logged[f"monitor/{name}/log_abs_det_mean"] == pytest.approx(float(log_det.mean()), abs=1e-8), name
+        assert logged[f"monitor/{name}/log_abs_det_method"] == 1  # the log-determinant the flow layer returns
+        flips.append(min(negative, 1 - negative))
+    assert len(convs) == 3 and max(flips) > 0  # the broken layer is seen, as aux_jacobian_sign_flips would say
 
 
 def test_image_grids_are_the_samples_and_reconstructions_the_test_computes(tmp_path, tiny_trainer):

@@ -7,6 +7,8 @@ import torch
 from PIL import Image
 
 from lightning_ortho.callbacks import GlowImageGrids, GlowInvertibilityCheck
+from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
+from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
 from lightning_ortho.datamodules import DigitsDataModule
 from lightning_ortho.models import GlowModule
 
@@ -21,7 +23,11 @@ def test_training_lowers_bits_per_dim_and_the_callbacks_check_inversion_and_writ
     pl.seed_everything(0)
     model = small_glow("aux_invertible")
     data = DigitsDataModule(batch_size=64, flatten=False, standardize=False)
-    callbacks = [GlowInvertibilityCheck(), GlowImageGrids()]
+    monitors = [  # as the Glow recipes watch training
+        InvertibilityMonitor(modules=["glow"], probe_size=16),
+        JacobianDeterminantMonitor(modules=["lightning_ortho.flows.Invertible1x1Conv"], probe_size=16),
+    ]
+    callbacks = [GlowInvertibilityCheck(), GlowImageGrids(), *monitors]
     trainer = tiny_trainer(max_epochs=2, gradient_clip_val=50.0, callbacks=callbacks)
     before = trainer.validate(model, data, verbose=False)[0]["val_bpd"]
     trainer.fit(model, data)
@@ -29,6 +35,16 @@ def test_training_lowers_bits_per_dim_and_the_callbacks_check_inversion_and_writ
     assert float(metrics["val_bpd"]) < before - 0.5
     assert float(metrics["min_invertibility_margin"]) > 0 and float(metrics["aux_jacobian_sign_flips"]) == 0
     assert float(metrics["val_newton_failures"]) == 0 and float(metrics["val_reconstruction_error"]) < 1e-3
+    steps = [record["step"] for record in monitors[0].history]
+    assert steps == [record["step"] for record in monitors[1].history] and steps[-1] == trainer.global_step
+    assert (
+        float(metrics["monitor/glow/roundtrip_error_max"]) < 1e-4
+        and float(metrics["monitor/glow/newton_failures"]) == 0
+    )
+    assert float(metrics["monitor/glow/theorem2_margin"]) > 0
+    fractions = [float(v) for k, v in metrics.items() if k.endswith("/pixel_negative_fraction")]
+    assert len(fractions) == 2 * 3 and set(fractions) <= {0.0, 1.0}  # Theorem 2: no sign changes between pixels
+    assert (tmp_path / "InvertibilityMonitor.png").exists() and (tmp_path / "JacobianDeterminantMonitor.png").exists()
     images = sorted(p.name for p in (tmp_path / "images").glob("*.png"))
     assert images == [f"{name}-epoch{epoch:03d}.png" for name in ("reconstructions", "samples") for epoch in (0, 1)]
     for name in ("samples-epoch001.png", "reconstructions-epoch001.png"):

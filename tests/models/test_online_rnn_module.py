@@ -10,8 +10,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_ortho.models import OnlineRNNModule
-from lightning_ortho.models.online_readout import masked_loss_sum
 from lightning_ortho.online import InfluenceBalancingCell, TanhRNNCell
+from lightning_ortho.online.losses import masked_loss_sum
 from tests.conftest import free_port, make_tiny_trainer
 
 

@@ -1,0 +1,341 @@
+"""Gradient noise of any model from the mini-batch gradients it already computes (McCandlish et al. 2018).
+
+Over a window of ``n`` optimizer steps with final gradients ``g_1 .. g_n`` (read in ``on_before_optimizer_step``:
+after DDP's all-reduce, after the precision plugin's unscaling, before clipping) and mean batch size ``B``:
+
+* ``G_bar = mean_t g_t`` and ``S = sum_t ||g_t - G_bar||^2 / (n - 1)``: the unbiased estimate of
+  ``tr(Sigma_batch)``, the trace of the covariance of one step's (mini-batch) gradient;
+* ``|G|^2 ~ ||G_bar||^2 - S / n``: the unbiased estimate of the squared norm of the true gradient
+  (``E ||G_bar||^2 = |G|^2 + tr(Sigma_batch) / n``). This is McCandlish et al.'s two-batch-size estimator
+  (their appendix A.1) with the small batch one step's ``B`` examples and the big batch the window's ``n B``:
+  ``|G|^2 = (n B ||G_bar||^2 - B mean_t ||g_t||^2) / (n B - B)`` simplifies to it;
+* ``tr(Sigma) = B S``: the per-example covariance (a mean over ``B`` independent examples has covariance
+  ``Sigma / B``), and the simple noise scale ``B_simple = tr(Sigma) / |G|^2``, the batch size above which larger
+  batches stop paying off (the critical batch size is of that order). ``B_simple`` does not depend on how the loss
+  is scaled (mean or sum over the batch, loss scaling), since both estimates scale together.
+
+Assumptions: the window's gradients are draws at (nearly) the same parameters, i.e. the parameters change little
+over ``every_n_steps`` steps (a large learning rate makes ``S`` include the drift of the gradient along the
+trajectory, so it overestimates the noise); examples are independent draws (sampling without replacement from a
+small data set makes the noise smaller than this assumes); the loss is a mean or a sum over the batch's examples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+from lightning_ortho.callbacks._monitor import Measurement, Monitor
+
+
+class GradientNoiseMonitor(Monitor):
+    """Gradient noise per parameter group from the gradients training already computes: no extra forward or
+    backward pass (see the module docstring for the estimators and their assumptions).
+
+    A **parameter group** is a submodule's trainable parameters. By default the groups are the whole model
+    (logged as ``gradient_noise/<statistic>``) and each top-level submodule with trainable parameters
+    (``gradient_noise/<child>/<statistic>``); ``modules=[...]`` names others (names such as ``"encoder.0"`` or
+    module classes; groups may overlap). Statistics, every ``every_n_steps`` optimizer steps:
+
+    * ``batch_variance``: ``tr(Sigma_batch)``, the variance of one step's gradient summed over coordinates;
+    * ``mean_grad_sq``: ``||G_bar||^2``, the squared norm of the window's mean gradient;
+    * ``signal``: ``||G_bar||^2 - tr(Sigma_batch) / n``, the unbiased estimate of the true gradient's squared
+      norm (it can be negative when the noise hides the signal);
+    * ``snr``: ``signal / batch_variance``, the signal-to-noise ratio of one step's gradient;
+    * ``noise_scale``: ``B_simple = B tr(Sigma_batch) / signal`` (``inf`` where ``signal <= 0``); with
+      ``smoothing > 0``, numerator and denominator are exponential moving averages over windows (as McCandlish
+      et al. advise: the ratio of two noisy estimates is noisier than either).
+
+    Memory: one running mean per trainable parameter (Welford's update, numerically stable; a copy of the
+    parameters in at least float32) and one number per parameter tensor; the partial window is saved in the
+    checkpoint so that a resumed run measures the same windows as an uninterrupted one. A window is exactly
+    ``every_n_steps`` optimizer steps whatever the batches (gradient accumulation, several optimizer steps per
+    batch under manual optimisation); its statistics are logged at the end of the batch in which it closes (if two
+    close in one batch, the later one); a partial window at the end of fit is kept, not measured. A step whose
+    gradient holds inf or NaN (a step the mixed-precision scaler skips) is left out, with one warning.
+
+    DDP: the gradients read are the all-reduced ones, so every process holds the same statistics and the logged
+    values equal those of one process on the same global batch (tested). The batch size is
+    ``len(first tensor of the batch) * world_size`` summed over the batches of each optimizer step, or
+    ``batch_size``. Strategies that shard gradients (FSDP, DeepSpeed) are not supported.
+
+    Args:
+        modules: parameter groups (see above); ``None`` for the whole model and its top-level submodules.
+        every_n_steps: optimizer steps per window, at least 2.
+        batch_size: the global batch size of one optimizer step, or ``None`` to infer it from the batches.
+        smoothing: factor of the moving averages behind ``noise_scale``, in ``[0, 1)``; 0 uses each window alone.
+        plot: write a PNG of the history at the end of fit (matplotlib).
+
+    Raises:
+        ValueError: ``every_n_steps < 2``, ``batch_size`` not a positive int, ``smoothing`` outside ``[0, 1)``; at
+            setup, a named module that does not exist or has no trainable parameters.
+    """
+
+    prefix = "gradient_noise"
+
+    def __init__(
+        self,
+        modules: list[str | type] | None = None,
+        every_n_steps: int = 20,
+        batch_size: int | None = None,
+        smoothing: float = 0.0,
+        plot: bool = True,
+    ) -> None:
+        owner = type(self).__name__
+        if isinstance(every_n_steps, int) and not isinstance(every_n_steps, bool) and every_n_steps < 2:
+            raise ValueError(
+                f"{owner}: every_n_steps must be at least 2 (the variance needs two gradients per window; 20 or more"
+                f" gives usable estimates), got {every_n_steps!r}."
+            )
+        super().__init__(modules=modules, every_n_steps=every_n_steps, probe_size=1, plot=plot)
+        if batch_size is not None and (
+            not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
+        ):
+            raise ValueError(
+                f"{owner}: batch_size must be None (inferred from the batches) or the positive global batch size of"
+                f" one optimizer step, got {batch_size!r}."
+            )
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+            raise ValueError(
+                f"{owner}: smoothing must be a number in [0, 1) (0: each window alone; 0.9: average over ~10 windows),"
+                f" got {smoothing!r}."
+            )
+        self.batch_size = batch_size
+        self.smoothing = float(smoothing)
+        self._names: dict[int, str] = {}  # id(parameter) -> its name in the LightningModule
+        self._groups: dict[str, list[str]] = {}  # group -> parameter names
+        self._ema: dict[str, tuple[float, float]] = {}  # group -> (tr(Sigma), |G|^2) moving averages
+        self._reset_window()
+        self._pending_examples = 0
+        self._last_batch_examples = 0
+        self._skipped_last = False
+        self._finished: dict[str, dict[str, float]] | None = None  # a closed window's statistics, not yet logged
+
+    @property
+    def state_key(self) -> str:
+        """Unique per configuration, so a Trainer can hold several (e.g. with and without smoothing)."""
+        modules = None if self.modules is None else [m if isinstance(m, str) else m.__qualname__ for m in self.modules]
+        return self._generate_state_key(
+            modules=modules, every_n_steps=self.every_n_steps, batch_size=self.batch_size, smoothing=self.smoothing
+        )
+
+    # ------------------------------------------------------------------------------------------- selection
+    def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
+        if _trainable(pl_module):
+            yield "", pl_module
+        for name, child in pl_module.named_children():
+            if _trainable(child):
+                yield name, child
+
+    def can_measure(self, module: nn.Module) -> str | None:
+        return None if _trainable(module) else "it has no trainable parameters."
+
+    def needs_probe(self) -> bool:
+        return False
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        self._names = {id(p): n for n, p in pl_module.named_parameters() if p.requires_grad}
+        self._groups = {
+            group: [self._names[id(p)] for p in module.parameters() if id(p) in self._names]
+            for group, module in self._watched.items()
+        }
+
+    # ------------------------------------------------------------------------------------------ the window
+    def _reset_window(self) -> None:
+        self._means: dict[str, torch.Tensor] = {}  # parameter -> running mean of its gradient
+        self._m2: dict[str, float] = {}  # parameter -> sum_t ||g_t - G_bar||^2 (Welford)
+        self._counts: dict[str, int] = {}  # parameter -> gradients in the window
+        self._steps = 0  # optimizer steps in the window
+        self._examples = 0  # their global batch sizes, summed
+        self._skipped = 0
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        rows = _rows(batch)
+        self._last_batch_examples = rows
+        self._pending_examples += rows
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        names, grads = [], []
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                name = self._names.get(id(p))
+                if name is not None:
+                    names.append(name)
+                    grads.append(_dense_gradient(p))
+        examples = self._pending_examples or self._last_batch_examples  # several steps in one batch: the batch's
+        self._pending_examples = 0
+        if not names:
+            return
+        self._accumulate(names, grads)
+        if self._skipped_last:
+            return
+        self._steps += 1
+        self._examples += self.batch_size if self.batch_size is not None else examples * trainer.world_size
+        if self._steps >= self.every_n_steps:
+            self._close_window()
+
+    def _close_window(self) -> None:
+        """Freeze the full window's statistics (smoothed), to be logged at the end of the batch; start a new one."""
+        finished = {}
+        for group in self._groups:
+            stats = self.statistics(group)
+            if stats is None:
+                continue
+            if self.smoothing:
+                trace, signal = stats["batch_size"] * stats["batch_variance"], stats["signal"]
+                if group in self._ema:
+                    old_trace, old_signal = self._ema[group]
+                    trace = self.smoothing * old_trace + (1 - self.smoothing) * trace
+                    signal = self.smoothing * old_signal + (1 - self.smoothing) * signal
+                self._ema[group] = (trace, signal)
+                stats["noise_scale"] = _noise_scale(trace, signal)
+            finished[group] = stats
+        self._finished = finished  # a second window closing in the same batch replaces the first (both smoothed)
+        self._reset_window()
+
+    def _accumulate(self, names: list[str], grads: list[torch.Tensor]) -> None:
+        """Welford's update of each parameter's mean: ``delta = g - mean``, ``mean += delta / n``,
+        ``m2 += (n - 1) / n ||delta||^2`` (``= delta . (g - new mean)``)."""
+        self._skipped_last = False
+        means = []
+        for name, g in zip(names, grads, strict=True):
+            mean = self._means.get(name)
+            dtype = torch.promote_types(g.dtype, torch.float32)
+            if mean is None:
+                mean = torch.zeros_like(g, dtype=dtype)
+            elif mean.device != g.device:  # loaded from a checkpoint
+                mean = mean.to(g.device)
+            means.append(mean)
+        grads = [g.to(m.dtype) for g, m in zip(grads, means, strict=True)]
+        deltas = torch._foreach_sub(grads, means)
+        squares = torch.stack([n.double() for n in torch._foreach_norm(deltas)]).square().tolist()  # one sync
+        if not all(math.isfinite(s) for s in squares):
+            self._skipped += 1
+            self._skipped_last = True
+            self._warn_once(
+                "nonfinite",
+                f"{type(self).__name__}: a gradient holds inf or NaN (a step the mixed-precision scaler skips, or a"
+                " diverging run); such steps are left out of the noise statistics.",
+            )
+            return
+        by_count: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for name, mean, delta, square in zip(names, means, deltas, squares, strict=True):
+            count = self._counts.get(name, 0) + 1
+            self._counts[name] = count
+            self._m2[name] = self._m2.get(name, 0.0) + (count - 1) / count * square
+            self._means[name] = mean
+            pair = by_count.setdefault(count, ([], []))
+            pair[0].append(mean)
+            pair[1].append(delta)
+        for count, (group_means, group_deltas) in by_count.items():
+            torch._foreach_add_(group_means, group_deltas, alpha=1.0 / count)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._finished is None:
+            return
+        self.run(trainer, pl_module)
+        self._finished = None
+
+    # ---------------------------------------------------------------------------------------- measurement
+    def statistics(self, group: str) -> dict[str, float] | None:
+        """The current window's statistics of one group (``None`` before two gradients), without smoothing:
+        ``batch_variance``, ``mean_grad_sq``, ``signal``, ``snr``, ``noise_scale``, ``batch_size``, ``steps``."""
+        names = [n for n in self._groups.get(group, []) if self._counts.get(n, 0) >= 2]
+        if not names or not self._steps:
+            return None
+        means = [self._means[n] for n in names]
+        mean_sq = sum(float(v) ** 2 for v in torch._foreach_norm(means))
+        variance = sum(self._m2[n] / (self._counts[n] - 1) for n in names)
+        signal = mean_sq - sum(self._m2[n] / (self._counts[n] - 1) / self._counts[n] for n in names)
+        batch = self._examples / self._steps
+        return {
+            "batch_variance": variance,
+            "mean_grad_sq": mean_sq,
+            "signal": signal,
+            "snr": _ratio(signal, variance),
+            "noise_scale": _noise_scale(batch * variance, signal),
+            "batch_size": batch,
+            "steps": float(self._steps),
+        }
+
+    def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:
+        stats = (self._finished or {}).get(name)
+        if stats is None:
+            return {}
+        keys = ("batch_variance", "mean_grad_sq", "signal", "snr", "noise_scale")
+        # Every process holds the same all-reduced gradients: the mean over processes changes nothing.
+        return {key: Measurement(stats[key], "mean") for key in keys}
+
+    # ------------------------------------------------------------------------------------- checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["window"] = {
+            "means": {n: m.detach().cpu().clone() for n, m in self._means.items()},
+            "m2": dict(self._m2),
+            "counts": dict(self._counts),
+            "steps": self._steps,
+            "examples": self._examples,
+            "skipped": self._skipped,
+        }
+        state["ema"] = dict(self._ema)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        window = state_dict.get("window")
+        self._reset_window()
+        if window is not None:
+            self._means = dict(window["means"])
+            self._m2, self._counts = dict(window["m2"]), dict(window["counts"])
+            self._steps, self._examples, self._skipped = window["steps"], window["examples"], window["skipped"]
+        self._ema = dict(state_dict.get("ema", {}))
+
+
+def _dense_gradient(p: torch.Tensor) -> torch.Tensor:
+    """``p.grad`` (zeros where there is none; sparse gradients made dense)."""
+    if p.grad is None:
+        return torch.zeros_like(p)
+    return p.grad.detach().to_dense() if p.grad.is_sparse else p.grad.detach()
+
+
+def _trainable(module: nn.Module) -> bool:
+    return any(p.requires_grad for p in module.parameters())
+
+
+def _rows(batch: Any) -> int:
+    """Rows of the first tensor in a batch (a tensor, or nested in lists, tuples and dicts); 0 if none."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            rows = _rows(item)
+            if rows:
+                return rows
+    return 0
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    if denominator > 0:
+        return numerator / denominator
+    return math.nan if numerator == 0 else math.copysign(math.inf, numerator)
+
+
+def _noise_scale(trace: float, signal: float) -> float:
+    """``tr(Sigma) / |G|^2``; ``inf`` where the signal estimate is not positive (the noise hides it)."""
+    return trace / signal if signal > 0 else math.inf

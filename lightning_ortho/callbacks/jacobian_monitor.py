@@ -1,0 +1,307 @@
+"""Logs the distribution of ``log|det J|`` of chosen modules on a fixed probe batch, while training."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_warn
+from torch import nn
+
+from lightning_ortho.callbacks._monitor import Measurement, Monitor, _check_positive_int, outermost_modules
+from lightning_ortho.flows import FlowLayer
+
+#: How ``log|det J|`` was found, as logged in ``monitor/<module>/log_abs_det_method``.
+METHOD_CODES = {"closed_form": 0, "flow": 1, "autograd": 2}
+
+
+def closed_form(module: nn.Module) -> Any:
+    """The module's ``log_abs_det_jacobian`` method, or ``None``."""
+    method = getattr(module, "log_abs_det_jacobian", None)
+    return method if callable(method) else None
+
+
+def maybe_flow(module: nn.Module) -> bool:
+    """Whether ``module`` may be a flow layer (``forward(x) -> (y, log_abs_det)``): ours, or anything with an
+    ``inverse``. Confirmed on its first forward."""
+    return isinstance(module, FlowLayer) or callable(getattr(module, "inverse", None))
+
+
+def is_flow_output(x: torch.Tensor, output: object) -> bool:
+    """``output`` is ``(y, log_abs_det)`` for the batch ``x``: ``y`` with ``x``'s entries per sample, one
+    log-determinant per sample."""
+    return (
+        isinstance(output, tuple | list)
+        and len(output) == 2
+        and all(isinstance(t, torch.Tensor) for t in output)
+        and output[0].dim() > 0
+        and output[0].shape[0] == x.shape[0]
+        and output[0][:1].numel() == x[:1].numel()
+        and output[1].numel() == x.shape[0]
+    )
+
+
+def per_sample(value: torch.Tensor, batch: int) -> torch.Tensor:
+    """``(batch,)``: a log-determinant summed over everything but the batch dimension (a scalar is every sample's)."""
+    if value.dim() == 0:
+        return value.expand(batch)
+    return value.reshape(batch, -1).sum(1)
+
+
+def _takes_output(method: Any) -> bool:
+    """Whether ``log_abs_det_jacobian`` wants ``(x, y)`` (torch.distributions / Pyro) rather than ``(x)``."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters) >= 2
+
+
+def _first_tensor(output: object) -> torch.Tensor:
+    return output[0] if isinstance(output, tuple | list) else output
+
+
+def module_device(module: nn.Module) -> torch.device | None:
+    tensor = next(module.parameters(), None)
+    if tensor is None:
+        tensor = next(module.buffers(), None)
+    return None if tensor is None else tensor.device
+
+
+def autograd_jacobians(module: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``(B, d, d)``: the Jacobian of ``sample -> module(sample[None])`` (first output, flattened) at each row of
+    ``x`` (``d`` entries per sample), with the module's parameters and buffers detached and cast to ``dtype``
+    (``None``: as they are). ``torch.func.vmap(jacrev)``; a loop of ``torch.autograd.functional.jacobian`` where the
+    module cannot be vmapped (data-dependent Python control flow)."""
+    cast = (lambda t: t.detach().to(dtype) if t.is_floating_point() else t.detach()) if dtype else torch.Tensor.detach
+    tensors = {name: cast(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
+    rows = x.detach().to(dtype) if dtype else x.detach()
+    d = rows[:1].numel()
+
+    def function(sample: torch.Tensor) -> torch.Tensor:
+        return _first_tensor(torch.func.functional_call(module, tensors, (sample.unsqueeze(0),))).reshape(-1)
+
+    with torch.enable_grad():
+        try:
+            jacobians = torch.func.vmap(torch.func.jacrev(function))(rows)
+        except Exception:  # noqa: BLE001 - any module vmap cannot trace: fall back to one row at a time
+            jacobians = torch.stack([torch.autograd.functional.jacobian(function, row) for row in rows])
+    return jacobians.reshape(rows.shape[0], d, d)
+
+
+class JacobianDeterminantMonitor(Monitor):
+    """Logs the distribution of ``log|det J|`` over a fixed probe batch for chosen modules, while training.
+
+    For each watched module, every ``every_n_steps`` optimizer steps, on its probe (the first ``probe_size`` rows
+    of its first training input; one sample per row, so for a flow layer on images ``(N, C, H, W)`` a row is an
+    image and ``J`` is the ``C H W x C H W`` Jacobian), it logs ``monitor/<module>/<statistic>``:
+
+    * ``log_abs_det_mean`` (mean over probe rows, processes weighted by rows), ``log_abs_det_min``,
+      ``log_abs_det_max``: the distribution of ``log|det J|`` per row.
+    * ``negative_fraction``: the fraction of rows whose ``det J`` is not positive (a zero determinant counts with
+      the negatives); ``nan`` where the sign is unknown (see :attr:`sign_sources`).
+    * ``pixel_negative_fraction`` (modules with ``jacobian_signs``, such as our 1x1 convolutions): the fraction
+      of pixels whose per-pixel ``det J_g`` is not positive. Strictly between 0 and 1 means the sign changes
+      between pixels: the determinant vanishes there and the layer is not invertible on this data (Theorem 4);
+      ``min(p, 1 - p)`` is :meth:`Invertible1x1Conv.jacobian_sign_flips`.
+    * ``log_abs_det_method``: how ``log|det J|`` was found, a code of :data:`METHOD_CODES` (also
+      :attr:`methods`, by name):
+
+      - ``0`` closed form: the module's ``log_abs_det_jacobian(x)`` (ours, e.g. Lemma 1 of
+        :class:`~lightning_ortho.nn.AuxiliaryReflection`; a two-argument ``log_abs_det_jacobian(x, y)`` as in
+        ``torch.distributions`` / Pyro gets ``y = module(x)``). Sign from the module's analytic ``jacobian(x)``
+        (Theorem 3 for ours) when its last dimension is at most ``max_autograd_dim``, else unknown.
+      - ``1`` flow: the ``log_abs_det`` that the module's ``forward(x) -> (y, log_abs_det)`` returns (our flow
+        layers, a user's coupling layer). Sign from ``jacobian_signs(x)`` where the module has it (our 1x1
+        convolutions: the product of the per-pixel signs), else unknown.
+      - ``2`` autograd: ``torch.linalg.slogdet`` of the Jacobian of the module at each probe row
+        (``torch.func.vmap(jacrev)``, on a float64 copy of the parameters and probe where the module runs in
+        float64), for a module mapping ``R^d -> R^d`` with neither of the above; needs ``d <= max_autograd_dim``.
+
+    Which modules (``modules``): ``None`` watches the outermost modules that have ``log_abs_det_jacobian`` or
+    look like a flow layer (a :class:`~lightning_ortho.flows.FlowLayer`, or any module with ``inverse``; one whose
+    first forward does not return ``(y, log_abs_det)`` is skipped). Names and classes (or class paths in a config)
+    may also pick any module that maps ``R^d -> R^d`` (per sample), measured by autograd.
+
+    Args:
+        modules, every_n_steps, probe_size, plot: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+        max_autograd_dim: largest ``d`` measured by autograd (``d`` backward passes and an O(d^3) determinant per
+            probe row), and largest last dimension whose analytic Jacobian is built for the sign.
+
+    Raises:
+        ValueError: bad arguments (in ``__init__``). At setup: no module to measure, a name that does not exist,
+            a named or typed module that is not square (an ``nn.Linear(m, n)`` with ``m != n``) or needs autograd
+            with ``d > max_autograd_dim``; where that is known only from the module's first forward (a generic
+            module), then, before the first optimizer step. An automatically chosen module that cannot be measured
+            is skipped (with a warning when no module is left), never an error mid-training.
+    """
+
+    def __init__(
+        self,
+        modules: Sequence[str | type] | None = None,
+        every_n_steps: int = 50,
+        probe_size: int = 8,
+        max_autograd_dim: int = 256,
+        plot: bool = True,
+    ) -> None:
+        super().__init__(modules, every_n_steps, probe_size, plot)
+        self.max_autograd_dim = _check_positive_int(max_autograd_dim, "max_autograd_dim", type(self).__name__)
+        #: module name -> ``"closed_form"``, ``"flow"`` or ``"autograd"`` (known from the module's first forward).
+        self.methods: dict[str, str] = {}
+        #: module name -> where the sign of ``det J`` comes from: ``"jacobian"``, ``"pixel_signs"``, ``"slogdet"``
+        #: or ``"unknown"`` (then ``negative_fraction`` is ``nan``).
+        self.sign_sources: dict[str, str] = {}
+        #: automatically chosen modules left out, name -> reason.
+        self.skipped: dict[str, str] = {}
+        self._explicit: set[str] = set()
+
+    # ------------------------------------------------------------------------------------------- subclass API
+    def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
+        return outermost_modules(pl_module, lambda m: closed_form(m) is not None or maybe_flow(m))
+
+    def can_measure(self, module: nn.Module) -> str | None:
+        if closed_form(module) is not None or maybe_flow(module):
+            return None
+        if isinstance(module, nn.Linear):
+            return self._autograd_problem(module.in_features, module.out_features)
+        return None  # a generic module: checked on its first forward
+
+    def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:
+        device = module_device(module)
+        x = probe if device is None else probe.to(device)
+        method = self.methods.get(name)
+        if method is None:  # not seen in training yet (a direct call): classify from a forward on the probe
+            with torch.no_grad():
+                method, reason = self._classify(module, x, module(x))
+            if method is None:
+                self._warn_once(name, f"{type(self).__name__}: cannot measure {name!r}: {reason}")
+                return {}
+            self.methods[name] = method
+        rows = x.shape[0]
+        try:
+            log_det, signs, pixel = getattr(self, f"_{method}")(name, module, x)
+        except Exception as error:  # noqa: BLE001 - never crash training: report and log nan
+            self._warn_once(name + "/error", f"{type(self).__name__}: {name!r} failed ({error!r}); logging nan.")
+            log_det, signs = torch.full((rows,), math.nan, dtype=torch.float64), None
+            pixel = (math.nan, 1.0) if method == "flow" and callable(getattr(module, "jacobian_signs", None)) else None
+        log_det = log_det.detach().to(torch.float64)
+        negative = math.nan if signs is None else float((signs <= 0).double().mean())
+        values = {
+            "log_abs_det_mean": Measurement(float(log_det.mean()), "mean", float(rows)),
+            "log_abs_det_min": Measurement(float(log_det.min()), "min"),
+            "log_abs_det_max": Measurement(float(log_det.max()), "max"),
+            "negative_fraction": Measurement(negative, "mean", float(rows)),
+            "log_abs_det_method": Measurement(float(METHOD_CODES[method]), "max"),
+        }
+        if pixel is not None:
+            values["pixel_negative_fraction"] = Measurement(pixel[0], "mean", pixel[1])
+        return values
+
+    # ------------------------------------------------------------------------------------------ the methods
+    def _closed_form(self, name: str, module: nn.Module, x: torch.Tensor) -> tuple:
+        method = closed_form(module)
+        with torch.no_grad():
+            value = method(x, _first_tensor(module(x))) if _takes_output(method) else method(x)
+            log_det = per_sample(value, x.shape[0])
+            signs = None
+            jacobian = getattr(module, "jacobian", None)
+            if callable(jacobian) and x.shape[-1] <= self.max_autograd_dim:
+                matrices = jacobian(x)
+                if matrices.shape == (*x.shape, x.shape[-1]):
+                    signs = torch.sign(torch.linalg.det(matrices.to(torch.float64))).reshape(x.shape[0], -1).prod(1)
+        self.sign_sources[name] = "unknown" if signs is None else "jacobian"
+        return log_det, signs, None
+
+    def _flow(self, name: str, module: nn.Module, x: torch.Tensor) -> tuple:
+        with torch.no_grad():
+            log_det = per_sample(module(x)[1], x.shape[0])
+            pixel, signs = None, None
+            jacobian_signs = getattr(module, "jacobian_signs", None)
+            if callable(jacobian_signs):
+                pixel_signs = jacobian_signs(x).reshape(x.shape[0], -1)
+                signs = pixel_signs.prod(1)
+                pixel = (float((pixel_signs <= 0).double().mean()), float(pixel_signs.numel()))
+        self.sign_sources[name] = "unknown" if signs is None else "pixel_signs"
+        return log_det, signs, pixel
+
+    def _autograd(self, name: str, module: nn.Module, x: torch.Tensor) -> tuple:
+        try:
+            jacobians = autograd_jacobians(module, x, torch.float64)
+        except (RuntimeError, TypeError, ValueError):  # a module that cannot run in float64: its own dtype
+            jacobians = autograd_jacobians(module, x, None)
+        signs, log_det = torch.linalg.slogdet(jacobians.to(torch.float64))
+        self.sign_sources[name] = "slogdet"
+        return log_det, signs, None
+
+    # ---------------------------------------------------------------------------------- checks and choosing
+    def _autograd_problem(self, d_in: int, d_out: int) -> str | None:
+        if d_in != d_out:
+            return (
+                f"it maps {d_in} to {d_out} entries per sample; a Jacobian determinant needs a map R^d -> R^d "
+                "(or a flow layer returning (y, log_abs_det), or a log_abs_det_jacobian method)."
+            )
+        if d_in > self.max_autograd_dim:
+            return (
+                f"it has no log_abs_det_jacobian and is not a flow layer returning (y, log_abs_det), so its Jacobian "
+                f"would come from autograd, and d = {d_in} > max_autograd_dim = {self.max_autograd_dim}. Raise "
+                "max_autograd_dim (d backward passes and an O(d^3) determinant per probe row) or watch smaller modules."
+            )
+        return None
+
+    def _classify(self, module: nn.Module, x: object, output: object) -> tuple[str | None, str]:
+        """``(method, "")`` or ``(None, reason)`` from one forward ``output = module(x)``."""
+        if closed_form(module) is not None:
+            return "closed_form", ""
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            return None, f"its first input is a {type(x).__name__}, not a batch tensor."
+        if is_flow_output(x, output):
+            return "flow", ""
+        if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != x.shape[0]:
+            what = type(output).__name__ if not isinstance(output, torch.Tensor) else f"shape {tuple(output.shape)}"
+            return None, (
+                f"its forward returns {what}, neither (y, log_abs_det) with one log-determinant per sample nor a "
+                f"batch of the input's shape {tuple(x.shape)}."
+            )
+        problem = self._autograd_problem(x[:1].numel(), output[:1].numel())
+        return (None, problem) if problem else ("autograd", "")
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        self._explicit = set(self._watched) if self.modules is not None else set()
+        for name, module in self._watched.items():
+            if name not in self.methods:
+                self._hooks.append(module.register_forward_hook(self._first_forward(name)))
+
+    def _first_forward(self, name: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            if name in self.methods or name in self.skipped or name not in self._watched:
+                return
+            method, reason = self._classify(module, args[0] if args else None, output)
+            if method == "autograd" and name not in self._explicit:
+                method, reason = (
+                    None,
+                    "its forward does not return (y, log_abs_det) (name it to measure it by autograd).",
+                )
+            if method is not None:
+                self.methods[name] = method
+                return
+            if name in self._explicit:
+                raise ValueError(f"{type(self).__name__}: cannot monitor {name!r}: {reason}")
+            self.skipped[name] = reason
+            del self._watched[name]
+            self.probes.pop(name, None)
+            if not self._watched:
+                rank_zero_warn(
+                    f"{type(self).__name__}: no module left to measure: "
+                    + "; ".join(f"{n!r}: {r}" for n, r in self.skipped.items())
+                    + " Pass modules=[...] naming the modules to watch."
+                )
+
+        return hook

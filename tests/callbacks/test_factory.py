@@ -1,0 +1,262 @@
+"""The ``pytorch_lightning.callbacks_factory`` entry point: monitors switched on from the environment with no code
+change (in a subprocess, as a user would), off when the variable is unset, clear errors for bad settings, and a
+model with nothing to monitor trains on with one warning."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.nn.utils.parametrizations import orthogonal
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_ortho.callbacks import factory
+from lightning_ortho.callbacks.factory import (
+    MONITORS,
+    EnvironmentMonitor,
+    monitors_from_environment,
+    requested_monitors,
+    settings_from_environment,
+)
+from lightning_ortho.callbacks.orthogonality_monitor import OrthogonalityMonitor
+
+VARIABLES = (
+    "LIGHTNING_ORTHO_MONITORS",
+    "LIGHTNING_ORTHO_EVERY_N_STEPS",
+    "LIGHTNING_ORTHO_PROBE_SIZE",
+    "LIGHTNING_ORTHO_PLOT",
+)
+
+#: A user's training script that knows nothing of lightning-ortho (run as a subprocess).
+SCRIPT = textwrap.dedent(
+    """
+    import csv, json, sys
+    import pytorch_lightning as pl
+    import torch
+    from torch import nn
+    from torch.nn.utils.parametrizations import orthogonal
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), orthogonal(nn.Linear(8, 8)), nn.Tanh(), nn.Linear(8, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.mse_loss(self.body(x), y)
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    logger = pl.loggers.CSVLogger(sys.argv[1], name="run")
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=logger, log_every_n_steps=1, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=sys.argv[1])
+    trainer.fit(Net(), torch.utils.data.DataLoader(data, batch_size=8))
+    with open(logger.experiment.metrics_file_path) as handle:
+        columns = next(csv.reader(handle))
+    print("RESULT " + json.dumps({"callbacks": [type(c).__name__ for c in trainer.callbacks], "columns": columns}))
+    """
+)
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch):
+    for variable in VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+
+
+class Net(pl.LightningModule):
+    def __init__(self, orthogonal_layer: bool = True) -> None:
+        super().__init__()
+        hidden = orthogonal(nn.Linear(8, 8)) if orthogonal_layer else nn.Linear(8, 8)
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), hidden, nn.Tanh(), nn.Linear(8, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.body(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def loader() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+
+
+def monitors_of(trainer: pl.Trainer) -> list:
+    return [c for c in trainer.callbacks if isinstance(c, OrthogonalityMonitor)]
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+def test_the_entry_point_is_registered():
+    points = importlib.metadata.entry_points(group="pytorch_lightning.callbacks_factory")
+    ours = [point for point in points if point.value.startswith("lightning_ortho.")]
+    assert len(ours) == 1, "reinstall the package (pip install -e .) so that its entry point is registered"
+    assert ours[0].load() is monitors_from_environment
+
+
+def test_a_user_script_logs_the_monitors_only_when_the_environment_asks(tmp_path):
+    """The same script, run twice as a subprocess: with ``LIGHTNING_ORTHO_MONITORS=orthogonality`` its CSV log has the
+    monitor's keys; without the variable it has none and the Trainer has no extra callback."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    base = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    runs = {}
+    for label, extra in (
+        ("on", {"LIGHTNING_ORTHO_MONITORS": "orthogonality", "LIGHTNING_ORTHO_EVERY_N_STEPS": "2"}),
+        ("off", {}),
+    ):
+        (tmp_path / label).mkdir()
+        runs[label] = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / label)],
+            cwd=tmp_path,  # the installed package and its entry point, not the checkout on sys.path
+            env={**base, **extra, "PYTHONWARNINGS": "ignore"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    results = {}
+    for label, process in runs.items():
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-3000:]
+        line = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        assert line, out[-2000:] + err[-2000:]
+        results[label] = json.loads(line[-1][len("RESULT ") :])
+    on, off = results["on"], results["off"]
+    assert "OrthogonalityMonitor" in on["callbacks"]
+    assert {"monitor/body.2/weight/orthogonality_fro", "monitor/body.2/weight/orthogonality_spectral"} <= set(
+        on["columns"]
+    )
+    assert "OrthogonalityMonitor" not in off["callbacks"] and "loss" in off["columns"]
+    assert not [column for column in off["columns"] if column.startswith("monitor/")]
+    assert (tmp_path / "on" / "run" / "version_0" / "OrthogonalityMonitor.png").is_file()
+
+
+def test_a_trainer_picks_up_the_environment_in_process(monkeypatch, tiny_trainer):
+    assert monitors_of(tiny_trainer()) == []  # unset: nothing added
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
+    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "2")
+    trainer = tiny_trainer(max_epochs=1)
+    (monitor,) = monitors_of(trainer)
+    assert isinstance(monitor, EnvironmentMonitor) and monitor.every_n_steps == 2
+    trainer.fit(Net(), loader())
+    assert [record["step"] for record in monitor.history] == [2, 4]
+    assert "monitor/body.2/weight/orthogonality_fro" in trainer.callback_metrics
+
+
+# ------------------------------------------------------------------------------------------ configuration
+def test_names_and_settings_are_parsed():
+    assert requested_monitors({}) == [] and requested_monitors({"LIGHTNING_ORTHO_MONITORS": " , "}) == []
+    assert requested_monitors({"LIGHTNING_ORTHO_MONITORS": "Orthogonality, gradient-variance orthogonality"}) == [
+        "orthogonality",
+        "gradient_variance",
+    ]
+    assert requested_monitors({"LIGHTNING_ORTHO_MONITORS": "all"}) == list(MONITORS)
+    environ = {"LIGHTNING_ORTHO_EVERY_N_STEPS": "10", "LIGHTNING_ORTHO_PROBE_SIZE": " 4 ", "LIGHTNING_ORTHO_PLOT": "No"}
+    assert settings_from_environment(environ) == {"every_n_steps": 10, "probe_size": 4, "plot": False}
+    assert settings_from_environment({}) == {}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (
+            "LIGHTNING_ORTHO_MONITORS",
+            "orthogonality,jacobain",
+            "unknown monitor 'jacobain'. Valid names: orthogonality, jacobian, invertibility, gradient_variance",
+        ),
+        ("LIGHTNING_ORTHO_EVERY_N_STEPS", "ten", "LIGHTNING_ORTHO_EVERY_N_STEPS='ten': must be a positive integer"),
+        ("LIGHTNING_ORTHO_EVERY_N_STEPS", "0", "must be a positive integer"),
+        ("LIGHTNING_ORTHO_PROBE_SIZE", "2.5", "LIGHTNING_ORTHO_PROBE_SIZE='2.5'"),
+        ("LIGHTNING_ORTHO_PLOT", "maybe", "LIGHTNING_ORTHO_PLOT='maybe': must be 1 or 0"),
+    ],
+)
+def test_bad_settings_fail_when_the_trainer_is_built(monkeypatch, tiny_trainer, variable, value, message):
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        tiny_trainer()
+
+
+def test_a_setting_no_requested_monitor_takes_is_a_warning(monkeypatch):
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
+    monkeypatch.setenv("LIGHTNING_ORTHO_PROBE_SIZE", "4")  # OrthogonalityMonitor needs no probe
+    with pytest.warns(UserWarning, match="probe_size set in the environment, but none of the monitors orthogonality"):
+        (monitor,) = monitors_from_environment()
+    assert isinstance(monitor, OrthogonalityMonitor)
+
+
+def test_an_unimportable_monitor_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(MONITORS, "orthogonality", "lightning_ortho.callbacks.not_there:Nothing")
+    monkeypatch.setattr(factory, "_ENVIRONMENT_CLASSES", {})
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
+    with pytest.raises(ImportError, match="asks for 'orthogonality', but lightning_ortho.callbacks.not_there:Nothing"):
+        monitors_from_environment()
+
+
+@pytest.mark.parametrize("name", list(MONITORS))
+def test_every_registered_monitor_can_be_built_from_the_environment(monkeypatch, name):
+    module_name, _, class_name = MONITORS[name].partition(":")
+    module = pytest.importorskip(module_name, reason=f"{module_name} is not in this checkout yet")
+    if not hasattr(module, class_name):
+        pytest.skip(f"{module_name} has no {class_name} yet")
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", name)
+    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "7")
+    (monitor,) = monitors_from_environment()
+    assert isinstance(monitor, factory.monitor_class(name)) and monitor.every_n_steps == 7
+    assert type(monitor).__name__ == factory.monitor_class(name).__name__
+    assert monitor.state_key.endswith("{'source': 'environment'}")
+
+
+# --------------------------------------------------------------------------------- behaviour in training
+def test_nothing_to_monitor_is_one_warning_and_training_goes_on(monkeypatch, tiny_trainer):
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
+    trainer = tiny_trainer(max_epochs=1)
+    (monitor,) = monitors_of(trainer)
+    with pytest.warns(
+        UserWarning, match="turned on OrthogonalityMonitor .* cannot run on Net: .*no module this monitor can measure"
+    ):
+        trainer.fit(Net(orthogonal_layer=False), loader())
+    assert monitor.idle and monitor.history == [] and trainer.global_step == 4
+    assert not [key for key in trainer.callback_metrics if key.startswith("monitor/")]
+
+
+def test_a_users_own_monitor_wins_over_the_environment(monkeypatch, tiny_trainer):
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
+    mine = OrthogonalityMonitor(every_n_steps=3)
+    trainer = tiny_trainer(max_epochs=1, callbacks=[mine])  # no "more than one stateful callback" error
+    (_, from_environment) = monitors_of(trainer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Net(), loader())
+    assert not [w for w in caught if "lightning-ortho" in str(w.message)]  # standing aside is not a warning
+    assert from_environment.idle and from_environment.history == []
+    assert [record["step"] for record in mine.history] == [3, 4]
+
+
+def test_monitors_from_the_environment_pickle_and_checkpoint(monkeypatch, tiny_trainer, tmp_path):
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
+    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "2")
+    trainer = tiny_trainer(max_epochs=1)
+    (monitor,) = monitors_of(trainer)
+    copy = pickle.loads(pickle.dumps(monitor))  # ddp_spawn pickles the Trainer with its callbacks before fit
+    assert type(copy) is type(monitor) and isinstance(copy, OrthogonalityMonitor) and copy.every_n_steps == 2
+    assert copy.state_key == monitor.state_key == "OrthogonalityMonitor{'source': 'environment'}"
+    trainer.fit(Net(), loader())
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    state = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]
+    assert state[monitor.state_key]["history"] == monitor.history and len(monitor.history) == 2
