@@ -201,6 +201,9 @@ def _rescale_where_needed(
     """
     if x.numel() == 0 or not finite_checks_enabled(k):
         return y, summary
+    if x.dim() == 1:  # one unbatched vector: the row indexing below needs a batch dimension
+        y, summary = _rescale_where_needed(x[None], v[None], weight, y[None], k[None], summary[None])
+        return y[0], summary[0]
     flagged = badly_scaled(k)
     if not bool(flagged.any()):
         return y, summary

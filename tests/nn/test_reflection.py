@@ -82,3 +82,17 @@ def test_norm_preserved_and_involution(d, values):
     scale = 1 + torch.linalg.vector_norm(x)
     assert abs(torch.linalg.vector_norm(y) - torch.linalg.vector_norm(x)) <= 1e-9 * scale
     torch.testing.assert_close(reflect(y, v), x, atol=1e-9 * float(scale), rtol=0)
+
+
+def test_one_unbatched_vector_with_a_badly_scaled_reflection_vector():
+    # Found by hypothesis: an unbatched (d,) input whose v had a denormal entry raised an IndexError in the
+    # rescaling of badly scaled rows. H(v) x must equal the batched result, and a tiny v reflects like a unit one.
+    x = torch.zeros(8, dtype=torch.float64)
+    x[3] = 1.0
+    for scale in (2.2250738585072014e-308, 1e-200, 1e200):
+        v = torch.zeros(8, dtype=torch.float64)
+        v[3] = scale
+        expected = x.clone()
+        expected[3] = -1.0
+        torch.testing.assert_close(reflect(x, v), expected, rtol=0, atol=0)
+        torch.testing.assert_close(reflect(x, v), reflect(x[None], v[None])[0], rtol=0, atol=0)
