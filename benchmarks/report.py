@@ -379,6 +379,199 @@ def render_reproduce_transforms(data: dict) -> str:
     return "\n".join(lines + claims_table(data["claims"]))
 
 
+#: method of bench_transforms' apply rows -> column label
+TRANSFORM_APPLY_COLUMNS = {
+    "b_fft": "B, FFT-like",
+    "m_q8": "M-like, q = 8",
+    "b_fft_autograd": "B, FFT-like, autograd recording",
+}
+
+
+def _op_split(ops: dict) -> str:
+    return f"{ops['total']:,} ({ops['additions']:,} / {ops['multiplications']:,} / {ops['shifts']:,})"
+
+
+def render_bench_transforms(data: dict) -> str:
+    rows = data["rows"]
+    lines = [
+        "Reproduce: `python benchmarks/bench_transforms.py`",
+        "",
+        f"**{data['hardware']}** ({data.get('hardware_description', '')}), torch {data['torch']}, {data['date']}: "
+        f"`{data['command']}` ({data.get('total_seconds', '?')} s; load average "
+        f"{' / '.join(str(v) for v in data.get('load_average', {}).get('start', []))} at the start).",
+    ]
+    learned = [r for r in rows if r["section"] == "learn"]
+    if learned:
+        setup = data.get("learn", {})
+        names = {
+            "b": "B_m-DLA",
+            "m": "M_q-DLA",
+            "shear": "S-DLA",
+            "identity": "no transform (identity)",
+            "dct": "2-D DCT-II",
+            "pca": "PCA (dense)",
+        }
+        lines += [
+            "",
+            f"Learning at n = {learned[0]['n']} on {learned[0]['patches']:,} patches, s = {learned[0]['s']} "
+            f"({setup.get('threads', '?')} thread; best of {learned[0].get('rounds', 1)} runs): seconds and the "
+            "error reached, 100 ||Y - X D^T||^2 / ||Y||^2, with the fixed bases under the same coding.",
+            "",
+            "| transform | blocks (live) | layers | seconds | error (%) | operations per patch: total (add / mul / shift) |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in learned:
+            name = (
+                f"{names.get(r['family'], r['family'])} {r['label']}"
+                if "seconds" in r
+                else names.get(r["family"], r["family"])
+            )
+            if "seconds" not in r:
+                lines.append(f"| {name} | | | | {r['error']:.2f} | |")
+                continue
+            blocks = f"{r['blocks']} ({r['live_blocks']})" if "live_blocks" in r else str(r["blocks"])
+            lines.append(
+                f"| {name} | {blocks} | {r['layers']} | {r['seconds']:.2f} | {r['error']:.2f} "
+                f"| {_op_split(r['transform_ops'])} |"
+            )
+    applied = [r for r in rows if r["section"] == "apply"]
+    if applied:
+        setup = data.get("apply", {})
+        index = {(r["n"], r["threads"], r["method"]): r for r in applied}
+        methods = [m for m in TRANSFORM_APPLY_COLUMNS if any(r["method"] == m for r in applied)]
+        lines += [
+            "",
+            f"Applying to a batch of {applied[0]['batch']} float32 rows, forward under `torch.no_grad` (the last "
+            "column records autograd): median ms over "
+            f"{setup.get('rounds', '?')} interleaved rounds, and in brackets the speed-up over nn.Linear (above 1: "
+            "faster). Operations per row: nn.Linear n^2 + n(n - 1); the B product 4 per block.",
+            "",
+            "| n | threads | nn.Linear | "
+            + " | ".join(TRANSFORM_APPLY_COLUMNS[m] for m in methods)
+            + " | B blocks / layers |",
+            "|---:|---:|---:|" + "---:|" * len(methods) + "---:|",
+        ]
+        for n, threads in sorted({(r["n"], r["threads"]) for r in applied}, key=lambda k: (k[1], k[0])):
+            linear = index.get((n, threads, "linear"))
+            cells = [f"{linear['forward_ms']:.2f}" if linear else ""]
+            for method in methods:
+                r = index.get((n, threads, method))
+                cells.append(f"{r['forward_ms']:.2f} ({r['speedup_vs_linear']:.2f}x)" if r else "")
+            b = index.get((n, threads, "b_fft"))
+            structure = f"{b['blocks']:,} / {b['layers']}" if b else ""
+            lines.append(f"| {n} | {threads} | " + " | ".join(cells) + f" | {structure} |")
+    compressed = [r for r in rows if r["section"] == "compress"]
+    if compressed:
+        setup = data.get("compress", {})
+        lines += [
+            "",
+            f"Compressing every layer of {setup.get('model', 'the digits FCNN')} trained for {setup.get('epochs', '?')} "
+            f"epochs ({setup.get('data', '')}): validation accuracy right after compression and after fine-tuning the "
+            f"codes for {setup.get('finetune_epochs', '?')} epochs (test accuracy at the end), operations per sample "
+            "(biases excluded). `fit=data`: codes refit by least squares on each layer's inputs.",
+            "",
+            "| model | fit | operations: total (add / mul / shift) | of dense | val acc, compressed | val acc, fine-tuned "
+            "| test acc, fine-tuned |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in compressed:
+            ops = f"{_op_split(r['ops'])} | {100 * r['ops_ratio']:.1f} %"
+            if r["family"] in ("dense", "dense_continued"):
+                lines.append(f"| {r['label']} | | {ops} | | {r['val_acc']:.2f} | {r['test_acc']:.2f} |")
+                continue
+            lines.append(
+                f"| {r['family']} {r['label']} | {r['fit']} | {ops} | {r['val_acc_compressed']:.2f} "
+                f"| {r['val_acc_finetuned']:.2f} | {r['test_acc_finetuned']:.2f} |"
+            )
+    return "\n".join(lines + claims_table(data["claims"]))
+
+
+def render_bench_callbacks(data: dict) -> str:
+    rows = data["rows"]
+    load = data.get("load_average", {}).get("start", [])
+    lines = [
+        "Reproduce: `python benchmarks/bench_callbacks.py`",
+        "",
+        f"**{data['hardware']}** ({data.get('hardware_description', '')}), torch {data['torch']}, {data['date']}: "
+        f"`{data['command']}` ({data.get('total_seconds', '?')} s"
+        + (f"; load average {' / '.join(str(v) for v in load)} at the start" if load else "")
+        + ").",
+    ]
+    overhead = [r for r in rows if r["section"] == "overhead"]
+    if overhead:
+        setup = data.get("overhead", {})
+        baseline = {r["model"]: r for r in overhead if r["callback"] == "none"}
+        lines += [
+            "",
+            "Training with each monitor alone against training without it, same seed and steps: the training loop's "
+            f"wall time as a multiple of the run without (median over {setup.get('rounds', '?')} interleaved rounds of "
+            "each round's ratio, min-max in brackets); the time inside the monitor's hooks as a share of the loop "
+            "without it, and the part of that spent in `pl_module.log`. Target: at most "
+            f"{data.get('target_ratio', 1.05)}x at the defaults.",
+            "",
+            "| model | monitor | every_n_steps | measurements | loop without (s) | with / without | in hooks | "
+            "of which logging |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in overhead:
+            if r["callback"] == "none":
+                continue
+            if "skipped" in r:
+                lines.append(f"| {r['model']} | {r['callback']} | | | | skipped | | |")
+                continue
+            base = baseline.get(r["model"], {})
+            ratio = f"{r['ratio']:.3f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
+            ratio = ratio if r["ratio"] <= data.get("target_ratio", 1.05) else f"**{ratio}**"
+            lines.append(
+                f"| {r['model']} | {r['callback']} | {r['every_n_steps']} | {r['measurements']} "
+                f"| {base.get('loop_s', math.nan):.2f} ({r['steps']} steps) | {ratio} | {100 * r['hook_share']:.1f} % "
+                f"| {100 * r['log_share']:.1f} % |"
+            )
+        models = setup.get("models", {})
+        if models:
+            lines += ["", "Models (Trainer without logger, progress bar, checkpoints or validation):"]
+            lines += [f"- {name}: {m['model']}." for name, m in models.items()]
+        notes = [f"{r['model']}, {r['callback']}: {r['skipped']}." for r in overhead if "skipped" in r]
+        notes += [
+            f'{r["model"]}, {r["callback"]} warned {len(r["warnings"])} time(s), e.g. "{r["warnings"][0]}"'
+            for r in overhead
+            if r.get("warnings")
+        ]
+        if notes:
+            lines += ["", "Notes:"] + [f"- {note}" for note in notes]
+    logdet = sorted((r for r in rows if r["section"] == "logdet"), key=lambda r: r["d"])
+    if logdet:
+        setup = data.get("logdet", {})
+        lines += [
+            "",
+            f"log|det J| of {setup.get('module', 'AuxiliaryReflection(d, invertible=True)')} on a probe of "
+            f"{logdet[0]['probe_size']} rows, ms per probe batch (median of {logdet[0]['rounds']} interleaved rounds): "
+            "the closed form (`log_abs_det_jacobian`, Lemma 1), JacobianDeterminantMonitor's closed-form path (the "
+            f"same plus the sign of det J from the dense analytic Jacobian where d <= max_autograd_dim = "
+            f"{setup.get('max_autograd_dim', 256)}) and its autograd path (vmap(jacrev) in float64, then slogdet); "
+            "agreement of closed form and autograd on a float64 copy.",
+            "",
+            "| d | closed form | monitor, closed-form path | monitor, autograd path | autograd / closed form "
+            "| max abs difference (float64) |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in logdet:
+            lines.append(
+                f"| {r['d']} | {r['closed_form_ms']:.3g} | {r['monitor_closed_form_ms']:.3g} | {r['autograd_ms']:.3g} "
+                f"| {r['autograd_over_closed_form']:.1f}x | {r['max_abs_difference_f64']:.1e} |"
+            )
+        fits = setup.get("fits", {})
+        if fits:
+            dims = next(iter(fits.values()))["dims"]
+            lines += [
+                "",
+                f"Fitted growth, time ~ d^k over d = {', '.join(str(d) for d in dims)}: "
+                + ", ".join(f"{method.replace('_', ' ')} k = {fit['exponent']:.2f}" for method, fit in fits.items())
+                + ".",
+            ]
+    return "\n".join(lines + claims_table(data["claims"]))
+
+
 RENDERERS = {
     "rnn_initial_loss": render_rnn_initial_loss,
     "bench_flows": render_bench_flows,
@@ -393,6 +586,8 @@ RENDERERS = {
     "reproduce_uoro_training": render_reproduce_uoro_training,
     "bench_online": render_bench_online,
     "reproduce_transforms": render_reproduce_transforms,
+    "bench_transforms": render_bench_transforms,
+    "bench_callbacks": render_bench_callbacks,
 }
 
 

@@ -279,3 +279,28 @@ def test_op_count_spec_section_11_and_deferred_scaling(gen):
     # an even difference is levelled with a shift: -> 2,2,0; (1,2) shifts coordinate 2 -> 2,3,3; end 1 shift + 2 mul
     even = BinaryBlockProduct(3, [(0, 1), (0, 1), (1, 2)], [0, 3, 1])
     assert even.op_count(defer_scaling=True) == OpCount(additions=6, multiplications=2, shifts=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_no_grad_chunked_path_equals_the_autograd_path_and_the_dense_product(gen, dtype):
+    """Inputs of >= _BAG_MIN_ELEMENTS entries that need no gradient take the chunked embedding_bag path; it must give
+    what the batch-first autograd path and the dense product give (leading dims, a partial last chunk, a
+    non-contiguous input, coordinates that a layer leaves alone)."""
+    from lightning_ortho.transforms import blocks
+
+    n = 40
+    pairs, cores, product = make(n=n, m=90, gen=gen)
+    product = product.to(dtype)
+    rows = blocks._CHUNK_ELEMENTS * torch.get_num_threads() // n * 2 + 7  # two full chunks and a partial one
+    assert rows * n >= blocks._BAG_MIN_ELEMENTS
+    x = torch.randn(rows, 2 * n, dtype=dtype, generator=gen)[:, ::2]  # non-contiguous
+    with torch.no_grad():
+        fast = product(x)
+    recorded = product(x.clone().requires_grad_())  # the cores are trainable: autograd path
+    assert fast.grad_fn is None and recorded.grad_fn is not None and fast.is_contiguous()
+    atol = 1e-12 if dtype == torch.float64 else 2e-5
+    assert close(fast, recorded, atol=atol)
+    assert close(fast, x.double() @ dense_product(n, pairs, cores).T, atol=atol)
+    frozen = BlockProduct(n, pairs, cores.to(dtype), trainable=False)
+    assert close(frozen(x.reshape(rows // 3 if rows % 3 == 0 else 1, -1, n)).reshape(rows, n), fast, atol=atol)
+    assert frozen(torch.empty(0, n, dtype=dtype)).shape == (0, n)
