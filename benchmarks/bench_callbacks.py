@@ -181,7 +181,14 @@ def scenarios() -> dict[str, Scenario]:
                 "OrthogonalityMonitor": ("defaults", OrthogonalityMonitor),
                 "GradientNoiseMonitor": ("defaults", GradientNoiseMonitor),
                 "JacobianDeterminantMonitor": ("defaults", JacobianDeterminantMonitor),
-                "InvertibilityMonitor": ("defaults", InvertibilityMonitor),
+                "InvertibilityMonitor (named: the six reflections)": (
+                    "named",
+                    lambda: InvertibilityMonitor(modules=[AuxiliaryReflection]),
+                ),
+            },
+            {
+                "InvertibilityMonitor": "at its defaults it watches nothing here: the FCNN's auxiliary reflections are "
+                "unconstrained (invertible=False), which automatic selection skips; the named row watches them"
             },
         ),
         "glow": Scenario(

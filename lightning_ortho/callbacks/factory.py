@@ -212,7 +212,7 @@ class EnvironmentMonitor:
     def __reduce__(self):  # noqa: ANN204
         # A class made at run time pickles by its monitor name; the watched modules and hook handles of the last fit
         # are the model's, not the callback's (a parametrized module cannot even be pickled): setup finds them again.
-        state = {**self.__dict__, "_watched": {}, "_hooks": []}
+        state = {**self.__dict__, "_watched": {}, "_hooks": [], "_probe_hooks": {}}
         return _new_environment_monitor, (self.monitor_name,), state
 
 

@@ -136,7 +136,10 @@ class InvertibilityMonitor(Monitor):
 
     # ------------------------------------------------------------------------------------------- subclass API
     def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
-        return outermost_modules(pl_module, has_inverse)
+        # Auto-selection skips layers that declare themselves not invertible (an unconstrained auxiliary
+        # reflection, invertible=False: its Newton inverse may fail by design, which would cost 50 iterations and
+        # warn on every model that merely uses such layers); name them to watch them anyway.
+        return outermost_modules(pl_module, lambda m: has_inverse(m) and getattr(m, "invertible", True) is not False)
 
     def can_measure(self, module: nn.Module) -> str | None:
         if has_inverse(module):

@@ -211,9 +211,15 @@ class JacobianDeterminantMonitor(Monitor):
             signs = None
             jacobian = getattr(module, "jacobian", None)
             if callable(jacobian) and x.shape[-1] <= self.max_autograd_dim:
-                matrices = jacobian(x)
-                if matrices.shape == (*x.shape, x.shape[-1]):
-                    signs = torch.sign(torch.linalg.det(matrices.to(torch.float64))).reshape(x.shape[0], -1).prod(1)
+                # A provably invertible layer (invertible=True: det J never vanishes on the connected R^d) has one
+                # sign everywhere: one row's Jacobian gives it, instead of a dense determinant per probe row.
+                constant = getattr(module, "invertible", False) is True
+                rows = x[:1] if constant else x
+                matrices = jacobian(rows)
+                if matrices.shape == (*rows.shape, rows.shape[-1]):
+                    signs = torch.sign(torch.linalg.det(matrices.to(torch.float64))).reshape(rows.shape[0], -1).prod(1)
+                    if constant:
+                        signs = signs.expand(x.shape[0])
         self.sign_sources[name] = "unknown" if signs is None else "jacobian"
         return log_det, signs, None
 

@@ -242,7 +242,7 @@ class OnlineEstimatorVarianceMonitor(Monitor):
 
     def __init__(
         self,
-        every_n_steps: int = 100,
+        every_n_steps: int = 500,
         draws: int = 32,
         probe_streams: int = 4,
         probe_steps: int | None = None,

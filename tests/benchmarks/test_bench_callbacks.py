@@ -36,7 +36,7 @@ def test_quick_benchmark_writes_schema(quick):
     expected = {(name, label) for name, scenario in bench.scenarios().items() for label in ("none", *scenario.monitors)}
     assert {(r["model"], r["callback"]) for r in overhead if "skipped" not in r} == expected
     skipped = {(r["model"], r["callback"]): r["skipped"] for r in overhead if "skipped" in r}
-    assert list(skipped) == [("glow", "OrthogonalityMonitor")]
+    assert list(skipped) == [("fcnn", "InvertibilityMonitor"), ("glow", "OrthogonalityMonitor")]
     assert "no module this monitor can measure" in skipped["glow", "OrthogonalityMonitor"]
     for row in overhead:
         if "skipped" in row:
