@@ -112,10 +112,13 @@ def test_noise_statistics_equal_a_brute_force_recomputation_per_group(tmp_path):
     pl.seed_everything(0)
     model = UserMLP()
     recorder = Recorder()
-    plain = GradientNoiseMonitor(every_n_steps=4, plot=False)
-    smoothed = GradientNoiseMonitor(modules=["head", "encoder.0"], every_n_steps=4, smoothing=0.5, plot=False)
+    plain = GradientNoiseMonitor(every_n_steps=4, interval=4, plot=False)
+    smoothed = GradientNoiseMonitor(
+        modules=["head", "encoder.0"], every_n_steps=4, smoothing=0.5, interval=4, plot=False
+    )
+    sparse = GradientNoiseMonitor(every_n_steps=3, interval=6, plot=False)  # steps 4-6 and 10-12 only
     loader = DataLoader(user_data(), batch_size=8)  # 12 steps: 3 windows
-    fit = trainer(tmp_path, max_epochs=1, precision="64-true", callbacks=[recorder, plain, smoothed])
+    fit = trainer(tmp_path, max_epochs=1, precision="64-true", callbacks=[recorder, plain, smoothed, sparse])
     fit.fit(model, loader)
 
     grads = recomputed_gradients(model, recorder.steps)
@@ -142,6 +145,13 @@ def test_noise_statistics_equal_a_brute_force_recomputation_per_group(tmp_path):
             scale = ema[group][0] / ema[group][1] if ema[group][1] > 0 else math.inf
             assert close(record_smoothed["values"][f"gradient_noise/{group}/noise_scale"], scale, 1e-9)
             assert close(record_smoothed["values"][f"gradient_noise/{group}/snr"], expected["snr"], 1e-9)
+    # With interval 6 and windows of 3, only the last 3 steps of every 6 are read (the duty cycle that keeps the
+    # default overhead small): the windows are optimizer steps 4-6 and 10-12 (grads[3:6], grads[9:12]).
+    assert [r["step"] for r in sparse.history] == [6, 12]
+    for record, window in zip(sparse.history, (grads[3:6], grads[9:12]), strict=True):
+        expected = brute_force(window, names[""], batch_size=8)
+        for key in ("batch_variance", "mean_grad_sq", "signal", "snr", "noise_scale"):
+            assert close(record["values"][f"gradient_noise/{key}"], expected[key], 1e-9), key
     # the statistics reach the loggers, and a real signal was measured (not a degenerate all-noise case)
     assert "gradient_noise/noise_scale" in fit.callback_metrics
     assert all(r["values"]["gradient_noise/signal"] > 0 for r in plain.history)
@@ -162,7 +172,7 @@ def test_windows_are_optimizer_steps_also_with_several_steps_per_batch(tmp_path)
     # chunks (after steps 7 and 14) and are logged at the end of those chunks (global steps 10 and 15).
     pl.seed_everything(0)
     module = online_model("uoro", update_every=1)
-    recorder, monitor = GradientRecorder(), GradientNoiseMonitor(every_n_steps=7, plot=False)
+    recorder, monitor = GradientRecorder(), GradientNoiseMonitor(every_n_steps=7, interval=7, plot=False)
     data = TinyStreams(streams=4, steps=5, chunks_per_epoch=4)
     trainer(tmp_path, max_epochs=1, limit_val_batches=0, callbacks=[recorder, monitor]).fit(module, data)
     assert len(recorder.grads) == 20 and [r["step"] for r in monitor.history] == [10, 15]
@@ -201,7 +211,7 @@ def test_ddp_two_processes_log_the_single_process_statistics_of_the_same_global_
         folder.mkdir()
         pl.seed_everything(0)
         model = UserMLP(lr=0.1)
-        monitor = SavingNoiseMonitor(folder, every_n_steps=2, plot=False)
+        monitor = SavingNoiseMonitor(folder, every_n_steps=2, interval=2, plot=False)
         trainer(folder, max_epochs=1, precision="64-true", callbacks=[monitor], **kwargs).fit(model, loader)
 
     run(tmp_path / "ddp", DataLoader(data, batch_size=8), strategy="ddp_spawn", devices=2)
@@ -225,7 +235,7 @@ def test_ddp_two_processes_log_the_single_process_statistics_of_the_same_global_
 def test_resume_from_a_checkpoint_inside_a_window_measures_the_same_windows(tmp_path):
     def fit(root, epochs, ckpt_path=None, callbacks=()):
         pl.seed_everything(0)
-        model, monitor = UserMLP(), GradientNoiseMonitor(every_n_steps=5, plot=False)
+        model, monitor = UserMLP(), GradientNoiseMonitor(every_n_steps=5, interval=5, plot=False)
         run = trainer(root, max_epochs=epochs, callbacks=[monitor, *callbacks], enable_checkpointing=bool(callbacks))
         run.fit(model, DataLoader(user_data(), batch_size=8), ckpt_path=ckpt_path)
         return monitor
@@ -253,6 +263,7 @@ def test_resume_from_a_checkpoint_inside_a_window_measures_the_same_windows(tmp_
         ({"every_n_steps": 0}, "every_n_steps must be at least 2"),
         ({"batch_size": 0}, "batch_size must be None"),
         ({"smoothing": 1.0}, r"smoothing must be a number in \[0, 1\)"),
+        ({"every_n_steps": 10, "interval": 5}, "interval must be an int >= every_n_steps"),
         ({"modules": "head"}, "modules must be None"),
     ],
 )
