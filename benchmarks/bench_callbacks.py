@@ -86,7 +86,7 @@ from lightning_ortho.online import TanhRNNCell  # noqa: E402
 
 TARGET = 1.05
 #: model -> optimizer steps of one timed fit (full, quick).
-STEPS = {"fcnn": (400, 20), "glow": (100, 20), "online": (960, 64)}
+STEPS = {"fcnn": (400, 100), "glow": (100, 100), "online": (960, 128)}  # quick: one GradientNoise window (interval 100)
 ROUNDS, QUICK_ROUNDS = 7, 1
 LOGDET_DIMS, QUICK_LOGDET_DIMS = (16, 32, 64, 128, 256, 512, 1024), (16, 32)
 LOGDET_PROBE = 8

@@ -94,6 +94,11 @@ def autograd_jacobians(module: nn.Module, x: torch.Tensor, dtype: torch.dtype | 
     return jacobians.reshape(rows.shape[0], d, d)
 
 
+#: Up to this dimension a module's analytic ``jacobian(x)`` plus ``slogdet`` replaces its ``log_abs_det_jacobian``
+#: (cheaper there, and it gives the sign too).
+_DENSE_JACOBIAN_DIM = 128
+
+
 class JacobianDeterminantMonitor(Monitor):
     """Logs the distribution of ``log|det J|`` over a fixed probe batch for chosen modules, while training.
 
@@ -204,19 +209,29 @@ class JacobianDeterminantMonitor(Monitor):
 
     # ------------------------------------------------------------------------------------------ the methods
     def _closed_form(self, name: str, module: nn.Module, x: torch.Tensor) -> tuple:
-        method = closed_form(module)
+        jacobian = getattr(module, "jacobian", None)
+        d = x.shape[-1]
         with torch.no_grad():
+            if callable(jacobian) and d <= _DENSE_JACOBIAN_DIM:
+                # Small d: the module's analytic Jacobian (Theorem 3 for an auxiliary reflection) and one slogdet
+                # per row give log|det J| and its sign together, and are cheaper than the eigendecomposition
+                # behind log_abs_det_jacobian (d = 64: 0.5 ms against 1.8 ms for 8 rows).
+                matrices = jacobian(x)
+                if matrices.shape == (*x.shape, d):
+                    sign, log_abs = torch.linalg.slogdet(matrices.to(torch.float64))
+                    self.sign_sources[name] = "jacobian"
+                    return per_sample(log_abs, x.shape[0]), sign.reshape(x.shape[0], -1).prod(1), None
+            method = closed_form(module)
             value = method(x, _first_tensor(module(x))) if _takes_output(method) else method(x)
             log_det = per_sample(value, x.shape[0])
             signs = None
-            jacobian = getattr(module, "jacobian", None)
-            if callable(jacobian) and x.shape[-1] <= self.max_autograd_dim:
+            if callable(jacobian) and d <= self.max_autograd_dim:
                 # A provably invertible layer (invertible=True: det J never vanishes on the connected R^d) has one
                 # sign everywhere: one row's Jacobian gives it, instead of a dense determinant per probe row.
                 constant = getattr(module, "invertible", False) is True
                 rows = x[:1] if constant else x
                 matrices = jacobian(rows)
-                if matrices.shape == (*rows.shape, rows.shape[-1]):
+                if matrices.shape == (*rows.shape, d):
                     signs = torch.sign(torch.linalg.det(matrices.to(torch.float64))).reshape(rows.shape[0], -1).prod(1)
                     if constant:
                         signs = signs.expand(x.shape[0])
