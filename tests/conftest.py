@@ -1,3 +1,4 @@
+import atexit
 import socket
 from collections.abc import Callable
 
@@ -18,6 +19,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class CleanDistributedExit(pl.Callback):
+    """In each ddp_spawn worker, destroy the process group when the worker exits. Otherwise a worker that finishes
+    while rank zero still saves the weights it hands back sometimes aborts in gloo's teardown ("terminate called
+    without an active exception", SIGABRT) after a successful fit."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if trainer.world_size > 1:
+            atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def make_tiny_trainer(root, **kwargs) -> pl.Trainer:
     """A quiet CPU Trainer for tests: no logger, checkpoints, progress bar or model summary; logs under ``root``.
     Keyword arguments override the defaults (``strategy="ddp_spawn", devices=2``, ``callbacks=[...]``, ...)."""
@@ -30,6 +46,8 @@ def make_tiny_trainer(root, **kwargs) -> pl.Trainer:
         enable_checkpointing=False,
         default_root_dir=root,
     )
+    if kwargs.get("strategy") == "ddp_spawn":
+        kwargs["callbacks"] = [*kwargs.get("callbacks", []), CleanDistributedExit()]
     return pl.Trainer(**{**defaults, **kwargs})
 
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_only
+from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -115,6 +115,10 @@ class Monitor(pl.Callback):
         self._hooks: list[RemovableHandle] = []  # subclasses' hooks, removed at teardown
         self._probe_hooks: dict[str, RemovableHandle] = {}  # removed as soon as each probe is taken
         self._last_step = -1
+        #: Modules dropped at their first forward (auto-selected ones whose output cannot be measured): the reason.
+        self.skipped: dict[str, str] = {}
+        self._explicit: set[str] = set()
+        self._first_checked: set[str] = set()
 
     # --------------------------------------------------------------------------------------------- subclass API
     def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
@@ -129,6 +133,12 @@ class Monitor(pl.Callback):
     def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:
         """The statistics of one module on its probe (this process's)."""
         raise NotImplementedError
+
+    def first_forward_problem(self, name: str, module: nn.Module, args: tuple, output: object) -> str | None:
+        """Checked once on each watched module's first forward (what it returns is only known then): ``None`` if
+        it can be measured, else the reason. A named module with a problem is a clear error (before any optimizer
+        step); an auto-selected one is dropped into ``skipped``. Default: no check."""
+        return None
 
     def needs_probe(self) -> bool:
         """Whether :meth:`measure` needs a probe (monitors of parameters alone do not)."""
@@ -183,6 +193,11 @@ class Monitor(pl.Callback):
             return
         self._watched = self.select(pl_module)
         self._remove_hooks()
+        self._explicit = set(self._watched) if self.modules is not None else set()
+        if type(self).first_forward_problem is not Monitor.first_forward_problem:
+            for name, module in self._watched.items():
+                if name not in self._first_checked:
+                    self._hooks.append(module.register_forward_hook(self._first_forward(name)))
         if self.needs_probe():
             for name, module in self._watched.items():
                 if name not in self.probes:
@@ -195,6 +210,28 @@ class Monitor(pl.Callback):
         for handle in [*self._hooks, *self._probe_hooks.values()]:
             handle.remove()
         self._hooks, self._probe_hooks = [], {}
+
+    def _first_forward(self, name: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            if name in self._first_checked or name not in self._watched:
+                return
+            reason = self.first_forward_problem(name, module, args, output)
+            if reason is None:
+                self._first_checked.add(name)
+                return
+            if name in self._explicit:
+                raise ValueError(f"{type(self).__name__}: cannot monitor {name!r}: {reason}")
+            self.skipped[name] = reason
+            del self._watched[name]
+            self.probes.pop(name, None)
+            if not self._watched:
+                rank_zero_warn(
+                    f"{type(self).__name__}: no module left to measure: "
+                    + "; ".join(f"{n!r}: {r}" for n, r in self.skipped.items())
+                    + " Pass modules=[...] naming the modules to watch."
+                )
+
+        return hook
 
     def _capture(self, name: str):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple, output: object) -> None:
@@ -225,7 +262,7 @@ class Monitor(pl.Callback):
         ready = not self.needs_probe() or all(name in self.probes for name in self._watched)
         if trainer.world_size > 1:  # every process must run the same reductions: measure only when all can
             flag = torch.tensor(float(ready), device=trainer.strategy.root_device)
-            ready = bool(trainer.strategy.all_gather(flag).min() > 0)
+            ready = bool(trainer.strategy.reduce(flag, reduce_op="min") > 0)
         if not ready:
             return logged
         was_training = pl_module.training
@@ -260,8 +297,6 @@ class Monitor(pl.Callback):
             return float(measurement.value)
         device = trainer.strategy.root_device
         if measurement.reduce == "mean":
-            # float32 on the wire: float64 collectives crashed a gloo process here ("terminate called without an
-            # active exception"), so DDP values equal single-process ones to float32 precision.
             pair = torch.tensor([measurement.value * measurement.weight, measurement.weight], device=device)
             total = trainer.strategy.reduce(pair, reduce_op="sum")
             return float(total[0] / total[1]) if float(total[1]) > 0 else math.nan
@@ -269,8 +304,10 @@ class Monitor(pl.Callback):
             return float(
                 trainer.strategy.reduce(torch.tensor(float(measurement.value), device=device), reduce_op="sum")
             )
-        gathered = trainer.strategy.all_gather(torch.tensor(float(measurement.value), device=device))
-        return float(gathered.min() if measurement.reduce == "min" else gathered.max())
+        # A plain all-reduce with MIN/MAX: Lightning's all_gather goes through an autograd-aware collective, and
+        # with it a spawned gloo process sometimes aborted at exit ("terminate called without an active exception").
+        value = torch.tensor(float(measurement.value), device=device)
+        return float(trainer.strategy.reduce(value, reduce_op=measurement.reduce))
 
     # ---------------------------------------------------------------------------------------- checkpointing
     @property
@@ -290,11 +327,15 @@ class Monitor(pl.Callback):
     # ------------------------------------------------------------------------------------------------ report
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._remove_hooks()
-        if not self.history:
-            return
-        self._print_table()
-        if self.plot:
-            self._plot(Path(trainer.log_dir or trainer.default_root_dir))
+        if self.history:
+            self._print_table()
+            if self.plot:
+                self._plot(Path(trainer.log_dir or trainer.default_root_dir))
+        if trainer.world_size > 1:
+            # Rank zero spends a while on the table and the PNG; without waiting for it, another process could
+            # reach its exit first, and a spawned gloo process then sometimes aborted ("terminate called without
+            # an active exception").
+            trainer.strategy.barrier("monitor_fit_end")
 
     def summary(self) -> dict[str, tuple[float, float, float]]:
         """``key -> (last, min, max)`` over the history."""

@@ -128,11 +128,8 @@ class InvertibilityMonitor(Monitor):
             )
         self.tolerance = float(tolerance)
         #: automatically chosen modules left out, name -> reason.
-        self.skipped: dict[str, str] = {}
         #: module name -> the last exception its inverse raised (other than a Newton failure), for the warning.
         self.errors: dict[str, str] = {}
-        self._checked: set[str] = set()
-        self._explicit: set[str] = set()
 
     # ------------------------------------------------------------------------------------------- subclass API
     def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
@@ -224,40 +221,18 @@ class InvertibilityMonitor(Monitor):
         return logged
 
     # ---------------------------------------------------------------------------------- checks and choosing
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if stage != "fit":
-            return
-        self._explicit = set(self._watched) if self.modules is not None else set()
-        for name, module in self._watched.items():
-            if name not in self._checked:
-                self._hooks.append(module.register_forward_hook(self._first_forward(name)))
-
-    def _first_forward(self, name: str):  # noqa: ANN202
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            if name in self._checked or name not in self._watched:
-                return
-            x = args[0] if args else None
-            reason = None
-            if not isinstance(x, torch.Tensor) or x.dim() == 0:
-                reason = f"its first input is a {type(x).__name__}, not a batch tensor."
-            elif not (_has(module, "reconstruct") and not _has(module, "inverse")) and not (
-                isinstance(output, torch.Tensor) or is_flow_output(x, output)
-            ):
-                reason = (
-                    f"its forward returns a {type(output).__name__}, neither a tensor nor (y, log_abs_det), so "
-                    "f^{-1}(f(x)) is not defined for it."
-                )
-            if reason is None:
-                self._checked.add(name)
-            elif name in self._explicit:
-                raise ValueError(f"{type(self).__name__}: cannot monitor {name!r}: {reason}")
-            else:
-                self.skipped[name] = reason
-                del self._watched[name]
-                self.probes.pop(name, None)
-
-        return hook
+    def first_forward_problem(self, name: str, module: nn.Module, args: tuple, output: object) -> str | None:
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            return f"its first input is a {type(x).__name__}, not a batch tensor."
+        if not (_has(module, "reconstruct") and not _has(module, "inverse")) and not (
+            isinstance(output, torch.Tensor) or is_flow_output(x, output)
+        ):
+            return (
+                f"its forward returns a {type(output).__name__}, neither a tensor nor (y, log_abs_det), so "
+                "f^{-1}(f(x)) is not defined for it."
+            )
+        return None
 
 
 def _margins(module: nn.Module) -> list[float]:

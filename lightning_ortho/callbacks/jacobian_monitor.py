@@ -9,7 +9,6 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
 from lightning_ortho.callbacks._monitor import Measurement, Monitor, _check_positive_int, outermost_modules
@@ -162,8 +161,6 @@ class JacobianDeterminantMonitor(Monitor):
         #: or ``"unknown"`` (then ``negative_fraction`` is ``nan``).
         self.sign_sources: dict[str, str] = {}
         #: automatically chosen modules left out, name -> reason.
-        self.skipped: dict[str, str] = {}
-        self._explicit: set[str] = set()
 
     # ------------------------------------------------------------------------------------------- subclass API
     def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
@@ -291,38 +288,13 @@ class JacobianDeterminantMonitor(Monitor):
         problem = self._autograd_problem(x[:1].numel(), output[:1].numel())
         return (None, problem) if problem else ("autograd", "")
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if stage != "fit":
-            return
-        self._explicit = set(self._watched) if self.modules is not None else set()
-        for name, module in self._watched.items():
-            if name not in self.methods:
-                self._hooks.append(module.register_forward_hook(self._first_forward(name)))
-
-    def _first_forward(self, name: str):  # noqa: ANN202
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            if name in self.methods or name in self.skipped or name not in self._watched:
-                return
-            method, reason = self._classify(module, args[0] if args else None, output)
-            if method == "autograd" and name not in self._explicit:
-                method, reason = (
-                    None,
-                    "its forward does not return (y, log_abs_det) (name it to measure it by autograd).",
-                )
-            if method is not None:
-                self.methods[name] = method
-                return
-            if name in self._explicit:
-                raise ValueError(f"{type(self).__name__}: cannot monitor {name!r}: {reason}")
-            self.skipped[name] = reason
-            del self._watched[name]
-            self.probes.pop(name, None)
-            if not self._watched:
-                rank_zero_warn(
-                    f"{type(self).__name__}: no module left to measure: "
-                    + "; ".join(f"{n!r}: {r}" for n, r in self.skipped.items())
-                    + " Pass modules=[...] naming the modules to watch."
-                )
-
-        return hook
+    def first_forward_problem(self, name: str, module: nn.Module, args: tuple, output: object) -> str | None:
+        if name in self.methods:  # already classified (a resumed run)
+            return None
+        method, reason = self._classify(module, args[0] if args else None, output)
+        if method == "autograd" and name not in self._explicit:
+            return "its forward does not return (y, log_abs_det) (name it to measure it by autograd)."
+        if method is None:
+            return reason
+        self.methods[name] = method
+        return None

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -35,7 +34,7 @@ from lightning_ortho.transforms.binary_cores import G1_INDICES, IDENTITY_INDEX, 
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
-from lightning_ortho.transforms.statistics import TransformStatistics, fit_in_memory, principal_basis
+from lightning_ortho.transforms.statistics import PassLearner, TransformStatistics, fit_in_memory, principal_basis
 
 #: Candidate core indices before the first convergence (G1, the spec's t = 1..8) and after it (t = 1..15: every
 #: core except the identity; this includes the swap t = 14, which the author's code disables).
@@ -155,7 +154,7 @@ def sweep(z: torch.Tensor, pairs: list[tuple[int, int]], index: list[int], candi
         _right_transposed(z, i, j, cores[t])
 
 
-class BTransformLearner:
+class BTransformLearner(PassLearner):
     """B_m-DLA as one alternation per pass over the data (:class:`~lightning_ortho.transforms.statistics.
     TransformLearner`): what :func:`learn_b_transform` runs in memory and the Lightning module runs on a stream.
 
@@ -176,21 +175,14 @@ class BTransformLearner:
         self, n: int, m: int, s: int, *, iterations: int = 10, tol: float = 1e-5, allow_swap: bool = True
     ) -> None:
         _check_settings(n, m, s, iterations, tol, allow_swap)
-        self.n, self.m, self.s = n, m, s
-        self.iterations, self.tol, self.allow_swap = iterations, float(tol), allow_swap
+        super().__init__(n, s)
+        self.m, self.iterations, self.tol, self.allow_swap = m, iterations, float(tol), allow_swap
         self.phase = "basis"
-        self.basis: torch.Tensor | None = None
         self.pairs: list[tuple[int, int]] = []
         self.index: list[int] = []
         self.initial_error = math.nan
         self.errors: list[float] = []
         self.widened_at: int | None = None
-        self.finished = False
-        self._dense: torch.Tensor | None = None
-
-    @property
-    def needs_gram(self) -> bool:
-        return self.phase == "basis"
 
     def candidates(self) -> torch.Tensor:
         """The current candidate cores: G1 before the widening, all 15 non-identity cores (or 14) after."""
@@ -201,12 +193,6 @@ class BTransformLearner:
     def transform(self, dtype: torch.dtype = torch.float64) -> BinaryBlockProduct:
         """The current ``D = B_m ... B_1`` (the identity with no blocks before the greedy init)."""
         return BinaryBlockProduct(self.n, self.pairs, self.index, dtype=dtype)
-
-    def dictionary(self) -> torch.Tensor:
-        """The dense float64 ``(n, n)`` ``D`` (cached until the blocks change)."""
-        if self._dense is None:
-            self._dense = self.transform().matrix()
-        return self._dense
 
     def encode(self, data: torch.Tensor) -> torch.Tensor | None:
         """Codes of a batch ``(B, n)`` for this pass (float64): ``T_s(Y)`` (no transform yet), ``T_s(Y V)`` or
@@ -239,7 +225,7 @@ class BTransformLearner:
             assert self.basis is not None
             error = statistics.error(self.basis)
             self.pairs, self.index = greedy_init(statistics.cross.cpu(), self.m, self.candidates())
-            self._dense = None
+            self._changed()
             self.phase = "sweep"
             return error
         d = self.dictionary()
@@ -258,29 +244,10 @@ class BTransformLearner:
                 self.finished = True
                 return error
         sweep(d.T @ statistics.cross.cpu(), self.pairs, self.index, self.candidates())
-        self._dense = None
+        self._changed()
         return error
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume (plain Python values and one tensor)."""
-        return {
-            "phase": self.phase,
-            "basis": self.basis,
-            "pairs": list(self.pairs),
-            "index": list(self.index),
-            "initial_error": self.initial_error,
-            "errors": list(self.errors),
-            "widened_at": self.widened_at,
-            "finished": self.finished,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.phase, self.basis = state["phase"], state["basis"]
-        self.pairs = [tuple(p) for p in state["pairs"]]  # type: ignore[misc]
-        self.index = list(state["index"])
-        self.initial_error, self.errors = state["initial_error"], list(state["errors"])
-        self.widened_at, self.finished = state["widened_at"], state["finished"]
-        self._dense = None
+    STATE = ("phase", "pairs", "index", "initial_error", "errors", "widened_at")
 
 
 def _check_settings(n: object, m: object, s: object, iterations: object, tol: object, allow_swap: object) -> None:

@@ -25,7 +25,6 @@ One stage (eqs. 7, 8, 16), with later stages taken as the identity:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import networkx as nx
 import torch
@@ -34,7 +33,7 @@ from lightning_ortho.transforms.binary_cores import G1_INDICES, binary_cores
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
-from lightning_ortho.transforms.statistics import TransformStatistics, fit_in_memory, principal_basis
+from lightning_ortho.transforms.statistics import PassLearner, TransformStatistics, fit_in_memory, principal_basis
 
 
 @dataclass
@@ -117,7 +116,7 @@ def m_stage_from_cross(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return pair_tensor, core_index
 
 
-class MTransformLearner:
+class MTransformLearner(PassLearner):
     """M_q-DLA as one alternation per pass over the data (:class:`~lightning_ortho.transforms.statistics.
     TransformLearner`): what :func:`learn_m_transform` runs in memory and the Lightning module runs on a stream.
 
@@ -140,29 +139,17 @@ class MTransformLearner:
                 raise ValueError(f"{where}: {name} must be an int >= 1, got {value!r}.")
         if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= n:
             raise ValueError(f"{where}: s must be an int in [1, {n}] (nonzeros per sample), got {s!r}.")
-        self.n, self.q, self.s, self.rounds = n, q, s, rounds
-        self.basis: torch.Tensor | None = None
+        super().__init__(n, s)
+        self.q, self.rounds = q, rounds
         self.pairs: torch.Tensor | None = None
         self.core_index: torch.Tensor | None = None
         self.errors: list[float] = []
-        self.finished = False
-        self._dense: torch.Tensor | None = None
-
-    @property
-    def needs_gram(self) -> bool:
-        return self.basis is None
 
     def transform(self, dtype: torch.dtype = torch.float64) -> BinaryBlockProduct:
         """The current ``M`` (no blocks, the identity, before the first round)."""
         if self.pairs is None or self.core_index is None:
             return BinaryBlockProduct(self.n, [], [], dtype=dtype)
         return BinaryBlockProduct(self.n, self.pairs, self.core_index, dtype=dtype)
-
-    def dictionary(self) -> torch.Tensor:
-        """Dense float64 ``(n, n)`` ``M`` (cached until the stages change)."""
-        if self._dense is None:
-            self._dense = self.transform().matrix()
-        return self._dense
 
     def encode(self, data: torch.Tensor) -> torch.Tensor | None:
         if self.basis is None:
@@ -205,22 +192,10 @@ class MTransformLearner:
             all_pairs.append(pairs)
             all_cores.append(core_index)
         self.pairs, self.core_index = torch.cat(all_pairs), torch.cat(all_cores)
-        self._dense = None
+        self._changed()
         return error
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "basis": self.basis,
-            "pairs": self.pairs,
-            "core_index": self.core_index,
-            "errors": list(self.errors),
-            "finished": self.finished,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.basis, self.pairs, self.core_index = state["basis"], state["pairs"], state["core_index"]
-        self.errors, self.finished = list(state["errors"]), state["finished"]
-        self._dense = None
+    STATE = ("pairs", "core_index", "errors")
 
 
 def _check_inputs(data: object, q: object, s: object, rounds: object, generator: object) -> None:

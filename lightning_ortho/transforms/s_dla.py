@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -27,7 +26,7 @@ from lightning_ortho.transforms import shear_updates as su
 from lightning_ortho.transforms.blocks import BlockProduct
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest, omp_codes
-from lightning_ortho.transforms.statistics import TransformStatistics, fit_in_memory, principal_basis
+from lightning_ortho.transforms.statistics import PassLearner, TransformStatistics, fit_in_memory, principal_basis
 
 
 @dataclass
@@ -274,7 +273,7 @@ def learn_shear_transform(
     return ShearTransformResult(learner.transform(Y.dtype), codes.to(Y.dtype), learner.errors, learner.initial_error)
 
 
-class ShearTransformLearner:
+class ShearTransformLearner(PassLearner):
     """S-DLA as one alternation per pass over the data (:class:`~lightning_ortho.transforms.statistics.
     TransformLearner`): what :func:`learn_shear_transform` runs in memory and the Lightning module on a stream.
 
@@ -299,29 +298,18 @@ class ShearTransformLearner:
             raise ValueError(f"{where}: s must be an int in [1, {n}] (nonzeros per sample), got {s!r}.")
         if tol is not None and (not isinstance(tol, (int, float)) or isinstance(tol, bool) or not 0 <= tol < math.inf):
             raise ValueError(f"{where}: tol must be None or a finite number >= 0 (percent), got {tol!r}.")
-        self.n, self.m, self.s, self.bits, self.iterations, self.tol = n, m, s, bits, iterations, tol
-        self.basis: torch.Tensor | None = None
+        super().__init__(n, s)
+        self.m, self.bits, self.iterations, self.tol = m, bits, iterations, tol
         self.pairs: torch.Tensor | None = None
         self.cores: torch.Tensor | None = None
         self.initial_error = math.nan
         self.errors: list[float] = []
-        self.finished = False
-        self._dense: torch.Tensor | None = None
-
-    @property
-    def needs_gram(self) -> bool:
-        return self.basis is None
 
     def transform(self, dtype: torch.dtype = torch.float64) -> BlockProduct:
         """The current ``D = S_m ... S_1`` (no blocks, the identity, before the greedy init)."""
         if self.pairs is None or self.cores is None:
             return BlockProduct(self.n, torch.empty(0, 2, dtype=torch.int64), trainable=False, dtype=dtype)
         return BlockProduct(self.n, self.pairs.cpu(), self.cores.cpu(), trainable=False, dtype=dtype)
-
-    def dictionary(self) -> torch.Tensor:
-        if self._dense is None:
-            self._dense = self.transform().matrix()
-        return self._dense
 
     def op_count(self) -> OpCount:
         """Operations of one ``D x``: with ``bits=p`` every shear value costs its SOPOT terms as shifts plus
@@ -353,7 +341,7 @@ class ShearTransformLearner:
         if self.pairs is None:
             error = statistics.error(self.basis)
             self.pairs, self.cores = shear_greedy_init(z, w, self.m, self.bits)
-            self._dense = None
+            self._changed()
             return error
         error = statistics.error(self.dictionary())
         if math.isnan(self.initial_error):
@@ -368,24 +356,7 @@ class ShearTransformLearner:
                 return error
         assert self.cores is not None
         self.pairs, self.cores = shear_sweep(z, w, statistics.data_energy, self.pairs, self.cores, self.bits)
-        self._dense = None
+        self._changed()
         return error
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "basis": self.basis,
-            "pairs": self.pairs,
-            "cores": self.cores,
-            "initial_error": self.initial_error,
-            "errors": list(self.errors),
-            "finished": self.finished,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.basis, self.pairs, self.cores = state["basis"], state["pairs"], state["cores"]
-        self.initial_error, self.errors, self.finished = (
-            state["initial_error"],
-            list(state["errors"]),
-            state["finished"],
-        )
-        self._dense = None
+    STATE = ("pairs", "cores", "initial_error", "errors")

@@ -181,6 +181,51 @@ class TransformLearner(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+class PassLearner:
+    """What the three learners share: ``n``, ``s``, the principal ``basis`` (``None`` until the first pass has
+    given the Gram matrix, hence ``needs_gram``), ``finished``, the cached dense ``dictionary()`` of
+    ``transform()``, and a ``state_dict`` of the attributes named in ``STATE`` (lists copied) for checkpoints."""
+
+    #: Attributes that make up the learner's state, besides ``basis`` and ``finished``.
+    STATE: tuple[str, ...] = ()
+
+    def __init__(self, n: int, s: int) -> None:
+        self.n, self.s = n, s
+        self.basis: torch.Tensor | None = None
+        self.finished = False
+        self._dense: torch.Tensor | None = None
+
+    @property
+    def needs_gram(self) -> bool:
+        return self.basis is None
+
+    def transform(self, dtype: torch.dtype = torch.float64) -> Any:
+        raise NotImplementedError
+
+    def dictionary(self) -> torch.Tensor:
+        """The dense float64 ``(n, n)`` matrix of :meth:`transform` (cached until the transform changes)."""
+        if self._dense is None:
+            self._dense = self.transform().matrix()
+        return self._dense
+
+    def _changed(self) -> None:
+        self._dense = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume (plain Python values and tensors)."""
+        return {
+            name: list(value) if isinstance(value, list) else value
+            for name in ("basis", "finished", *self.STATE)
+            for value in (getattr(self, name),)
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in ("basis", "finished", *self.STATE):
+            value = state[name]
+            setattr(self, name, list(value) if isinstance(value, list) else value)
+        self._changed()
+
+
 def fit_in_memory(learner: TransformLearner, data: torch.Tensor, max_passes: int = 10_000) -> list[float | None]:
     """Run ``learner`` on ``data`` ``(N, n)`` as one batch per pass until it finishes; returns each pass's error.
 
