@@ -261,7 +261,7 @@ class Monitor(pl.Callback):
         logged: dict[str, float] = {}
         ready = not self.needs_probe() or all(name in self.probes for name in self._watched)
         if trainer.world_size > 1:  # every process must run the same reductions: measure only when all can
-            flag = torch.tensor(float(ready), device=trainer.strategy.root_device)
+            flag = torch.tensor(float(ready), dtype=torch.float64, device=trainer.strategy.root_device)
             ready = bool(trainer.strategy.reduce(flag, reduce_op="min") > 0)
         if not ready:
             return logged
@@ -295,18 +295,14 @@ class Monitor(pl.Callback):
     def _reduce(trainer: pl.Trainer, measurement: Measurement) -> float:
         if trainer.world_size == 1:
             return float(measurement.value)
-        device = trainer.strategy.root_device
+        # float64 on the wire, so a DDP run logs the single-process value to the last digits; MIN/MAX as plain
+        # all-reduces (Lightning's all_gather is an autograd-aware collective, not needed here).
+        options = {"dtype": torch.float64, "device": trainer.strategy.root_device}
         if measurement.reduce == "mean":
-            pair = torch.tensor([measurement.value * measurement.weight, measurement.weight], device=device)
+            pair = torch.tensor([measurement.value * measurement.weight, measurement.weight], **options)
             total = trainer.strategy.reduce(pair, reduce_op="sum")
             return float(total[0] / total[1]) if float(total[1]) > 0 else math.nan
-        if measurement.reduce == "sum":
-            return float(
-                trainer.strategy.reduce(torch.tensor(float(measurement.value), device=device), reduce_op="sum")
-            )
-        # A plain all-reduce with MIN/MAX: Lightning's all_gather goes through an autograd-aware collective, and
-        # with it a spawned gloo process sometimes aborted at exit ("terminate called without an active exception").
-        value = torch.tensor(float(measurement.value), device=device)
+        value = torch.tensor(float(measurement.value), **options)
         return float(trainer.strategy.reduce(value, reduce_op=measurement.reduce))
 
     # ---------------------------------------------------------------------------------------- checkpointing

@@ -249,5 +249,7 @@ def test_ddp_logs_the_single_process_values_on_the_union_of_the_probes(tiny_trai
     for name, values in explicit_roundtrips(model, probes).items():
         expected.update({f"monitor/{name}/{statistic}": value for statistic, value in values.items()})
     for key, value in expected.items():
-        assert float(metrics[key]) == pytest.approx(value, rel=1e-5, abs=1e-12), key
+        # rel 1e-6: the DDP run and the single-process reference differ by up to ~4e-8 relative (measured; the
+        # float64 reductions themselves round at 1e-16), from the two runs' arithmetic before the measurement
+        assert float(metrics[key]) == pytest.approx(value, rel=1e-6, abs=1e-12), key
     assert math.isnan(float(metrics["monitor/flow/negative_fraction"]))
