@@ -128,3 +128,16 @@ def write_result(
     path = RESULTS / f"{name}-{hardware_name(device)}{suffix}.json"
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
+
+
+def pyplot():  # noqa: ANN201 - matplotlib is optional, so no annotation that would import it
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, or ``None`` where matplotlib is not installed (the
+    scripts then skip their plots)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytorch_lightning as pl
+from _common import pyplot
 
 
 class EpochRecorder(pl.Callback):
@@ -132,14 +133,11 @@ def plot_curves(
     ylabel: str = "validation error (%)",
     log_y: bool = True,
 ) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
+    import matplotlib.ticker
+
     panels = 2 if time_axis else 1
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
     for method, curve in curves.items():

@@ -69,7 +69,7 @@ import pytorch_lightning as pl
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, keep_freed_memory, median, write_result  # noqa: E402
+from _common import RESULTS, hardware_name, keep_freed_memory, median, pyplot, write_result  # noqa: E402
 
 from lightning_ortho.callbacks import (  # noqa: E402
     GradientNoiseMonitor,
@@ -559,12 +559,8 @@ def claims_from(rows: list[dict]) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     overhead = [r for r in rows if r.get("section") == "overhead" and "ratio" in r]
     logdet = sorted((r for r in rows if r.get("section") == "logdet"), key=lambda r: r["d"])

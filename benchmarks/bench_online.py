@@ -76,7 +76,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, keep_freed_memory, median, write_result  # noqa: E402
+from _common import RESULTS, hardware_name, keep_freed_memory, median, pyplot, write_result  # noqa: E402
 
 from lightning_ortho.online import RTRL, UORO, TanhRNNCell, TruncatedBPTT  # noqa: E402
 
@@ -570,14 +570,11 @@ def claims_from(rows: list[dict]) -> list[dict]:
 
 # -- plot ----------------------------------------------------------------------------------------------------------
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
+    import matplotlib.ticker
+
     memory = [r for r in rows if r.get("section") == "memory" and "peak_memory_mb" in r]
     hiddens = sorted({r["H"] for r in memory})
     fig, axes = plt.subplots(1, 1 + len(hiddens), figsize=(5 * (1 + len(hiddens)), 4), squeeze=False)

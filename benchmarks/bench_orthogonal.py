@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, median, synchronize, time_forward_backward, write_result  # noqa: E402
+from _common import RESULTS, hardware_name, median, pyplot, synchronize, time_forward_backward, write_result  # noqa: E402
 from _peers import import_peer  # noqa: E402
 
 from lightning_ortho.nn import AuxiliaryReflection, HouseholderProduct, ParametrizedOrthogonal, SVDLinear  # noqa: E402
@@ -378,12 +378,8 @@ def claims_from(rows: list[dict]) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     measured = [r for r in rows if "both_ratio_to_linear" in r]
     batches = sorted({r["batch"] for r in measured})

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, keep_freed_memory, median, write_result  # noqa: E402
+from _common import RESULTS, hardware_name, keep_freed_memory, median, pyplot, write_result  # noqa: E402
 
 from lightning_ortho.transforms import (  # noqa: E402
     BinaryBlockProduct,
@@ -598,12 +598,8 @@ def claims_from(rows: list[dict]) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     learned = [r for r in rows if r["section"] == "learn"]

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, write_result  # noqa: E402,F401  (RESULTS: tests redirect the output folder)
+from _common import RESULTS, pyplot, write_result  # noqa: E402,F401  (RESULTS: tests redirect the output folder)
 from _peers import import_peer  # noqa: E402
 
 from lightning_ortho.datamodules import ImagePatchesDataModule  # noqa: E402
@@ -613,10 +613,9 @@ MARKERS = {
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(10, 5.5))
     colours = plt.get_cmap("tab20").colors

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_result  # noqa: E402
+from _common import pyplot, write_result  # noqa: E402
 
 from lightning_ortho.online import (  # noqa: E402
     RTRL,
@@ -258,12 +258,8 @@ def claims(rows: list[dict]) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     methods = list(dict.fromkeys(r["method"] for r in rows if "total_variance" in r))
     seeds = sorted({r["seed"] for r in rows})
