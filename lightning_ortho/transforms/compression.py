@@ -1,4 +1,4 @@
-"""Compress a trained dense layer into "fast transform x sparse matrix" (spec sections 1, 5, 8, 10).
+"""Compress a trained dense layer into "fast transform x sparse matrix" (Rusu, arXiv 1812.03412).
 
 The rows of the layer's weight ``W`` ``(out, in)`` are the learner's data ``Y`` (``N = out`` samples of dimension
 ``n = in``), so a learned dictionary ``D`` ``(in, in)`` (a product of 2x2 blocks) and ``s``-sparse codes ``C``
@@ -12,14 +12,17 @@ What is approximated: ``W`` in the Frobenius norm, ``error = 100 ||W - C D^T||_F
 learners' own objective. It bounds the output error for every input, ``||(W - C D^T) x|| <= ||W - C D^T||_2 ||x||
 <= ||W - C D^T||_F ||x||``, so it needs no data. With ``data`` (inputs of the layer) the support and the transform
 still come from the Frobenius fit, and then the nonzero values of ``C`` and the bias are refit by least squares on
-the layer's outputs over those inputs (exact: one small ``s x s`` system per output row). A transform learned on
-whitened data would not be a fast transform of ``x`` any more, so the data only moves the code values.
+the layer's outputs over those inputs (:func:`~lightning_ortho.transforms.data_refit.refit_on_data`: one small
+``s x s`` system per output row; where the inputs do not determine it, e.g. fewer than ``s + 1`` distinct rows, only
+the determined directions move, with a warning). A transform learned on whitened data would not be a fast
+transform of ``x`` any more, so the data only moves the code values.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
@@ -28,6 +31,7 @@ from torch import nn
 
 from lightning_ortho.transforms.b_dla import learn_b_transform
 from lightning_ortho.transforms.costs import OpCount
+from lightning_ortho.transforms.data_refit import refit_on_data
 from lightning_ortho.transforms.factorized_linear import FactorizedLinear
 from lightning_ortho.transforms.m_dla import learn_m_transform
 from lightning_ortho.transforms.s_dla import learn_shear_transform
@@ -52,6 +56,7 @@ class CompressionReport:
     bits: int | None
     error: float
     output_error: float | None
+    data_rank: int | None
     dense_ops: OpCount
     factorized_ops: OpCount
     transform_ops: OpCount
@@ -173,21 +178,6 @@ def _learn(family: str, y: torch.Tensor, s: int, m, q, bits, iterations, generat
     return learn_shear_transform(y, m, s, bits=bits, iterations=iterations or 15, generator=generator)
 
 
-def _refit_on_data(data, weight, bias, dictionary, codes, mask) -> tuple[torch.Tensor, torch.Tensor]:
-    """Least-squares values of ``codes`` on ``mask`` and a new bias minimising ``||f(X) - (X D C^T + b')||_F``."""
-    mean = data.mean(0)
-    centered = data - mean
-    t = centered @ dictionary  # rows D^T x
-    gram, cross = t.T @ t, t.T @ (centered @ weight.T)  # (n, n), (n, out)
-    support = mask.nonzero()[:, 1].view(mask.shape[0], -1)  # (out, s): the mask has s entries in every row
-    systems = gram[support[:, :, None], support[:, None, :]]  # (out, s, s)
-    rhs = cross.T.gather(1, support)[..., None]  # (out, s, 1)
-    values = torch.linalg.lstsq(systems, rhs, driver="gelsd").solution[..., 0]
-    refit = torch.zeros_like(codes).scatter_(1, support, values)
-    new_bias = (bias if bias is not None else 0) + (weight - refit @ dictionary.T) @ mean
-    return refit, new_bias
-
-
 def compress_linear(
     layer: nn.Module,
     family: str = "b",
@@ -211,7 +201,9 @@ def compress_linear(
         s: nonzeros per code row (``1 <= s <= in``); m: blocks (``b``, ``shear``); q: stages (``m``); defaults from
             :func:`default_hyperparameters`.
         iterations: sweeps of the learner (``b``: 10, ``shear``: 15) or outer rounds (``m``: 1) when ``None``.
-        generator: passed to the learner. data: optional ``(N, in)`` inputs of the layer for the data-aware refit.
+        generator: passed to the learner. data: optional ``(N, in)`` inputs of the layer for the data-aware refit;
+            ``report.output_error`` is then ``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` on them and ``report.data_rank``
+            the rank of the centred inputs.
 
     Returns:
         A :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and ``report``
@@ -222,6 +214,10 @@ def compress_linear(
             does not use them; odd ``in`` for ``"m"``; ``in < 2``; NaN/inf or all-zero weights; bad ``data``.
         NotAffineError: the layer is not affine. TypeError: not a module, or no ``in_features``.
         ImportError: ``"shear"`` and the S-DLA learner is not installed.
+
+    Warns:
+        UserWarning: ``data`` does not determine the code values of some rows (centred rank below ``s`` on their
+            support); those rows keep the no-data codes in the undetermined directions.
     """
     start = time.perf_counter()
     if family not in FAMILIES:
@@ -273,13 +269,24 @@ def compress_linear(
     support = codes.abs().topk(s, dim=1).indices  # exactly s entries per row: the learner's nonzeros, topped up
     mask = torch.zeros_like(codes, dtype=torch.bool).scatter_(1, support, True)
     codes = codes.masked_fill(~mask, 0)
-    output_error = None
+    output_error, data_rank = None, None
     if data is not None:
         x = data.detach().double().cpu()
-        codes, b64 = _refit_on_data(x, w64, b64, d, codes, mask)
+        refit = refit_on_data(x, w64, b64, d, codes, support)
+        codes, b64, data_rank = refit.codes, refit.bias, refit.data_rank
         target = x @ w64.T + (0 if bias is None else bias.double().cpu())
         approx = (x @ d) @ codes.T + b64
         output_error = float(100 * (target - approx).square().sum() / target.square().sum().clamp_min(1e-300))
+        if refit.undetermined_rows:
+            warnings.warn(
+                f"compress_linear: data has {x.shape[0]} rows of centred rank {refit.data_rank}, which do not "
+                f"determine the s={s} code values of {refit.undetermined_rows} of the {out} output rows (each needs "
+                f"centred rank {s} on its support: at least {s + 1} distinct rows in general position). Those rows "
+                f"were refit only in the directions the data determine, the rest keep the no-data codes; "
+                f"output_error={output_error:.3g}% is measured on these rows and says little about other inputs. "
+                f"Pass more distinct inputs (hundreds) or data=None.",
+                stacklevel=2,
+            )
     factorized = FactorizedLinear.from_dictionary(dictionary, codes, b64, mask=mask)
     factorized.error = factorized.relative_error(w64)
     terms = bits if family == "shear" else None
@@ -299,6 +306,7 @@ def compress_linear(
         bits=bits,
         error=factorized.error,
         output_error=output_error,
+        data_rank=data_rank,
         dense_ops=factorized.dense_op_count(),
         factorized_ops=transform_ops + code_ops,
         transform_ops=transform_ops,
