@@ -48,6 +48,27 @@ def make_learner(
     raise ValueError(f"family must be 'b', 'm' or 'shear', got {family!r}.")
 
 
+def _codes_from_held_transform(learner: TransformLearner) -> bool:
+    """Whether the learner's pass codes (``encode``) are the best codes under the transform it holds. Not in the
+    pass after the principal basis ``V`` is found and before any block exists: that pass codes ``T_s(Y V)`` (the
+    greedy initialisation of all three learners) while the held transform is still the identity."""
+    return getattr(learner, "basis", None) is None or learner.transform().num_blocks > 0
+
+
+def _error_sums(y: torch.Tensor, learner: TransformLearner) -> torch.Tensor:
+    """``[||Y - X D^T||^2, ||Y||^2]`` (float64) of a batch ``Y`` ``(B, n)`` with ``X = learner.code(Y)`` under the
+    held ``D``."""
+    codes = learner.code(y)
+    y64 = y.detach().to(device=codes.device, dtype=torch.float64)
+    residual = y64 - codes @ learner.dictionary().to(codes.device).T
+    return torch.stack([residual.square().sum(), y64.square().sum()])
+
+
+def _relative_error(sums: torch.Tensor) -> float:
+    """``100 sums[0] / sums[1]`` (NaN when nothing was summed)."""
+    return 100 * float(sums[0] / sums[1]) if float(sums[1]) > 0 else math.nan
+
+
 class FastTransformModule(pl.LightningModule):
     """Learns a fast transform ``D`` (B_m-, M_q- or S-DLA) and sparse codes from any data module's batches.
 
@@ -76,10 +97,12 @@ class FastTransformModule(pl.LightningModule):
             ``remove_mean``).
         patch_size, remove_mean: see ``features``.
 
-    Logs ``train_error`` (percent, ``100 ||Y - X D^T||^2 / ||Y||^2`` of the epoch's codes under the transform
-    that produced them: no transform in the first epoch, the dense PCA basis that initialises the learner in the
-    second, the learned transform after), ``val_error`` (the validation batches coded with the updated transform), ``additions``,
-    ``multiplications`` and ``shifts`` of one application of ``D``.
+    Logs, for the transform ``D`` the module holds during the epoch (:meth:`transform`, logged before the epoch's
+    update replaces it): ``train_error`` (percent, ``100 ||Y - X D^T||^2 / ||Y||^2`` over the epoch's training
+    batches, ``X`` the best codes under ``D``: ``T_s(Y D)``, OMP for shears; ``D = I`` until the first blocks are
+    learned, even in the epoch whose statistics are taken in the PCA basis), ``additions``, ``multiplications`` and
+    ``shifts`` of one application of ``D``; and ``val_error``, the same error of the updated transform on the
+    validation batches.
 
     The learned transform is :meth:`transform` (a :class:`~lightning_ortho.transforms.BlockProduct`); the
     learner's state is part of the module's ``state_dict`` (extra state), so a run resumed from an end-of-epoch
@@ -117,6 +140,7 @@ class FastTransformModule(pl.LightningModule):
         self.ddp_anchor = torch.nn.Parameter(torch.zeros(()))
         self.learner: TransformLearner | None = None
         self._statistics: TransformStatistics | None = None
+        self._held: torch.Tensor | None = None  # error sums of the held transform when the pass codes otherwise
         self._validation: torch.Tensor | None = None
 
     # ------------------------------------------------------------------------------------------------ features
@@ -166,7 +190,10 @@ class FastTransformModule(pl.LightningModule):
             return None
         if self._statistics is None:
             self._statistics = TransformStatistics.zeros(y.shape[1], y.device)
+            self._held = None if _codes_from_held_transform(learner) else torch.zeros(2, dtype=torch.float64)
         self._statistics.add(y, learner.encode(y), with_gram=learner.needs_gram)
+        if self._held is not None:  # this pass codes in another basis: measure the held transform separately
+            self._held = self._held.to(y.device) + _error_sums(y, learner)
         # The update runs here, after the pass's last batch, rather than in on_train_epoch_end: validation and
         # the end-of-epoch checkpoint (callbacks run before the module's epoch-end hook) then see the new state.
         if batch_idx + 1 == self.trainer.num_training_batches:
@@ -176,19 +203,27 @@ class FastTransformModule(pl.LightningModule):
     def _end_of_pass(self) -> None:
         assert self.learner is not None and self._statistics is not None
         statistics, self._statistics = self._statistics, None
-        statistics.all_reduce(lambda flat: self.trainer.strategy.reduce(flat, reduce_op="sum"))
-        error = self.learner.update(statistics)
-        self.optimizers().step()  # counts the update (see configure_optimizers); no parameter changes
-        if error is not None:
-            self.log("train_error", error, on_step=False, on_epoch=True, prog_bar=True, sync_dist=False)
+        reduce_sum = lambda flat: self.trainer.strategy.reduce(flat, reduce_op="sum")  # noqa: E731
+        statistics.all_reduce(reduce_sum)
+        # Logged before the update: the error and cost of the transform the module holds now, which produced
+        # this pass's codes, except in the pass that codes in the PCA basis (then measured on the side).
+        if self._held is not None:
+            held, self._held = reduce_sum(self._held), None
+            error = _relative_error(held)
+        else:
+            error = statistics.error(self.learner.dictionary())
+        self.log("train_error", error, on_step=False, on_epoch=True, prog_bar=True, sync_dist=False)
         count = self.learner.op_count()
         for name in ("additions", "multiplications", "shifts"):
             self.log(name, float(getattr(count, name)), on_step=False, on_epoch=True, sync_dist=False)
+        self.learner.update(statistics)
+        self.optimizers().step()  # counts the update (see configure_optimizers); no parameter changes
         if self.learner.finished:
             self.trainer.should_stop = True
 
     def on_train_epoch_start(self) -> None:
         self._statistics = None
+        self._held = None
 
     def on_train_epoch_end(self) -> None:
         # A loader without a length (an IterableDataset) never reveals its last batch to training_step: the
@@ -200,19 +235,14 @@ class FastTransformModule(pl.LightningModule):
     # ---------------------------------------------------------------------------------------------- validation
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         y = self.features(batch)
-        learner = self._ensure_learner(y.shape[1])
-        codes = learner.code(y)
-        dictionary = learner.dictionary().to(codes.device)
-        y64 = y.detach().to(torch.float64)
-        sums = torch.stack([(y64 - codes @ dictionary.T).square().sum(), y64.square().sum()])
+        sums = _error_sums(y, self._ensure_learner(y.shape[1]))
         self._validation = sums if self._validation is None else self._validation + sums
 
     def on_validation_epoch_end(self) -> None:
         if self._validation is None:
             return
         sums, self._validation = self._validation, None
-        sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
-        error = 100 * float(sums[0] / sums[1]) if float(sums[1]) > 0 else math.nan
+        error = _relative_error(self.trainer.strategy.reduce(sums, reduce_op="sum"))
         self.log("val_error", error, prog_bar=True, sync_dist=False)
 
     # ------------------------------------------------------------------------------------------------- results

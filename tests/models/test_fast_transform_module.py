@@ -185,3 +185,34 @@ def test_bad_settings_fail_clearly(tmp_path) -> None:
         FastTransformModule().features((torch.zeros(3, 4, dtype=torch.int64),))
     with pytest.raises(RuntimeError, match="run trainer.fit first"):
         FastTransformModule().transform()
+
+
+def _best_codes_error(data: torch.Tensor, dictionary: torch.Tensor, s: int) -> float:
+    """``100 ||Y - X D^T||^2 / ||Y||^2`` with ``X`` the ``s`` largest entries of each row of ``Y D`` (the best
+    ``s``-sparse codes for an orthonormal ``D``), written out here rather than taken from the library."""
+    projected = data @ dictionary
+    index = projected.abs().topk(s, dim=1).indices
+    codes = torch.zeros_like(projected).scatter(1, index, projected.gather(1, index))
+    return float(100 * (data - codes @ dictionary.T).square().sum() / data.square().sum())
+
+
+@pytest.mark.parametrize(("family", "kwargs"), [("b", {"blocks": 12, "iterations": 4}), ("m", {"stages": 3})])
+def test_train_error_is_the_error_of_the_transform_the_module_holds_when_it_logs_it(tmp_path, family, kwargs) -> None:
+    data = _walks(n=8)
+    module = FastTransformModule(family=family, sparsity=3, tol=0.0, **kwargs)
+    records, log = [], module.log
+
+    def recording_log(name, value, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if name == "train_error":
+            records.append((module.current_epoch, float(value), module.transform(torch.float64).matrix()))
+        return log(name, value, *args, **kw)
+
+    module.log = recording_log
+    trainer = _fit(tmp_path, module, Vectors(data))
+    assert [epoch for epoch, _, _ in records] == list(range(trainer.current_epoch))  # one per epoch
+    y = data.double()
+    for epoch, logged, dictionary in records:
+        assert logged == pytest.approx(_best_codes_error(y, dictionary, 3), rel=1e-9), f"epoch {epoch}"
+    # The PCA-basis pass (epoch 1) logs the identity's error, the transform the module still holds then.
+    torch.testing.assert_close(records[1][2], torch.eye(8, dtype=torch.float64))
+    assert records[1][1] == pytest.approx(records[0][1], rel=1e-12)
