@@ -4,8 +4,11 @@
 A monitor subclass says which modules it watches (:meth:`Monitor.candidates`) and what it measures on one module
 and its probe (:meth:`Monitor.measure`, returning :class:`Measurement` values with their reduction across
 processes); the base does the rest. Probes are the first ``probe_size`` rows of the first input each monitored
-module receives in training (a forward hook, removed once it has fired), so a monitor never asks the model for
-data and works on models it has never seen. Each process keeps its own probe (its own shard of the data);
+module receives in a training step (a forward hook, removed once it has fired), so a monitor never asks the model for
+data and works on models it has never seen. A module named in ``modules`` is probed whatever its mode (a frozen flow
+in eval mode is the common case); an automatically chosen one only while it trains (a frozen pretrained part is left
+alone). A monitor that measured nothing, or never measured some watched module, in a fit says so in one warning at
+the end of fit, with the reason and what to change. Each process keeps its own probe (its own shard of the data);
 statistics are reduced across processes as the measurement declares (``"mean"`` weighted by probe rows,
 ``"sum"``, ``"min"``, ``"max"``), so a DDP run logs what one process logs on the union of the probes.
 """
@@ -22,9 +25,12 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+
+from lightning_ortho.callbacks._eval_mode import eval_mode
+from lightning_ortho.callbacks._monitor_report import plot_history, print_table
 
 Reduction = Literal["mean", "sum", "min", "max"]
 
@@ -76,8 +82,9 @@ class Monitor(pl.Callback):
             (``"encoder.0"``) and/or module classes (or their import paths, ``"torch.nn.Linear"``, as a config file
             gives them); a name must exist, and a class must match at least one module.
         every_n_steps: measure after every ``every_n_steps``-th optimizer step (``global_step``), and after the
-            last training batch of fit.
-        probe_size: rows of the probe batch (the first rows of each module's first training input).
+            last training batch of fit (at least :attr:`min_every_n_steps`).
+        probe_size: rows of the probe batch (the first rows of each module's first input in a training step; a
+            named module in any mode, an automatically chosen one in training mode).
         plot: write ``<log_dir>/<name>.png`` of the history at the end of fit when matplotlib is installed.
 
     Raises:
@@ -86,6 +93,9 @@ class Monitor(pl.Callback):
 
     #: Prefix of the logged keys, ``<prefix>/<module>/<statistic>``.
     prefix = "monitor"
+    #: The smallest ``every_n_steps`` the monitor accepts (the environment switch of
+    #: :mod:`~lightning_ortho.callbacks.factory` raises a smaller setting to it, with a warning).
+    min_every_n_steps = 1
 
     def __init__(
         self,
@@ -119,6 +129,10 @@ class Monitor(pl.Callback):
         self.skipped: dict[str, str] = {}
         self._explicit: set[str] = set()
         self._first_checked: set[str] = set()
+        self._eval_only: set[str] = set()  # auto-selected modules seen in a training step only in eval mode
+        self._measured: set[str] = set()  # modules that got values in this fit
+        self._fit_start_step = 0
+        self._fit_runs = 0  # measurements attempted in this fit
 
     # --------------------------------------------------------------------------------------------- subclass API
     def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
@@ -194,6 +208,7 @@ class Monitor(pl.Callback):
         self._watched = self.select(pl_module)
         self._remove_hooks()
         self._explicit = set(self._watched) if self.modules is not None else set()
+        self._eval_only = set()
         if type(self).first_forward_problem is not Monitor.first_forward_problem:
             for name, module in self._watched.items():
                 if name not in self._first_checked:
@@ -201,7 +216,7 @@ class Monitor(pl.Callback):
         if self.needs_probe():
             for name, module in self._watched.items():
                 if name not in self.probes:
-                    self._probe_hooks[name] = module.register_forward_hook(self._capture(name))
+                    self._probe_hooks[name] = module.register_forward_hook(self._capture(name, trainer))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._remove_hooks()
@@ -233,9 +248,16 @@ class Monitor(pl.Callback):
 
         return hook
 
-    def _capture(self, name: str):  # noqa: ANN202
+    def _capture(self, name: str, trainer: pl.Trainer):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple, output: object) -> None:
-            if name in self.probes or not module.training or not args or not isinstance(args[0], torch.Tensor):
+            # A probe is a training input: not a sanity-check or validation batch (the trainer's stage says which,
+            # whatever the module's mode).
+            if name in self.probes or not trainer.training or not args or not isinstance(args[0], torch.Tensor):
+                return
+            if not module.training and name not in self._explicit:
+                # An automatically chosen module the user froze is left alone (said at the end of fit); a named one
+                # is measured in any mode.
+                self._eval_only.add(name)
                 return
             self.probes[name] = args[0][: self.probe_size].detach().clone()
             handle = self._probe_hooks.pop(name, None)
@@ -257,25 +279,28 @@ class Monitor(pl.Callback):
         self.run(trainer, pl_module)
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
-        """Measure every watched module now, reduce across processes, log and record; returns the logged values."""
+        """Measure every watched module that has its probe now (in eval mode; afterwards each submodule is back in
+        its own mode), reduce across processes, log and record; returns the logged values."""
         logged: dict[str, float] = {}
-        ready = not self.needs_probe() or all(name in self.probes for name in self._watched)
-        if trainer.world_size > 1:  # every process must run the same reductions: measure only when all can
-            flag = torch.tensor(float(ready), dtype=torch.float64, device=trainer.strategy.root_device)
-            ready = bool(trainer.strategy.reduce(flag, reduce_op="min") > 0)
-        if not ready:
+        names = [name for name in self._watched if not self.needs_probe() or name in self.probes]
+        if trainer.world_size > 1 and self._watched:
+            # Every process must run the same reductions: measure the modules whose probe every process has.
+            flags = [float(name in names) for name in self._watched]
+            flags = torch.tensor(flags, dtype=torch.float64, device=trainer.strategy.root_device)
+            flags = trainer.strategy.reduce(flags, reduce_op="min").tolist()
+            names = [name for name, flag in zip(self._watched, flags, strict=True) if flag > 0]
+        if not names:
             return logged
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            for name, module in self._watched.items():
-                measured = self.measure(name, module, self.probes.get(name))
+        self._fit_runs += 1
+        with eval_mode(pl_module):
+            for name in names:
+                measured = self.measure(name, self._watched[name], self.probes.get(name))
+                if measured:
+                    self._measured.add(name)
                 for statistic, measurement in sorted(measured.items()):
                     value = self._reduce(trainer, measurement)
                     key = f"{self.prefix}/{name}/{statistic}" if name else f"{self.prefix}/{statistic}"
                     logged[key] = value
-        finally:
-            pl_module.train(was_training)
         self._log(trainer, logged)
         self.history.append({"step": trainer.global_step, "values": logged})
         return logged
@@ -321,17 +346,60 @@ class Monitor(pl.Callback):
         self._last_step = state_dict.get("last_step", -1)
 
     # ------------------------------------------------------------------------------------------------ report
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After a checkpoint is restored: the steps of this fit count from here.
+        self._fit_start_step = trainer.global_step
+        self._measured, self._fit_runs = set(), 0
+
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._remove_hooks()
         if self.history:
-            self._print_table()
+            print_table(f"{type(self).__name__} ({len(self.history)} measurements)", self.summary())
             if self.plot:
-                self._plot(Path(trainer.log_dir or trainer.default_root_dir))
+                folder = Path(trainer.log_dir or trainer.default_root_dir)
+                plot_history(self.history, self.prefix, folder / f"{type(self).__name__}.png")
+        self._warn_unmeasured(trainer)
         if trainer.world_size > 1:
             # Rank zero spends a while on the table and the PNG; without waiting for it, another process could
             # reach its exit first, and a spawned gloo process then sometimes aborted ("terminate called without
             # an active exception").
             trainer.strategy.barrier("monitor_fit_end")
+
+    def unmeasured_reason(self, name: str, trainer: pl.Trainer) -> str:
+        """Why the watched module ``name`` got no value in this fit, and what to change (said at the end of fit)."""
+        if self.needs_probe() and name not in self.probes:
+            if name in self._eval_only:
+                return (
+                    "it ran only in eval mode in training, and an automatically chosen module is measured only while "
+                    f"it trains (a frozen part is left alone); name it (modules=[{name!r}, ...]) to measure it in any "
+                    "mode"
+                )
+            return (
+                "it was never called as a module with a batch tensor in a training step, so it has no probe; call it "
+                "as module(x) in training_step (not module.forward(x) or another method)"
+            )
+        if self._fit_runs:
+            return "its measurement gave no value (see the warnings above)"
+        steps = trainer.global_step - self._fit_start_step
+        return (
+            f"the fit ran {steps} optimizer steps and stopped before the first measurement (every_n_steps="
+            f"{self.every_n_steps}; the last batch of a fit is measured only when it reaches max_epochs or max_steps, "
+            "not after an early stop); lower every_n_steps"
+        )
+
+    def _warn_unmeasured(self, trainer: pl.Trainer) -> None:
+        """One warning when this fit trained but a watched module (or every one) got no value."""
+        if trainer.global_step == self._fit_start_step or (not self._watched and self.skipped):
+            return  # nothing trained, or the first forwards already warned that no module was left
+        missing = [name for name in self._watched if name not in self._measured]
+        if not missing:
+            return
+        owner = type(self).__name__
+        reasons = "; ".join(
+            f"{repr(name) if name else 'the whole model'}: {self.unmeasured_reason(name, trainer)}" for name in missing
+        )
+        what = "measured nothing" if not self._measured else f"never measured {len(missing)} of its modules"
+        rank_zero_warn(f"{owner} {what} in this fit ({trainer.global_step - self._fit_start_step} steps): {reasons}.")
 
     def summary(self) -> dict[str, tuple[float, float, float]]:
         """``key -> (last, min, max)`` over the history."""
@@ -340,50 +408,6 @@ class Monitor(pl.Callback):
             for key, value in record["values"].items():
                 table.setdefault(key, []).append(value)
         return {key: (values[-1], min(values), max(values)) for key, values in table.items()}
-
-    @rank_zero_only
-    def _print_table(self) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"{type(self).__name__} ({len(self.history)} measurements)")
-        for column in ("statistic", "last", "min", "max"):
-            table.add_column(column, justify="left" if column == "statistic" else "right")
-        for key, (last, low, high) in self.summary().items():
-            table.add_row(key, f"{last:.4g}", f"{low:.4g}", f"{high:.4g}")
-        Console().print(table)
-
-    @rank_zero_only
-    def _plot(self, folder: Path) -> None:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            return
-        # One panel per statistic, one line per module: a monitor of 24 layers draws 6 panels, not 144 (13 s).
-        series: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
-        for record in self.history:
-            for key, value in record["values"].items():
-                module, _, statistic = key.rpartition("/")
-                steps, values = series.setdefault(statistic, {}).setdefault(module, ([], []))
-                steps.append(record["step"])
-                values.append(value)
-        if not series:
-            return
-        figure, axes = plt.subplots(len(series), 1, figsize=(7, 2.2 * len(series)), squeeze=False)
-        for axis, (statistic, lines) in zip(axes[:, 0], series.items(), strict=True):
-            for module, (steps, values) in lines.items():
-                axis.plot(steps, values, marker=".", label=module.removeprefix(f"{self.prefix}/"))
-            axis.set_title(statistic, fontsize=9)
-            if 1 < len(lines) <= 12:
-                axis.legend(fontsize=6)
-        axes[-1, 0].set_xlabel("global step")
-        figure.tight_layout()
-        folder.mkdir(parents=True, exist_ok=True)
-        figure.savefig(folder / f"{type(self).__name__}.png", dpi=80)
-        plt.close(figure)
 
     def _warn_once(self, key: str, message: str) -> None:
         warned = self.__dict__.setdefault("_warned", set())

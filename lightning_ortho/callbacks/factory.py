@@ -14,7 +14,8 @@ Environment variables:
     (``JacobianDeterminantMonitor``), ``invertibility`` (``InvertibilityMonitor``), ``gradient_variance``
     (``GradientVarianceMonitor``).
 ``LIGHTNING_ORTHO_EVERY_N_STEPS``
-    A positive int passed as ``every_n_steps`` (each monitor's default otherwise).
+    A positive int passed as ``every_n_steps`` (each monitor's default otherwise); raised, with a warning, to the
+    smallest value a monitor accepts (``GradientVarianceMonitor`` needs 2).
 ``LIGHTNING_ORTHO_PROBE_SIZE``
     A positive int passed as ``probe_size`` to the monitors that take a probe batch.
 ``LIGHTNING_ORTHO_PLOT``
@@ -36,7 +37,9 @@ project never breaks its training:
   user-constructed monitor of the same class in Lightning's check for unique stateful callbacks.
 
 Bad settings (unknown names, a non-integer interval) raise ``ValueError`` when the Trainer is constructed,
-before any training.
+before any training. A well-formed setting that a monitor's constructor refuses never breaks the Trainer: it is
+raised to the monitor's minimum, or else that monitor uses its own default for it, with a warning naming the variable
+and the value used instead.
 """
 
 from __future__ import annotations
@@ -154,7 +157,7 @@ def monitors_from_environment() -> list:
         accepted = inspect.signature(cls.__init__).parameters
         kwargs = {key: value for key, value in settings.items() if key in accepted}
         unused -= set(kwargs)
-        callbacks.append(cls(**kwargs))
+        callbacks.append(_build(cls, kwargs))
     if unused:
         warnings.warn(
             f"lightning-ortho: {', '.join(sorted(unused))} set in the environment, but none of the monitors "
@@ -162,6 +165,37 @@ def monitors_from_environment() -> list:
             stacklevel=2,
         )
     return callbacks
+
+
+#: Constructor argument -> the variable that sets it.
+_VARIABLES = {"every_n_steps": EVERY_N_STEPS_VARIABLE, "probe_size": PROBE_SIZE_VARIABLE, "plot": PLOT_VARIABLE}
+
+
+def _build(cls: type, kwargs: dict[str, Any]) -> Any:
+    """``cls(**kwargs)`` where the constructor accepts the settings; a setting it refuses never breaks the Trainer
+    (the switch promises that): ``every_n_steps`` below the monitor's ``min_every_n_steps`` is raised to it, and a
+    setting the constructor still refuses is dropped for the monitor's default; each with a warning naming the
+    variable and the value used instead."""
+    owner = f"{cls.__name__} ({cls.monitor_name!r})"
+    low = getattr(cls, "min_every_n_steps", 1)
+    if kwargs.get("every_n_steps", low) < low:
+        warnings.warn(
+            f"lightning-ortho: {EVERY_N_STEPS_VARIABLE}={kwargs['every_n_steps']}, but {owner} needs every_n_steps "
+            f">= {low}; it uses every_n_steps={low}.",
+            stacklevel=3,
+        )
+        kwargs = {**kwargs, "every_n_steps": low}
+    try:
+        return cls(**kwargs)
+    except ValueError as error:
+        defaults = inspect.signature(cls.__init__).parameters
+        used = ", ".join(f"{key}={defaults[key].default!r}" for key in kwargs)
+        warnings.warn(
+            f"lightning-ortho: {owner} refuses {', '.join(f'{_VARIABLES[k]}={v!r}' for k, v in kwargs.items())} "
+            f"({error}); it uses its defaults instead: {used}.",
+            stacklevel=3,
+        )
+        return cls()
 
 
 # ------------------------------------------------------------------------------------ monitors from the environment

@@ -67,9 +67,10 @@ class GradientNoiseMonitor(Monitor):
     Args:
         modules: parameter groups (see above); ``None`` for the whole model and its top-level submodules.
         every_n_steps: optimizer steps per window, at least 2.
-        interval: one window is measured every ``interval`` optimizer steps (its last ``every_n_steps`` steps);
-            default ``5 * every_n_steps``, so the per-step cost is paid on a fifth of the steps. ``interval =
-            every_n_steps`` measures every step.
+        interval: one window is measured every ``interval`` optimizer steps (its first ``every_n_steps`` steps,
+            so the first values come after ``every_n_steps`` steps even in a short run); default
+            ``5 * every_n_steps``, so the per-step cost is paid on a fifth of the steps. ``interval = every_n_steps``
+            measures every step. A fit that completes no window says so in a warning at its end.
         batch_size: the global batch size of one optimizer step, or ``None`` to infer it from the batches.
         smoothing: factor of the moving averages behind ``noise_scale``, in ``[0, 1)``; 0 uses each window alone.
         plot: write a PNG of the history at the end of fit (matplotlib).
@@ -80,6 +81,7 @@ class GradientNoiseMonitor(Monitor):
     """
 
     prefix = "gradient_noise"
+    min_every_n_steps = 2  # the variance needs two gradients per window
 
     def __init__(
         self,
@@ -91,7 +93,11 @@ class GradientNoiseMonitor(Monitor):
         interval: int | None = None,
     ) -> None:
         owner = type(self).__name__
-        if isinstance(every_n_steps, int) and not isinstance(every_n_steps, bool) and every_n_steps < 2:
+        if (
+            isinstance(every_n_steps, int)
+            and not isinstance(every_n_steps, bool)
+            and every_n_steps < self.min_every_n_steps
+        ):
             raise ValueError(
                 f"{owner}: every_n_steps must be at least 2 (the variance needs two gradients per window; 20 or more"
                 f" gives usable estimates), got {every_n_steps!r}."
@@ -183,11 +189,12 @@ class GradientNoiseMonitor(Monitor):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        # Duty cycle: only the last every_n_steps optimizer steps of every interval are read (the per-step cost,
-        # ~0.2 ms for a small model, is then paid on every_n_steps / interval of the steps).
+        # Duty cycle: only the first every_n_steps optimizer steps of every interval are read (the per-step cost,
+        # ~0.2 ms for a small model, is then paid on every_n_steps / interval of the steps). The first ones, so that
+        # a short run measures too and the first values come early (an EarlyStopping on them has a value).
         examples = self._pending_examples or self._last_batch_examples  # several steps in one batch: the batch's
         self._pending_examples = 0
-        if trainer.global_step % self.interval < self.interval - self.every_n_steps:
+        if trainer.global_step % self.interval >= self.every_n_steps:
             return
         names, grads = [], []
         for group in optimizer.param_groups:
@@ -291,6 +298,15 @@ class GradientNoiseMonitor(Monitor):
             "batch_size": batch,
             "steps": float(self._steps),
         }
+
+    def unmeasured_reason(self, name: str, trainer: pl.Trainer) -> str:
+        steps = trainer.global_step - self._fit_start_step
+        skipped = f", {self._skipped} of them left out for inf/NaN gradients" if self._skipped else ""
+        return (
+            f"no window of every_n_steps={self.every_n_steps} optimizer steps was completed in this fit's {steps} "
+            f"steps{skipped} (a window is the first every_n_steps steps of every interval={self.interval}); lower "
+            "every_n_steps, or train longer"
+        )
 
     def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:
         stats = (self._finished or {}).get(name)

@@ -8,8 +8,8 @@ backprop through time over the chunk, and ``g_1 .. g_R`` the estimator's estimat
 dL_t/dh_t)`` from ``R`` independent noise draws. With ``g_bar`` their mean, ``D`` the ``(R, P)`` deviations from it
 and ``C = D^T D / (R - 1)``:
 
-* ``total_variance`` ``V = tr C``: the unbiased estimate of ``tr Cov(g_r)`` (spec ``uoro.md`` section 6's total
-  variance of the estimate summed over the sequence);
+* ``total_variance`` ``V = tr C``: the unbiased estimate of ``tr Cov(g_r)`` (the total variance of the estimate
+  summed over the sequence);
 * ``squared_bias`` ``||g_bar - g||^2 - V / R``: the unbiased estimate of ``||E g_r - g||^2``
   (``E ||g_bar - g||^2 = ||bias||^2 + tr Cov / R``); zero in expectation for an unbiased estimator (UORO), so it
   scatters around 0, and positive for a biased one (truncated BPTT);
@@ -323,6 +323,14 @@ class OnlineEstimatorVarianceMonitor(Monitor):
             return
         self._last_step = step
         self.run(trainer, pl_module)
+
+    def unmeasured_reason(self, name: str, trainer: pl.Trainer) -> str:
+        if self.probe is None:
+            return (
+                "no training batch was a dict with 'x' (b, T, I) and 'y' tensors (the batch of "
+                "lightning_ortho.models.OnlineRNNModule), so there is no probe sequence"
+            )
+        return super().unmeasured_reason(name, trainer)
 
     def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:
         if self.probe is None:

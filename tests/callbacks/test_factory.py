@@ -260,3 +260,51 @@ def test_monitors_from_the_environment_pickle_and_checkpoint(monkeypatch, tiny_t
     trainer.save_checkpoint(tmp_path / "last.ckpt")
     state = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]
     assert state[monitor.state_key]["history"] == monitor.history and len(monitor.history) == 2
+
+
+# ------------------------------------------------------------------- settings a monitor's constructor refuses
+def test_an_interval_below_a_monitors_minimum_is_raised_to_it_with_a_warning(monkeypatch, tiny_trainer):
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "all")
+    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "1")  # GradientVarianceMonitor needs windows of 2 steps
+    with pytest.warns(UserWarning) as caught:
+        trainer = tiny_trainer(max_epochs=1)
+    (message,) = [str(w.message) for w in caught if "LIGHTNING_ORTHO_EVERY_N_STEPS" in str(w.message)]
+    assert "LIGHTNING_ORTHO_EVERY_N_STEPS=1, but GradientNoiseMonitor ('gradient_variance')" in message
+    assert "needs every_n_steps >= 2; it uses every_n_steps=2." in message
+    steps = {type(c).__name__: c.every_n_steps for c in trainer.callbacks if isinstance(c, EnvironmentMonitor)}
+    assert steps == {
+        "OrthogonalityMonitor": 1,
+        "JacobianDeterminantMonitor": 1,
+        "InvertibilityMonitor": 1,
+        "GradientNoiseMonitor": 2,
+    }
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*it cannot run on Net")  # no flow in Net: those two stand aside
+        trainer.fit(Net(), loader())  # and it trains: 4 steps, the first window of 2 measured
+    (noise,) = [c for c in trainer.callbacks if type(c).__name__ == "GradientNoiseMonitor"]
+    assert [record["step"] for record in noise.history] == [2]
+
+
+class PickyMonitor(OrthogonalityMonitor):
+    """A monitor whose constructor refuses settings the factory's parsing accepts."""
+
+    def __init__(self, every_n_steps: int = 50, plot: bool = True) -> None:
+        if every_n_steps > 100:
+            raise ValueError(f"PickyMonitor: every_n_steps must be at most 100, got {every_n_steps}.")
+        super().__init__(every_n_steps=every_n_steps, plot=plot)
+
+
+def test_a_setting_a_monitors_constructor_refuses_falls_back_to_its_default_with_a_warning(monkeypatch, tiny_trainer):
+    monkeypatch.setitem(MONITORS, "orthogonality", f"{__name__}:PickyMonitor")
+    monkeypatch.setattr(factory, "_ENVIRONMENT_CLASSES", {})
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
+    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "500")
+    monkeypatch.setenv("LIGHTNING_ORTHO_PLOT", "0")
+    with pytest.warns(UserWarning, match="PickyMonitor \\('orthogonality'\\) refuses") as caught:
+        trainer = tiny_trainer(max_epochs=1)
+    message = str(caught[0].message)
+    assert "LIGHTNING_ORTHO_EVERY_N_STEPS=500, LIGHTNING_ORTHO_PLOT=False" in message
+    assert "every_n_steps must be at most 100, got 500" in message
+    assert "it uses its defaults instead: every_n_steps=50, plot=True" in message
+    (monitor,) = [c for c in trainer.callbacks if isinstance(c, PickyMonitor)]
+    assert monitor.every_n_steps == 50 and monitor.plot is True

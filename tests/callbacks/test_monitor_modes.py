@@ -1,0 +1,253 @@
+"""What every monitor shares about modes and empty fits: a measurement leaves each submodule in its own mode (a
+BatchNorm the user froze stays frozen), a named module is measured whatever its mode, and a fit in which a monitor
+measured nothing (or never measured one of its modules) ends with a warning that says why and what to change."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import EarlyStopping
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.utils.parametrizations import orthogonal
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor, OnlineEstimatorVarianceMonitor
+from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
+from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
+from lightning_ortho.callbacks.orthogonality_monitor import OrthogonalityMonitor
+from lightning_ortho.models import OnlineRNNModule
+from lightning_ortho.nn import AuxiliaryReflection
+from lightning_ortho.online import TanhRNNCell
+from tests.callbacks.test_gradient_variance import (
+    Recorder,
+    UserMLP,
+    brute_force,
+    close,
+    recomputed_gradients,
+    user_data,
+)
+from tests.models.test_online_rnn_module import TinyStreams
+
+D = 4
+
+
+def loader(rows: int = 16, batch_size: int = 4) -> DataLoader:
+    g = torch.Generator().manual_seed(1)
+    return DataLoader(TensorDataset(torch.randn(rows, D, generator=g), torch.randn(rows, 1, generator=g)), batch_size)
+
+
+def fit(trainer, model, data, **kwargs):
+    return trainer(num_sanity_val_steps=0, **kwargs).fit(model, data)
+
+
+def unmeasured(caught) -> list[str]:
+    return [str(w.message) for w in caught if "measured" in str(w.message) and "in this fit" in str(w.message)]
+
+
+# ------------------------------------------------------------------------------------ each module keeps its mode
+class FrozenNorm(pl.LightningModule):
+    """Something every monitor can measure, and a BatchNorm the user freezes at the start of each epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ortho = orthogonal(nn.Linear(D, D))
+        self.reflection = AuxiliaryReflection(D, invertible=True)
+        self.norm = nn.BatchNorm1d(D)
+        self.head = nn.Linear(D, 1)
+
+    def on_train_epoch_start(self) -> None:
+        self.norm.eval()  # frozen: its running statistics must not change
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.head(self.norm(self.reflection(self.ortho(x)))), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class FrozenNormOnline(OnlineRNNModule):
+    """An online RNN whose inputs also pass a BatchNorm the user froze."""
+
+    def __init__(self) -> None:
+        super().__init__(TanhRNNCell(3, 5), 4, estimator="uoro", lr=0.01)
+        self.norm = nn.BatchNorm1d(3)
+
+    def on_train_epoch_start(self) -> None:
+        self.norm.eval()
+
+    def training_step(self, batch, batch_idx):
+        self.norm(batch["x"][:, 0])
+        return super().training_step(batch, batch_idx)
+
+
+MONITORS = {
+    "orthogonality": lambda: OrthogonalityMonitor(every_n_steps=1, plot=False),
+    "jacobian": lambda: JacobianDeterminantMonitor(every_n_steps=1, plot=False),
+    "invertibility": lambda: InvertibilityMonitor(every_n_steps=1, plot=False),
+    "gradient_noise": lambda: GradientNoiseMonitor(every_n_steps=2, interval=2, plot=False),
+    "estimator_variance": lambda: OnlineEstimatorVarianceMonitor(every_n_steps=1, draws=2, plot=False),
+}
+
+
+@pytest.mark.parametrize("name", list(MONITORS))
+def test_a_frozen_batchnorm_stays_frozen_across_a_fit_with_each_monitor(name, tiny_trainer):
+    online = name == "estimator_variance"
+    model = FrozenNormOnline() if online else FrozenNorm()
+    norm = model.norm
+    before = {key: value.clone() for key, value in norm.named_buffers()}
+    monitor = MONITORS[name]()
+    data = TinyStreams(streams=4, steps=5, chunks_per_epoch=3) if online else loader()
+    fit(tiny_trainer, model, data, max_epochs=1, callbacks=[monitor], limit_val_batches=0)
+    assert len(monitor.history) >= 1 and model.global_step >= 3  # measured, then trained on
+    assert not norm.training
+    assert set(before) == {"running_mean", "running_var", "num_batches_tracked"}
+    for key, value in norm.named_buffers():
+        assert torch.equal(value, before[key]), key
+    assert all(m.training for n, m in model.named_modules() if not n.startswith("norm"))  # the others train on
+
+
+def test_eval_mode_restores_each_submodules_own_mode_also_after_an_exception():
+    from lightning_ortho.callbacks._eval_mode import eval_mode  # here: the old code has no such helper
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2).eval(), nn.Sequential(nn.Dropout(), nn.Linear(2, 2)))
+    modes = [m.training for m in model.modules()]
+    assert modes == [True, True, False, True, True, True]
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+    assert [m.training for m in model.modules()] == modes
+    with pytest.raises(RuntimeError, match="inside"), eval_mode(model):
+        raise RuntimeError("inside")
+    assert [m.training for m in model.modules()] == modes
+
+
+# ------------------------------------------------------------------------------ a named module in eval mode
+class Affine(nn.Module):
+    """``y = x A^T + b`` with its inverse, a user's invertible layer: ``log|det J| = log|det A|`` everywhere."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.weight = nn.Parameter(torch.eye(D) + 0.3 * torch.randn(D, D, generator=g))
+        self.bias = nn.Parameter(torch.randn(D, generator=g))
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+    def inverse(self, y):
+        return torch.linalg.solve(self.weight, (y - self.bias).T).T
+
+
+class FrozenFlow(pl.LightningModule):
+    """A pretrained flow the user froze (eval mode, no gradients) in front of a head that trains; ``live`` is a second
+    invertible layer that trains, ``unused`` one that is never called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flow = Affine(seed=2).requires_grad_(False)
+        self.live = Affine(seed=3)
+        self.unused = Affine(seed=4)
+        self.head = nn.Linear(D, 1)
+
+    def on_train_epoch_start(self) -> None:
+        self.flow.eval()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.head(self.live(self.flow(x))), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.05)
+
+
+@pytest.mark.parametrize("monitor_class", [JacobianDeterminantMonitor, InvertibilityMonitor])
+def test_a_named_module_in_eval_mode_is_measured_on_its_first_training_input(monitor_class, tiny_trainer):
+    model = FrozenFlow().double()
+    monitor = monitor_class(modules=["flow"], every_n_steps=2, probe_size=3, plot=False)
+    data = loader()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tiny_trainer, model, data, max_epochs=1, precision="64-true", callbacks=[monitor])
+    assert not unmeasured(caught)
+    assert [record["step"] for record in monitor.history] == [2, 4]
+    assert torch.equal(monitor.probes["flow"], next(iter(data))[0][:3].double())  # the training batch, not later
+    logged = monitor.history[-1]["values"]
+    if monitor_class is JacobianDeterminantMonitor:
+        log_det = float(torch.linalg.slogdet(model.flow.weight)[1])  # the same for every row
+        for key in ("log_abs_det_mean", "log_abs_det_min", "log_abs_det_max"):
+            assert logged[f"monitor/flow/{key}"] == pytest.approx(log_det, rel=1e-12, abs=1e-12), key
+    else:
+        assert logged["monitor/flow/roundtrip_error_max"] < 1e-12
+
+
+def test_a_frozen_automatically_chosen_module_is_left_alone_and_the_end_of_fit_warning_says_how_to_measure_it(
+    tiny_trainer,
+):
+    # Chosen automatically: flow (frozen), live (trains), unused (never called). Only live is measured.
+    monitor = InvertibilityMonitor(every_n_steps=2, plot=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tiny_trainer, FrozenFlow(), loader(), max_epochs=1, callbacks=[monitor])
+    assert set(monitor._watched) == {"flow", "live", "unused"}
+    assert [record["step"] for record in monitor.history] == [2, 4]
+    assert {key.split("/")[1] for key in monitor.history[-1]["values"]} == {"live"}
+    (message,) = unmeasured(caught)
+    assert "InvertibilityMonitor never measured 2 of its modules in this fit (4 steps)" in message
+    assert "'flow': it ran only in eval mode in training" in message and "modules=['flow', ...]" in message
+    assert "'unused': it was never called as a module" in message and "'live'" not in message
+
+
+class StopAfter(pl.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def test_a_fit_stopped_before_the_first_measurement_ends_with_a_warning(tiny_trainer):
+    monitor = OrthogonalityMonitor(every_n_steps=10, plot=False)
+    with pytest.warns(UserWarning, match=r"OrthogonalityMonitor measured nothing in this fit \(2 steps\)") as caught:
+        fit(tiny_trainer, FrozenNorm(), loader(), max_epochs=5, callbacks=[monitor, StopAfter(2)])
+    assert monitor.history == []
+    assert "lower every_n_steps" in str(unmeasured(caught)[0])
+
+
+# ---------------------------------------------------------------------------------------- gradient noise
+def test_a_short_run_measures_the_first_window_of_each_interval(tmp_path, tiny_trainer):
+    # every_n_steps=4 and the default interval of 20: a 16-step run reads steps 1-4 (grads[0:4]).
+    pl.seed_everything(0)
+    model, recorder = UserMLP(), Recorder()
+    monitor = GradientNoiseMonitor(every_n_steps=4, plot=False)
+    data = DataLoader(user_data(128), batch_size=8)
+    fit(tiny_trainer, model, data, max_epochs=1, precision="64-true", callbacks=[recorder, monitor])
+    grads = recomputed_gradients(model, recorder.steps)
+    assert len(grads) == 16 and [record["step"] for record in monitor.history] == [4]
+    expected = brute_force(grads[0:4], list(grads[0]), batch_size=8)
+    for key in ("batch_variance", "mean_grad_sq", "signal", "snr", "noise_scale"):
+        assert close(monitor.history[0]["values"][f"gradient_noise/{key}"], expected[key], 1e-9), key
+
+
+def test_early_stopping_on_the_noise_has_a_value_after_the_first_epoch_of_a_short_run(tiny_trainer):
+    pl.seed_everything(0)
+    monitor = GradientNoiseMonitor(every_n_steps=4, plot=False)
+    stopping = EarlyStopping(monitor="gradient_noise/snr", mode="max", patience=5)
+    trainer = tiny_trainer(max_epochs=2, callbacks=[monitor, stopping])
+    trainer.fit(UserMLP(), DataLoader(user_data(64), batch_size=8))  # 8 steps an epoch
+    assert trainer.global_step == 16 and math.isfinite(float(trainer.callback_metrics["gradient_noise/snr"]))
+
+
+def test_no_window_completed_ends_with_a_warning(tiny_trainer):
+    monitor = GradientNoiseMonitor(every_n_steps=10, interval=10, plot=False)
+    with pytest.warns(UserWarning, match=r"GradientNoiseMonitor measured nothing in this fit \(8 steps\)") as caught:
+        tiny_trainer(max_epochs=1, callbacks=[monitor]).fit(UserMLP(), DataLoader(user_data(64), batch_size=8))
+    assert monitor.history == []
+    (message,) = unmeasured(caught)
+    assert "the whole model: no window of every_n_steps=10 optimizer steps was completed" in message
+    assert "lower every_n_steps" in message
