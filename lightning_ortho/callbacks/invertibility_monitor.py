@@ -67,7 +67,8 @@ class InvertibilityMonitor(Monitor):
     """Logs how well chosen modules invert on a fixed probe batch, while training; warns once when they stop.
 
     For each watched module ``f``, every ``every_n_steps`` optimizer steps, on its probe ``x`` (the first
-    ``probe_size`` rows of its first training input), in eval mode and without gradients, it computes
+    ``probe_size`` rows of its first input in a training step; a named module in any mode, such as a frozen flow,
+    an automatically chosen one while it trains), in eval mode and without gradients, it computes
     ``x_hat = f^{-1}(f(x))`` and logs ``monitor/<module>/<statistic>``:
 
     * ``roundtrip_error_max`` (max over rows and processes), ``roundtrip_error_mean`` (mean, processes weighted by

@@ -102,8 +102,9 @@ class JacobianDeterminantMonitor(Monitor):
     """Logs the distribution of ``log|det J|`` over a fixed probe batch for chosen modules, while training.
 
     For each watched module, every ``every_n_steps`` optimizer steps, on its probe (the first ``probe_size`` rows
-    of its first training input; one sample per row, so for a flow layer on images ``(N, C, H, W)`` a row is an
-    image and ``J`` is the ``C H W x C H W`` Jacobian), it logs ``monitor/<module>/<statistic>``:
+    of its first input in a training step: for a named module in any mode, such as a frozen flow, for an
+    automatically chosen one while it trains; one sample per row, so for a flow layer on images ``(N, C, H, W)`` a
+    row is an image and ``J`` is the ``C H W x C H W`` Jacobian), it logs ``monitor/<module>/<statistic>``:
 
     * ``log_abs_det_mean`` (mean over probe rows, processes weighted by rows), ``log_abs_det_min``,
       ``log_abs_det_max``: the distribution of ``log|det J|`` per row.
