@@ -20,6 +20,7 @@ from lightning_ortho.transforms.compression import (
     affine_parts,
     compress_linear,
 )
+from lightning_ortho.transforms.factorized_linear import restore_factorized_on_load
 
 Metric = Callable[[pl.LightningModule, Any], tuple[torch.Tensor | float, int]]
 
@@ -55,9 +56,14 @@ class TransformCompression(pl.Callback):
     ``compression/error/<module>`` (percent), ``compression/ops_before`` and ``compression/ops_after`` (additions +
     multiplications + shifts, bias excluded). ``report`` keeps one dict per layer; a rich table is printed at the end.
 
-    Resuming from a checkpoint saved after compression: call
-    :func:`~lightning_ortho.transforms.compression.restore_factorized` on the fresh model with the checkpoint's
-    ``state_dict`` first; this callback's state (``done``) keeps it from compressing again.
+    Checkpoints saved after compression hold each compressed layer's state with a marker (see
+    :class:`~lightning_ortho.transforms.FactorizedLinear`), and a freshly built model rebuilds those layers before
+    it loads them (:func:`~lightning_ortho.transforms.factorized_linear.restore_factorized`): in ``setup`` this
+    callback registers that rebuild on the model, so ``Trainer.fit / validate / test / predict(..., ckpt_path=...)``
+    work for any LightningModule while the callback is in the Trainer; ``Model.load_from_checkpoint``, which runs no
+    callback, needs the model's own ``on_load_checkpoint`` to do it
+    (:class:`~lightning_ortho.models.factorized_checkpoint.RestoresFactorizedLayers`, a base of the package's
+    classifiers). A resumed ``fit`` does not compress again (this callback's state ``done``).
 
     Args:
         modules: names of submodules to replace (``"head"``, ``"features.0"``); ``None``: every outermost
@@ -200,6 +206,10 @@ class TransformCompression(pl.Callback):
         return chosen
 
     # ------------------------------------------------------------------------------------------------ hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Runs before the Trainer restores a ckpt_path: the model then rebuilds the compressed layers it loads.
+        restore_factorized_on_load(pl_module)
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.done:
             return

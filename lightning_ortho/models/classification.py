@@ -9,9 +9,13 @@ import torch
 import torchmetrics
 from torch import nn
 
+from lightning_ortho.models.factorized_checkpoint import RestoresFactorizedLayers
 
-class ClassifierModule(pl.LightningModule):
-    """Base LightningModule for classification: subclasses implement ``forward(x) -> logits``.
+
+class ClassifierModule(RestoresFactorizedLayers, pl.LightningModule):
+    """Base LightningModule for classification: subclasses implement ``forward(x) -> logits``. Checkpoints saved
+    after :class:`~lightning_ortho.callbacks.TransformCompression` load by every route (see
+    :class:`RestoresFactorizedLayers`).
 
     Logs ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``, ``test_loss``, ``test_acc`` (torchmetrics,
     reduced across processes under DDP) and ``epoch_time``, the wall time of each training epoch in seconds.

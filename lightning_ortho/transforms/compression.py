@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -32,7 +31,11 @@ from torch import nn
 from lightning_ortho.transforms.b_dla import learn_b_transform
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.data_refit import refit_on_data
-from lightning_ortho.transforms.factorized_linear import FactorizedLinear
+from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - restore_factorized: its old home
+    FactorizedLinear,
+    restore_factorized,
+    restore_factorized_on_load,
+)
 from lightning_ortho.transforms.m_dla import learn_m_transform
 from lightning_ortho.transforms.s_dla import learn_shear_transform
 
@@ -315,26 +318,3 @@ def compress_linear(
         seconds=time.perf_counter() - start,
     )
     return factorized
-
-
-def restore_factorized(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
-    """Before ``model.load_state_dict(state_dict)``: replace every submodule whose keys in ``state_dict`` are those
-    of a :class:`FactorizedLinear` (``<name>.codes``, ``<name>.mask``, ``<name>.transform.pairs``) by one rebuilt
-    with :meth:`FactorizedLinear.from_state_dict`, on the device of the module it replaces. Returns the names.
-
-    Raises:
-        KeyError: ``model`` has no submodule of such a name.
-    """
-    names = [k[: -len(".transform.pairs")] for k in state_dict if k.endswith(".transform.pairs")]
-    names = [name for name in names if f"{name}.codes" in state_dict and f"{name}.mask" in state_dict]
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        try:
-            parent = model.get_submodule(parent_name)
-            old = parent.get_submodule(child)
-        except AttributeError as error:
-            raise KeyError(f"restore_factorized: the model has no submodule {name!r} for its state.") from error
-        new = FactorizedLinear.from_state_dict(state_dict, prefix=f"{name}.")
-        reference = _first_tensor(old)
-        setattr(parent, child, new.to(reference.device) if reference is not None else new)
-    return names

@@ -1,4 +1,6 @@
-"""``y = C (T x) + b``: a fast product followed by a sparse matrix, the layer :func:`compress_linear` builds."""
+"""``y = C (T x) + b``: a fast product followed by a sparse matrix, the layer :func:`compress_linear` builds, and how
+a model holding such layers comes back from a ``state_dict`` whose model was built with the dense layers.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ from torch.nn import functional
 
 from lightning_ortho.transforms.blocks import BinaryBlockProduct, BlockProduct
 from lightning_ortho.transforms.costs import OpCount, row_cost
+
+#: ``format`` of the extra state every FactorizedLinear puts in its ``state_dict`` (key ``<name>._extra_state``): it
+#: marks the compressed submodules of a checkpoint, so a model built with dense layers can rebuild them.
+STATE_FORMAT = "lightning_ortho.FactorizedLinear"
 
 
 def _frozen(transform: BlockProduct) -> BlockProduct:
@@ -46,6 +52,10 @@ class FactorizedLinear(nn.Module):
     Attributes:
         error: ``100 ||W - C T||^2 / ||W||^2`` of the layer it replaced (percent; ``nan`` when not known).
         report: the :class:`CompressionReport` of :func:`compress_linear` (``None`` otherwise).
+
+    State: ``codes``, ``mask``, ``bias``, the transform's ``pairs`` and ``blocks`` (``core_index`` for binary
+    cores) and an extra state ``{"format": STATE_FORMAT, "in_features", "out_features", "binary"}`` that marks the
+    module as compressed; :func:`restore_factorized` rebuilds such modules in a model before it loads the state.
 
     Shapes: ``forward(x)``: ``(..., n) -> (..., out)``.
 
@@ -89,6 +99,30 @@ class FactorizedLinear(nn.Module):
         self.in_features, self.out_features = n, codes.shape[0]
         self.error = math.nan
         self.report: Any = None  # the CompressionReport of compress_linear, when it built this layer
+        self.register_load_state_dict_pre_hook(_accept_state_without_marker)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The marker of a compressed module in a ``state_dict`` (plain Python values)."""
+        binary = isinstance(self.transform, BinaryBlockProduct)
+        return {
+            "format": STATE_FORMAT,
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "binary": binary,
+        }
+
+    def set_extra_state(self, state: Any) -> None:
+        """Checks the marker against this module (the tensors themselves are checked by ``load_state_dict``).
+
+        Raises:
+            ValueError: the state is not a FactorizedLinear marker or is one of another shape.
+        """
+        expected = self.get_extra_state()
+        if not _is_marker(state) or any(state.get(k) != expected[k] for k in ("in_features", "out_features")):
+            raise ValueError(
+                f"FactorizedLinear.load_state_dict: the state is of {state!r}, this module is {expected!r}; rebuild "
+                f"the module from the state with FactorizedLinear.from_state_dict or restore_factorized."
+            )
 
     @classmethod
     def from_dictionary(
@@ -178,3 +212,72 @@ class FactorizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, nnz={self.nnz}, bias={self.bias is not None}"
+
+
+def _is_marker(state: object) -> bool:
+    return isinstance(state, Mapping) and state.get("format") == STATE_FORMAT
+
+
+def _accept_state_without_marker(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Load-state pre-hook: a state saved before FactorizedLinear had its marker loads as if it had it."""
+    state_dict.setdefault(f"{prefix}_extra_state", module.get_extra_state())
+
+
+def factorized_names(state_dict: Mapping[str, Any]) -> list[str]:
+    """Names of the FactorizedLinear submodules whose state ``state_dict`` holds: those with a marker
+    (``<name>._extra_state``), and those of older states recognised by their keys (``<name>.codes``,
+    ``<name>.mask``, ``<name>.transform.pairs``). The root itself (name ``""``) is never listed."""
+    names = [k[: -len("._extra_state")] for k, v in state_dict.items() if k.endswith("._extra_state") and _is_marker(v)]
+    legacy = [k[: -len(".transform.pairs")] for k in state_dict if k.endswith(".transform.pairs")]
+    names += [n for n in legacy if n not in names and f"{n}.codes" in state_dict and f"{n}.mask" in state_dict]
+    return names
+
+
+def _same_layout(module: nn.Module, state: Mapping[str, Any]) -> bool:
+    """Whether ``module`` is a FactorizedLinear that can load ``state`` as it is (same keys and shapes)."""
+    if not isinstance(module, FactorizedLinear):
+        return False
+    own = {k: v for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+    given = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return own.keys() == given.keys() and all(own[k].shape == given[k].shape for k in own)
+
+
+def restore_factorized(model: nn.Module, state_dict: Mapping[str, Any]) -> list[str]:
+    """Before ``model.load_state_dict(state_dict)``: give ``model`` the FactorizedLinear submodules that
+    ``state_dict`` holds (:func:`factorized_names`), each rebuilt with :meth:`FactorizedLinear.from_state_dict` on
+    the device of the module it replaces (a dense layer of the model as built, or a FactorizedLinear of another
+    layout). Submodules that can already load their state are kept. Returns the names of the replaced ones.
+
+    Raises:
+        KeyError: ``model`` has no submodule of such a name, or the state of one is incomplete.
+    """
+    replaced = []
+    for name in factorized_names(state_dict):
+        parent_name, _, child = name.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name)
+            old = parent.get_submodule(child)
+        except AttributeError as error:
+            raise KeyError(f"restore_factorized: the model has no submodule {name!r} for its state.") from error
+        prefix = f"{name}."
+        if _same_layout(old, {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}):
+            continue
+        new = FactorizedLinear.from_state_dict(state_dict, prefix=prefix)
+        reference = next(iter(old.parameters()), None)
+        setattr(parent, child, new.to(reference.device) if reference is not None else new)
+        replaced.append(name)
+    return replaced
+
+
+def _restore_before_load(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    restore_factorized(module, {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)})
+
+
+def restore_factorized_on_load(model: nn.Module) -> nn.Module:
+    """Make every later ``model.load_state_dict(state)`` call :func:`restore_factorized` first (a load-state
+    pre-hook, kept by ``copy.deepcopy`` and pickling), so a state with compressed layers loads into ``model`` as
+    built. Idempotent; returns ``model``."""
+    if not getattr(model, "_restores_factorized", False):
+        model.register_load_state_dict_pre_hook(_restore_before_load)
+        model._restores_factorized = True
+    return model

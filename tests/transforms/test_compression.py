@@ -14,6 +14,7 @@ from lightning_ortho.transforms.compression import (
     restore_factorized,
 )
 from lightning_ortho.transforms.costs import OpCount
+from lightning_ortho.transforms.factorized_linear import STATE_FORMAT, restore_factorized_on_load
 
 F64 = torch.float64
 
@@ -157,6 +158,23 @@ def test_state_dict_round_trip(kind):
     assert restore_factorized(fresh, compressed.state_dict()) == ["2"]
     fresh.load_state_dict(compressed.state_dict())
     assert torch.equal(fresh(x), compressed(x))
+
+
+def test_a_state_saved_before_the_marker_loads_and_a_marked_one_rebuilds_by_marker():
+    dictionary, _ = dictionary_and_dense("binary", seed=5)
+    module = FactorizedLinear.from_dictionary(dictionary, torch.randn(5, 10, dtype=F64), torch.randn(5, dtype=F64))
+    compressed = nn.Sequential(nn.Linear(10, 10).double(), nn.ReLU(), module)
+    state = compressed.state_dict()
+    assert state["2._extra_state"]["format"] == STATE_FORMAT
+    old = {k: v for k, v in state.items() if not k.endswith("_extra_state")}  # as saved by the first release
+    x = torch.randn(4, 10, dtype=F64)
+    for saved in (state, old):
+        fresh = restore_factorized_on_load(nn.Sequential(nn.Linear(10, 10).double(), nn.ReLU(), nn.Linear(10, 5)))
+        fresh.load_state_dict(saved)  # the pre-hook rebuilds layer 2 first
+        assert isinstance(fresh[2], FactorizedLinear) and torch.equal(fresh(x), compressed(x))
+    smaller = FactorizedLinear.from_dictionary(dictionary, torch.randn(3, 10, dtype=F64))
+    with pytest.raises(ValueError, match="rebuild the module"):
+        smaller.set_extra_state(state["2._extra_state"])
 
 
 def test_from_state_dict_names_missing_keys():

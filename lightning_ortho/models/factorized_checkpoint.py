@@ -1,0 +1,30 @@
+"""Load checkpoints of models whose dense layers were compressed into FactorizedLinear after they were built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_ortho.transforms.factorized_linear import restore_factorized
+
+
+class RestoresFactorizedLayers:
+    """LightningModule mixin: ``on_load_checkpoint`` rebuilds the compressed layers a checkpoint holds.
+
+    :class:`~lightning_ortho.callbacks.TransformCompression` replaces ``nn.Linear`` layers by
+    :class:`~lightning_ortho.transforms.FactorizedLinear` during ``fit``, so the checkpoints saved after it hold
+    ``codes``, ``mask`` and transform tensors where a freshly built model has ``weight`` and ``bias``. Lightning
+    calls ``on_load_checkpoint`` before it loads the weights, in ``Model.load_from_checkpoint(path)`` and in
+    ``Trainer.fit / validate / test / predict(..., ckpt_path=path)``; this one replaces those layers first
+    (:func:`~lightning_ortho.transforms.factorized_linear.restore_factorized`), so the weights load strictly and the
+    model predicts exactly what the saved one did. Put it before ``pl.LightningModule`` in the bases::
+
+        class MyModel(RestoresFactorizedLayers, pl.LightningModule): ...
+
+    A subclass that overrides ``on_load_checkpoint`` must call ``super().on_load_checkpoint(checkpoint)``. Without
+    the mixin, the Trainer routes still work while ``TransformCompression`` is among the Trainer's callbacks (it
+    registers the same rebuild on the model in ``setup``); ``load_from_checkpoint`` runs no callbacks.
+    """
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        restore_factorized(self, checkpoint.get("state_dict", {}))  # type: ignore[arg-type]
+        super().on_load_checkpoint(checkpoint)  # type: ignore[misc]
