@@ -7,6 +7,7 @@ import torch
 
 from lightning_ortho.flows import Glow
 from lightning_ortho.flows.conv1x1 import Conv1x1Kind
+from lightning_ortho.models.optimizers import build_optimizer
 
 
 class GlowModule(pl.LightningModule):
@@ -74,7 +75,7 @@ class GlowModule(pl.LightningModule):
         return self.glow.bits_per_dim(images, self.hparams.num_levels)
 
     def configure_optimizers(self):
-        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        optimizer = build_optimizer(type(self).__name__, torch.optim.Adam, self.parameters(), lr=self.hparams.lr)
         warmup = max(1, self.hparams.warmup_steps)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

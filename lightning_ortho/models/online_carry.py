@@ -70,7 +70,8 @@ class OnlineCarry:
         ``fresh(streams)`` makes an initial estimator state of the right type, dtype and device to load into.
 
         Raises:
-            ValueError: the checkpoint was saved by another number of processes.
+            ValueError: the checkpoint was saved by another number of processes, or its estimator state does not
+                fit this model's estimator (another kind, cell or options: the message says what differs).
         """
         entry, self._loaded = self._loaded, None
         if entry is None:
@@ -82,8 +83,18 @@ class OnlineCarry:
             )
         mine = entry["ranks"][rank]
         if mine["state"] is not None:
-            self.state = fresh(mine["state"]["h"].shape[0])
-            self.state.load_state_dict(mine["state"])
+            state = fresh(mine["state"]["h"].shape[0])
+            try:
+                state.load_state_dict(mine["state"])
+            except ValueError as error:
+                saved = mine["state"].get("kind")
+                trained = f" (estimator={saved!r})" if saved is not None else ""
+                raise ValueError(
+                    f"OnlineRNNModule: the checkpoint's estimator state does not fit this model's estimator"
+                    f" (estimator={state.kind!r}): {error} Resume with the estimator, estimator_options and cell the"
+                    f" checkpoint was trained with{trained}, or load only its weights and fit without ckpt_path."
+                ) from error
+            self.state = state
         if mine["pending"] is not None:
             self.pending = {name: g.to(device) for name, g in mine["pending"].items()}
 

@@ -14,6 +14,7 @@ from torch import nn
 from lightning_ortho.models.online_carry import OnlineCarry
 from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, initial_state
 from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, read_chunk
+from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.online import OnlineState
 from lightning_ortho.online.losses import masked_loss_sum
 
@@ -50,10 +51,12 @@ class OnlineRNNModule(pl.LightningModule):
     generator), the next expected chunk, the position in the update window and the pending gradient buffer are
     saved in ``on_save_checkpoint`` and restored in ``on_load_checkpoint``: fitting ``N`` chunks equals fitting
     ``k`` and resuming for ``N - k``, bit for bit (the data module restores its own position). Resume with the
-    same number of processes.
+    same number of processes and the same estimator (another one is refused, naming both). A resume with a smaller
+    ``update_every`` than the saved window already holds closes that window at its first step (warned).
 
     Validation runs the cell forward (no gradient estimate) from a zero state on each pass over the validation
-    streams, carrying the state across that pass's chunks.
+    streams, carrying the state across that pass's chunks. A pass whose masks score no entry logs no ``val_*``
+    (a mean over nothing is NaN) and warns.
 
     Args:
         cell: a recurrent cell ``cell(x (b, I), h (b, H)) -> (b, H)`` with a ``hidden_size`` attribute (and
@@ -106,6 +109,7 @@ class OnlineRNNModule(pl.LightningModule):
         self.output_size, self.loss_name, self.update_every = output_size, loss, update_every
         self.estimator = build_estimator(estimator, cell, dict(estimator_options or {}), seed)
         self.val_loss, self.val_bits = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
+        self.val_count = torchmetrics.SumMetric()  # masked entries scored in a pass, over all processes
         self.carry = OnlineCarry()  # estimator state, chunk order, update window: between steps and in checkpoints
         self._val_h: torch.Tensor | None = None
         self._val_next = 0
@@ -135,7 +139,10 @@ class OnlineRNNModule(pl.LightningModule):
             )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return OPTIMIZERS[self.hparams.optimizer](self.parameters(), lr=self.hparams.lr)
+        optimizer = OPTIMIZERS[self.hparams.optimizer]
+        return build_optimizer(
+            type(self).__name__, optimizer, self.parameters(), lr=self.hparams.lr, alternative="optimizer='sgd'"
+        )
 
     # -- training --------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
@@ -153,7 +160,7 @@ class OnlineRNNModule(pl.LightningModule):
             if active[t]:
                 loss_sum = loss_sum + self._accumulate(h, chunk.y[:, t], chunk.mask[:, t], chunk.streams)
             carry.window_steps += 1
-            if carry.window_steps == self.update_every:
+            if carry.window_steps >= self.update_every:  # ">": resumed with a smaller update_every (warned)
                 self._update()
         if count:
             mean = loss_sum / count
@@ -212,6 +219,14 @@ class OnlineRNNModule(pl.LightningModule):
         carry = self.carry
         if carry.restoring:
             carry.restore(*self._rank_and_world(), self._fresh_state, self.device)
+            if carry.window_steps >= self.update_every:
+                warnings.warn(
+                    f"OnlineRNNModule: the checkpoint's update window already holds {carry.window_steps} steps but"
+                    f" update_every={self.update_every}: the first update after resuming applies the gradient of"
+                    f" {carry.window_steps + 1} steps, then every {self.update_every} steps. Resume with the"
+                    " update_every the checkpoint was trained with to continue exactly.",
+                    stacklevel=2,
+                )
         if carry.state is not None and chunk.index not in (0, carry.next_chunk):
             raise ValueError(
                 f"OnlineRNNModule: training chunk {chunk.index} arrived where chunk {carry.next_chunk} was expected."
@@ -264,10 +279,32 @@ class OnlineRNNModule(pl.LightningModule):
         )
         count = int(chunk.mask.sum())
         self.val_loss.update(loss_sum / max(count, 1), weight=count)
-        self.log("val_loss", self.val_loss, prog_bar=True, on_epoch=True, batch_size=chunk.streams)
+        self.val_count.update(count)
         if self.loss_name == "cross_entropy":
             self.val_bits.update(loss_sum / max(count, 1) / math.log(2), weight=count)
-            self.log("val_bits", self.val_bits, on_epoch=True, batch_size=chunk.streams)
+
+    def on_validation_epoch_end(self) -> None:
+        """Log ``val_loss`` (and ``val_bits``) over the pass; warn and log nothing when no entry was scored.
+
+        A mean over zero entries is NaN, which ModelCheckpoint and EarlyStopping would take as a score; leaving
+        the metric out makes a callback that monitors it fail loudly instead, after this warning.
+        """
+        scored = int(self.val_count.compute())  # over all processes (a collective under DDP, once per pass)
+        self.val_count.reset()
+        if scored == 0:
+            warnings.warn(
+                "OnlineRNNModule: validation scored no entry: the mask of every validation step is false (e.g. the"
+                " validation chunks are shorter than the task's warm-up, such as AddingTaskDataModule's"
+                " max(t1, t2) steps), so val_loss is not logged for this pass. Give validation more or longer"
+                " chunks (val_chunks, chunk_length), or do not monitor val_loss.",
+                stacklevel=2,
+            )
+            self.val_loss.reset()
+            self.val_bits.reset()
+            return
+        self.log("val_loss", self.val_loss, prog_bar=True)
+        if self.loss_name == "cross_entropy":
+            self.log("val_bits", self.val_bits)
 
     def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the cell over ``x`` ``(B, T, I)`` from ``h0`` ``(B, H)`` (zeros by default): the readout's outputs

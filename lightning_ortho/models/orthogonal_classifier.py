@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from lightning_ortho.models.classification import ClassifierModule
+from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.nn import SVDLinear
 from lightning_ortho.nn.orthogonal import OrthogonalMethod
 
@@ -47,4 +48,4 @@ class OrthogonalClassifier(ClassifierModule):
         return self.head(torch.relu(self.features(x.flatten(1))))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return build_optimizer(type(self).__name__, torch.optim.Adam, self.parameters(), lr=self.hparams.lr)

@@ -9,6 +9,7 @@ from torch import nn
 
 from lightning_ortho.models.classification import ClassifierModule
 from lightning_ortho.models.optimizer_group import OptimizerGroup
+from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.nn.orthogonal import OrthogonalMethod
 from lightning_ortho.nn.rnn import Nonlinearity, OrthogonalRNN
 
@@ -95,7 +96,10 @@ class OrthogonalRNNClassifier(ClassifierModule):
         transition = list(self.rnn.cell.transition.parameters())
         ids = {id(p) for p in transition}
         rest = [p for p in self.parameters() if id(p) not in ids]
-        h = self.hparams
+        h, owner = self.hparams, type(self).__name__
         return OptimizerGroup(
-            [OPTIMIZERS[h.transition_optimizer](transition, lr=h.transition_lr), OPTIMIZERS[h.optimizer](rest, lr=h.lr)]
+            [
+                build_optimizer(owner, OPTIMIZERS[h.transition_optimizer], transition, lr=h.transition_lr),
+                build_optimizer(owner, OPTIMIZERS[h.optimizer], rest, lr=h.lr),
+            ]
         )

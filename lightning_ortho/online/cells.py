@@ -122,7 +122,8 @@ class InfluenceBalancingCell(nn.Module):
     rest; ``theta`` is one scalar parameter (initial value ``theta``). The fixed point's first unit is
     ``2 theta (2 positive - units)``: with the defaults (23 units, 10 positive) the nearby, fast influences of
     ``theta`` on the first unit are positive and the total influence is negative, so a truncated gradient that
-    sees only the last few steps has the wrong sign and diverges. The input is ignored (any ``(B, I)``).
+    sees only the last few steps has the wrong sign and diverges. The input is ignored (the estimators still check
+    that it is ``(B, input_size)``).
 
     Shapes: ``x`` ``(B, I)``, ``h`` ``(B, units)`` -> ``(B, units)``.
     """

@@ -27,10 +27,18 @@ class OnlineGradientEstimator:
         closed_form: use the cell's closed-form Jacobian products when it has them (``cell.linearize``);
             ``False`` forces the generic ``torch.func`` path (tests compare the two).
 
-    Subclasses implement :meth:`_initial_tensors`, :meth:`_advance` and :meth:`_gradient_flat`.
+    Subclasses implement :meth:`_initial_tensors`, :meth:`_advance` and :meth:`_gradient_flat`; an estimator
+    whose state entries change size from step to step lists those dims in ``varying_dims`` (checked on load).
+
+    Every input is checked here, once for all estimators: its shape against the state and against the cell's
+    ``input_size`` and ``hidden_size`` (where the cell has them), its dtype, and NaN/inf. The shape checks are
+    Python comparisons; the NaN checks are the one host synchronisation per call that ``step`` and ``gradient``
+    already make.
     """
 
     name = "estimator"
+    #: ``{state entry: dims}`` whose sizes vary from step to step (see :class:`OnlineState`).
+    varying_dims: dict[str, tuple[int, ...]] = {}
 
     def __init__(self, cell: nn.Module, *, closed_form: bool = True) -> None:
         if not isinstance(cell, nn.Module):
@@ -38,15 +46,27 @@ class OnlineGradientEstimator:
         self.cell = cell
         self.closed_form = closed_form
         self.layout = ParameterLayout(cell)
+        # The sizes the cell declares (every cell of this package does): x and h0 are checked against them.
+        self.input_size = _declared_size(cell, "input_size")
+        self.hidden_size = _declared_size(cell, "hidden_size")
 
     # -- the interface ---------------------------------------------------------------------------------------
     def initial_state(self, h0: torch.Tensor) -> OnlineState:
         """The state before the first step: ``h0`` ``(B, H)`` and a zero influence approximation.
 
         Raises:
-            ValueError: ``h0`` is not a 2-d floating tensor or holds NaN/inf.
+            ValueError: ``h0`` is not a floating ``(B, H)`` tensor with ``B >= 1`` streams and the cell's
+                ``H = hidden_size``, is not of the parameters' dtype, or holds NaN/inf.
         """
         self._check(h0, "h0", dims=2)
+        streams, hidden = h0.shape
+        if streams < 1 or hidden < 1 or (self.hidden_size is not None and hidden != self.hidden_size):
+            want = f"(streams >= 1, {self.hidden_size if self.hidden_size is not None else 'H >= 1'})"
+            raise ValueError(
+                f"{type(self).__name__}.initial_state: h0 must have shape {want}: one row per stream, one column per"
+                f" unit of the cell, got {tuple(h0.shape)}; e.g. h0 = torch.zeros(streams, cell.hidden_size)."
+            )
+        self._check_finite(h0, "h0")
         dtypes = {p.dtype for p in self.cell.parameters()}
         if dtypes != {h0.dtype}:
             names = ", ".join(sorted(str(d) for d in dtypes))
@@ -54,23 +74,38 @@ class OnlineGradientEstimator:
                 f"{type(self).__name__}: h0 is {h0.dtype} but the cell's parameters are {names}; convert one of them"
                 " (e.g. cell.double() for float64 references)."
             )
-        return OnlineState(h0, self._initial_tensors(h0), self._new_generator(h0))
+        tensors = self._initial_tensors(h0)
+        return OnlineState(h0, tensors, self._new_generator(h0), kind=self.name, varying_dims=self.varying_dims)
 
     def step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
         """Advance every stream one step: ``x`` ``(B, I)`` -> ``(h_t (B, H), new state)``.
 
         Raises:
-            ValueError: ``x`` is not ``(B, I)`` with the state's ``B``, dtype and device, or holds NaN/inf.
+            ValueError: ``x`` is not ``(B, I)`` with the state's ``B``, dtype and device and the cell's
+                ``I = input_size``, or holds NaN/inf; the cell returns another shape than the state's.
+            FloatingPointError: the new state or the influence approximation is NaN/inf (the message names the
+                parameters that hold NaN/inf, if any).
         """
         self._check(x, "x", dims=2, like=state.h)
+        if self.input_size is not None and x.shape[1] != self.input_size:
+            raise ValueError(
+                f"{type(self).__name__}.step: x must have shape ({state.batch_size}, {self.input_size}) (streams,"
+                f" the cell's input_size), got {tuple(x.shape)}; give each step's inputs as (streams, features)."
+            )
+        self._check_finite(x, "x")
         with torch.no_grad():
             lin = linearize(self.cell, x, state.h, self.layout, closed_form=self.closed_form)
+            if lin.h_new.shape != state.h.shape:
+                raise ValueError(
+                    f"{type(self).__name__}.step: the cell returned shape {tuple(lin.h_new.shape)} from h of shape"
+                    f" {tuple(state.h.shape)}; h0 must have one column per unit of the cell (its hidden size)."
+                )
             tensors = self._advance(lin, x, state)
         h_new = lin.h_new.detach()
         if not torch.isfinite(h_new).all():
             raise FloatingPointError(
-                f"{type(self).__name__}.step: the cell produced NaN/inf states at step {state.step + 1}; lower the"
-                " learning rate or clip gradients (the parameters or the inputs have blown up)."
+                f"{type(self).__name__}.step: the cell produced NaN/inf states at step {state.step + 1}"
+                f"{self._nonfinite_parameters()}."
             )
         self._check_finite_tensors(tensors, state.step + 1)
         return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
@@ -85,10 +120,18 @@ class OnlineGradientEstimator:
 
         Raises:
             ValueError: ``grad_h`` is not ``(B, H)`` like the state's ``h``, or holds NaN/inf.
+            FloatingPointError: the estimate is NaN/inf (e.g. a parameter holds NaN: the message names it).
         """
         self._check(grad_h, "grad_h", dims=2, like=state.h, same_shape=True)
         with torch.no_grad():
             flat = self._gradient_flat(state, grad_h) if per_stream else self._gradient_summed(state, grad_h)
+        # One host synchronisation for both the input and the result; the diagnosis runs only when one fails.
+        if not bool(torch.isfinite(grad_h).all() & torch.isfinite(flat).all()):
+            self._check_finite(grad_h, "grad_h")
+            raise FloatingPointError(
+                f"{type(self).__name__}.gradient: the estimate holds NaN/inf at step {state.step}"
+                f"{self._nonfinite_parameters()}."
+            )
         return self.layout.unflatten(flat)
 
     def reset(self, state: OnlineState, mask: torch.Tensor, h0: torch.Tensor | None = None) -> OnlineState:
@@ -96,7 +139,8 @@ class OnlineGradientEstimator:
         ``(H,)``; zeros when ``None``) and their influence approximation zero; the others are untouched.
 
         Raises:
-            ValueError: ``mask`` is not a boolean ``(B,)`` tensor, or ``h0`` has the wrong shape.
+            ValueError: ``mask`` is not a boolean ``(B,)`` tensor, or ``h0`` has the wrong shape, is not floating
+                point or holds NaN/inf.
         """
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (state.batch_size,):
             shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
@@ -111,6 +155,12 @@ class OnlineGradientEstimator:
             raise ValueError(
                 f"{type(self).__name__}.reset: h0 must have shape ({batch}, {hidden}) or ({hidden},), got {shape}."
             )
+        if h0 is not None:
+            if not h0.is_floating_point():
+                raise ValueError(
+                    f"{type(self).__name__}.reset: h0 must be floating point, got {h0.dtype}; convert it with .float()."
+                )
+            self._check_finite(h0, "h0", where=f"{type(self).__name__}.reset")
         start = torch.zeros_like(state.h) if h0 is None else h0.to(state.h).expand_as(state.h)
         keep = ~mask
         h = torch.where(keep[:, None], state.h, start)
@@ -149,6 +199,25 @@ class OnlineGradientEstimator:
         """Zero a reset stream's entry (streams on dim 0)."""
         return value * keep.view(-1, *([1] * (value.dim() - 1))).to(value.dtype)
 
+    def _nonfinite_parameters(self) -> str:
+        """The end of a NaN/inf error message: which parameters hold NaN/inf and what to do (error path only)."""
+        bad = [name for name, p in self.cell.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            return (
+                f": the cell's parameters {bad} hold NaN/inf (a diverged or underflowed update: lower the learning"
+                " rate, clip gradients, or train in a wider dtype; in float16 Adam's eps rounds to zero)"
+            )
+        return (
+            "; the parameters are finite, so the inputs or the state have blown up: lower the learning rate, clip"
+            " gradients, or reset the streams more often"
+        )
+
+    def _check_finite(self, tensor: torch.Tensor, name: str, where: str | None = None) -> None:
+        if not torch.isfinite(tensor).all():
+            raise ValueError(
+                f"{where or type(self).__name__}: {name} holds NaN or inf values; check the data and the loss."
+            )
+
     def _check(
         self,
         tensor: torch.Tensor,
@@ -158,6 +227,7 @@ class OnlineGradientEstimator:
         like: torch.Tensor | None = None,
         same_shape: bool = False,
     ) -> None:
+        """Type, shape, dtype and device of an input (no host synchronisation; NaN/inf: :meth:`_check_finite`)."""
         where = type(self).__name__
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"{where}: {name} must be a tensor, got {type(tensor).__name__}.")
@@ -174,5 +244,8 @@ class OnlineGradientEstimator:
                     f"{where}: {name} is {tensor.dtype} on {tensor.device} but the state is {like.dtype} on"
                     f" {like.device}; convert one of them (the cell's parameters must match too)."
                 )
-        if not torch.isfinite(tensor).all():
-            raise ValueError(f"{where}: {name} holds NaN or inf values; check the data and the loss.")
+
+
+def _declared_size(cell: nn.Module, name: str) -> int | None:
+    value = getattr(cell, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

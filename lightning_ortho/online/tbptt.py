@@ -33,11 +33,13 @@ class TruncatedBPTT(OnlineGradientEstimator):
                 f"TruncatedBPTT: k must be a positive integer (steps to backpropagate through), got {k!r}."
             )
         self.k = k
+        # The window fills up to k steps; a cell that does not declare its input_size fixes I at the first step.
+        self.varying_dims = {"inputs": (1,) if self.input_size is not None else (1, 2), "starts": (1,), "cut": (1,)}
 
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         batch = h0.shape[0]
         return {
-            "inputs": h0.new_zeros(batch, 0, 0),  # (B, n, I), n <= k; I fixed by the first step
+            "inputs": h0.new_zeros(batch, 0, self.input_size or 0),  # (B, n, I), n <= k
             "starts": h0.new_zeros(batch, 0, h0.shape[1]),  # (B, n, H): the state each window step started from
             "cut": torch.zeros(batch, 0, dtype=torch.bool, device=h0.device),  # (B, n): no gradient into starts[:, j]
             "cut_next": torch.zeros(batch, dtype=torch.bool, device=h0.device),
@@ -87,19 +89,15 @@ class TruncatedBPTT(OnlineGradientEstimator):
         grads = vmap(one)(t["inputs"], t["starts"].detach(), t["cut"], grad_h)
         return self.layout.flatten(grads, lead=1)
 
-    def gradient(
-        self, state: OnlineState, grad_h: torch.Tensor, *, per_stream: bool = False
-    ) -> dict[str, torch.Tensor]:
-        if per_stream:
-            return super().gradient(state, grad_h, per_stream=True)
+    def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         # Summed over streams, one ordinary backward pass is enough (no per-stream vmap).
-        self._check(grad_h, "grad_h", dims=2, like=state.h, same_shape=True)
         t = state.tensors
         grad_h = self._drop_reset_streams(t, grad_h)
         params = {name: p.detach().requires_grad_(True) for name, p in self.cell.named_parameters()}
         if t["inputs"].shape[1] == 0:
-            return {n: torch.zeros_like(p) for n, p in params.items()}
+            return grad_h.new_zeros(self.layout.size)
         with torch.enable_grad():
             h = self._replay(params, t["inputs"], t["starts"].detach(), t["cut"])
             grads = torch.autograd.grad(h, list(params.values()), grad_h, allow_unused=True)
-        return {n: (g if g is not None else torch.zeros_like(params[n])) for n, g in zip(params, grads, strict=True)}
+        found = {n: (g if g is not None else torch.zeros_like(params[n])) for n, g in zip(params, grads, strict=True)}
+        return self.layout.flatten(found, lead=0)

@@ -66,7 +66,7 @@ class UORO(OnlineGradientEstimator):
 
     Raises:
         ValueError: an unknown projection, a cell that lacks what the projection needs, a ``Q0`` of the
-            wrong shape or not invertible, a non-positive ``alpha``.
+            wrong shape, not finite or not invertible, a non-positive ``alpha``.
     """
 
     name = "uoro"
@@ -141,6 +141,12 @@ class UORO(OnlineGradientEstimator):
         if not isinstance(q0, torch.Tensor) or q0.dim() != 2 or q0.shape[0] != q0.shape[1]:
             raise ValueError(
                 f"UORO: Q0 must be a square (Z, Z) matrix at the cut vertex, got {getattr(q0, 'shape', q0)}."
+            )
+        if not q0.is_floating_point() or not torch.isfinite(q0).all():
+            raise ValueError(
+                f"UORO: Q0 must be a finite floating-point matrix, got {q0.dtype} with"
+                f" {int((~torch.isfinite(q0)).sum()) if q0.is_floating_point() else 'no'} NaN/inf entries; compute it"
+                " from finite statistics (lightning_ortho.online.optimal_q0) or pass None for the identity."
             )
         q0 = q0.detach()
         if torch.linalg.matrix_rank(q0.double()) < q0.shape[0]:
