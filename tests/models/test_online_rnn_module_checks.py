@@ -1,6 +1,7 @@
 """OnlineRNNModule: resumes that change the model, and validation with nothing to score, are never silent."""
 
 import math
+import warnings
 
 import pytest
 import pytorch_lightning as pl
@@ -29,15 +30,17 @@ def test_resume_with_a_smaller_update_every_closes_the_passed_window_and_keeps_u
     first, path = checkpointed(tmp_path)
     resumed = model("tbptt", update_every=2)
     data = TinyStreams(streams=3, steps=5, chunks_per_epoch=3)
-    with pytest.warns(
-        UserWarning, match=r"window already holds 3 steps but update_every=2: the first update .* 4 steps"
-    ):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         trainer(tmp_path / "resumed", max_epochs=2).fit(resumed, data, ckpt_path=path)
     # 15 more steps: the first closes the 4-step window, the other 14 make 7 windows of 2
     assert resumed.global_step == 3 + 1 + 7
     assert resumed.carry.window_steps == 0 and resumed.carry.pending is None
     moved = max((a - b).abs().max() for a, b in zip(resumed.parameters(), first.parameters(), strict=True))
     assert moved > 1e-4
+    said = [str(w.message) for w in caught if "update window" in str(w.message)]
+    assert len(said) == 1 and "holds 3 steps but update_every=2: the first update after resuming applies" in said[0]
+    assert "the gradient of 4 steps" in said[0]
 
 
 @pytest.mark.parametrize("saved, resumed", [("rtrl", "tbptt"), ("tbptt", "uoro"), ("uoro", "rtrl")])
