@@ -8,6 +8,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
@@ -75,6 +76,9 @@ class TransformCompression(pl.Callback):
         metric: ``metric(pl_module, batch) -> (total, count)``; the logged value is ``sum(total) / sum(count)``.
             Default :func:`accuracy_metric`. metric_name: its name in the logs (default ``"val_acc"``).
         verbose: print the rich table at the end of ``fit`` (rank zero).
+        progress: :func:`compress_linear`'s progress bar of each layer: ``None`` (auto) draws it on an interactive
+            terminal unless the Trainer shows a ``RichProgressBar`` (two live displays would garble each other;
+            a compression estimated to take over a minute still warns), ``True`` always, ``False`` never.
 
     Under ``fast_dev_run`` the layers are compressed at the end of fit, without fine-tuning (with a warning).
 
@@ -98,6 +102,7 @@ class TransformCompression(pl.Callback):
         metric: Metric | None = None,
         metric_name: str = "val_acc",
         verbose: bool = True,
+        progress: bool | None = None,
     ) -> None:
         if isinstance(modules, str) or (
             modules is not None
@@ -139,6 +144,9 @@ class TransformCompression(pl.Callback):
             raise ValueError("TransformCompression: metric must be callable as metric(pl_module, batch).")
         if not isinstance(metric_name, str) or not metric_name:
             raise ValueError(f"TransformCompression: metric_name must be a non-empty string, got {metric_name!r}.")
+        if progress is not None and not isinstance(progress, bool):
+            raise ValueError(f"TransformCompression: progress must be True, False or None (auto), got {progress!r}.")
+        self.progress = progress
         self.modules = None if modules is None else list(modules)
         self.family, self.at_epoch, self.finetune_epochs, self.verbose = family, at_epoch, finetune_epochs, verbose
         self.options = {"s": s, "m": m, "q": q, "bits": bits, "iterations": iterations}
@@ -270,9 +278,13 @@ class TransformCompression(pl.Callback):
         names = self.select(pl_module)
         self.metric_before = self.evaluate(trainer, pl_module)
         replacements = {}
+        progress = self.progress
+        if progress is None and isinstance(trainer.progress_bar_callback, RichProgressBar):
+            progress = False
         for name in names:  # compress all first, then replace: an error leaves the model untouched
             kwargs = {k: v for k, v in self.options.items() if v is not None}
-            replacements[name] = compress_linear(pl_module.get_submodule(name), self.family, **kwargs)
+            layer = pl_module.get_submodule(name)
+            replacements[name] = compress_linear(layer, self.family, progress=progress, **kwargs)
         for name, new in replacements.items():
             parent_name, _, child = name.rpartition(".")
             old = pl_module.get_submodule(name)

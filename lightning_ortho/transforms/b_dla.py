@@ -26,6 +26,7 @@ Every pick (eq. 10) evaluates this for all pairs ``i < j`` and all candidate cor
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -110,11 +111,14 @@ def _right_transposed(z: torch.Tensor, i: int, j: int, core: torch.Tensor) -> No
     z[:, [i, j]] = cols @ core.T
 
 
-def greedy_init(z: torch.Tensor, m: int, candidates: torch.Tensor) -> tuple[list[tuple[int, int]], list[int]]:
+def greedy_init(
+    z: torch.Tensor, m: int, candidates: torch.Tensor, on_step: Callable[[], object] | None = None
+) -> tuple[list[tuple[int, int]], list[int]]:
     """Step 2: from ``Z = Y^T X``, ``m`` times pick ``B_k`` by eq. (10), then ``Z <- Z B_k^T`` (``X <- X B_k^T``).
 
     Args:
         z: ``(n, n)`` float64 ``Y^T X`` (not modified). m: number of blocks. candidates: ``(T,)`` core indices.
+        on_step: called with no argument after each pick (progress reporting).
 
     Returns:
         ``pairs`` (``m`` tuples ``(i, j)``, ``i < j``) and ``index`` (``m`` core indices), block 0 acting first.
@@ -128,10 +132,18 @@ def greedy_init(z: torch.Tensor, m: int, candidates: torch.Tensor) -> tuple[list
         pairs.append((i, j))
         index.append(k)
         _right_transposed(z, i, j, cores[k])
+        if on_step is not None:
+            on_step()
     return pairs, index
 
 
-def sweep(z: torch.Tensor, pairs: list[tuple[int, int]], index: list[int], candidates: torch.Tensor) -> None:
+def sweep(
+    z: torch.Tensor,
+    pairs: list[tuple[int, int]],
+    index: list[int],
+    candidates: torch.Tensor,
+    on_step: Callable[[], object] | None = None,
+) -> None:
     """One sweep of step 4, re-picking every block in place in ``pairs`` / ``index`` (codes fixed).
 
     Args:
@@ -139,6 +151,7 @@ def sweep(z: torch.Tensor, pairs: list[tuple[int, int]], index: list[int], candi
             built from ``pairs`` / ``index`` (not modified).
         pairs, index: the blocks (``m`` entries each), modified in place.
         candidates: ``(T,)`` int64 candidate core indices.
+        on_step: called with no argument after each re-pick (progress reporting).
 
     For ``k = 1..m``: ``Z <- B_k Z`` (so ``Z = Y_k X_k^T``, eq. 12 with the blocks ``< k`` already re-picked),
     ``B_k <-`` eq. (10) on ``Z``, ``Z <- Z B_k^T``.
@@ -152,6 +165,8 @@ def sweep(z: torch.Tensor, pairs: list[tuple[int, int]], index: list[int], candi
         pairs[k] = (i, j)
         index[k] = t
         _right_transposed(z, i, j, cores[t])
+        if on_step is not None:
+            on_step()
 
 
 class BTransformLearner(PassLearner):
@@ -165,18 +180,27 @@ class BTransformLearner(PassLearner):
     ``iterations`` sweeps. The last pass only measures: its codes are the final ``T_s(Y D)``.
 
     Args:
-        n: features (``>= 2``). m, s, iterations, tol, allow_swap: as :func:`learn_b_transform`.
+        n: features (``>= 2``). m, s, iterations, tol, allow_swap, on_step: as :func:`learn_b_transform`.
 
     Raises:
         ValueError: an argument out of range (see :func:`learn_b_transform`).
     """
 
     def __init__(
-        self, n: int, m: int, s: int, *, iterations: int = 10, tol: float = 1e-5, allow_swap: bool = True
+        self,
+        n: int,
+        m: int,
+        s: int,
+        *,
+        iterations: int = 10,
+        tol: float = 1e-5,
+        allow_swap: bool = True,
+        on_step: Callable[[], object] | None = None,
     ) -> None:
         _check_settings(n, m, s, iterations, tol, allow_swap)
         super().__init__(n, s)
         self.m, self.iterations, self.tol, self.allow_swap = m, iterations, float(tol), allow_swap
+        self.on_step = on_step  # progress reporting only: not part of the state
         self.phase = "basis"
         self.pairs: list[tuple[int, int]] = []
         self.index: list[int] = []
@@ -224,7 +248,7 @@ class BTransformLearner(PassLearner):
         if self.phase == "greedy":
             assert self.basis is not None
             error = statistics.error(self.basis)
-            self.pairs, self.index = greedy_init(statistics.cross.cpu(), self.m, self.candidates())
+            self.pairs, self.index = greedy_init(statistics.cross.cpu(), self.m, self.candidates(), self.on_step)
             self._changed()
             self.phase = "sweep"
             return error
@@ -243,7 +267,7 @@ class BTransformLearner(PassLearner):
             if it >= self.iterations:
                 self.finished = True
                 return error
-        sweep(d.T @ statistics.cross.cpu(), self.pairs, self.index, self.candidates())
+        sweep(d.T @ statistics.cross.cpu(), self.pairs, self.index, self.candidates(), self.on_step)
         self._changed()
         return error
 
@@ -273,6 +297,7 @@ def learn_b_transform(
     tol: float = 1e-5,
     generator: torch.Generator | None = None,
     allow_swap: bool = True,
+    on_step: Callable[[], object] | None = None,
 ) -> BTransformResult:
     """B_m-DLA (spec section 5): ``m`` binary blocks and ``s``-sparse codes minimising ``||Y - X D^T||_F^2``.
 
@@ -306,6 +331,8 @@ def learn_b_transform(
         generator: unused (the algorithm is deterministic; ties go to the lowest pair, then core, index).
         allow_swap: whether the widened set holds the swap ``[0 1; 1 0]`` (t = 14). ``False`` reproduces the
             author's code, which sets its cost to ``+inf`` (14 candidates after widening).
+        on_step: called with no argument after each block choice (eq. 10), for progress reporting: ``m`` in the
+            greedy init and ``m`` per sweep, so at most ``m (1 + iterations)``.
 
     Returns:
         :class:`BTransformResult`.
@@ -317,7 +344,7 @@ def learn_b_transform(
     """
     del generator
     n = check_training_data(Y, s, "learn_b_transform")
-    learner = BTransformLearner(n, m, s, iterations=iterations, tol=tol, allow_swap=allow_swap)
+    learner = BTransformLearner(n, m, s, iterations=iterations, tol=tol, allow_swap=allow_swap, on_step=on_step)
     y = Y.detach().to(torch.float64)
     fit_in_memory(learner, y)
     codes = keep_largest(y @ learner.dictionary().to(y.device), s)

@@ -20,12 +20,15 @@ transform of ``x`` any more, so the data only moves the code values.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
+from rich.console import Console
 from torch import nn
 
 from lightning_ortho.transforms.b_dla import learn_b_transform
@@ -37,9 +40,11 @@ from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - resto
     restore_factorized_on_load,
 )
 from lightning_ortho.transforms.m_dla import learn_m_transform
+from lightning_ortho.transforms.progress import WorkProgress, show_progress
 from lightning_ortho.transforms.s_dla import learn_shear_transform
 
 FAMILIES = ("b", "m", "shear")
+logger = logging.getLogger(__name__)
 
 
 class NotAffineError(ValueError):
@@ -66,6 +71,8 @@ class CompressionReport:
     code_ops: OpCount
     learner_errors: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    planned_steps: int = 0
+    steps: int | None = None
 
     @property
     def ops_ratio(self) -> float:
@@ -173,12 +180,49 @@ def _check_int(value: object, name: str, low: int, high: int | None = None, hint
         raise ValueError(f"compress_linear: {name} must be an int {bound}{hint}, got {value!r}.")
 
 
-def _learn(family: str, y: torch.Tensor, s: int, m, q, bits, iterations, generator):
-    if family == "b":
-        return learn_b_transform(y, m, s, iterations=iterations or 10, generator=generator)
+#: Sweeps (b, shear) or rounds (m) of each learner when ``iterations`` is not given.
+DEFAULT_ITERATIONS = {"b": 10, "m": 1, "shear": 15}
+#: A compression estimated to take longer than this (seconds) warns, so a long wait is never a silent one.
+SLOW_SECONDS = 60.0
+
+
+def planned_steps(family: str, m: int | None, q: int | None, iterations: int | None) -> tuple[int, str]:
+    """The work of learning the transform, counted in the learner's unit steps, as ``(steps, unit)``: B and
+    shears ``m (1 + iterations)`` block choices (the greedy init and each sweep choose ``m`` blocks; convergence
+    can stop the sweeps earlier), M ``q rounds`` stages (each one maximum-weight perfect matching)."""
+    sweeps = iterations or DEFAULT_ITERATIONS[family]
     if family == "m":
-        return learn_m_transform(y, q, s, rounds=iterations or 1, generator=generator)
-    return learn_shear_transform(y, m, s, bits=bits, iterations=iterations or 15, generator=generator)
+        return q * sweeps, "stages"
+    return m * (1 + sweeps), "block choices"
+
+
+def _learn(family: str, y: torch.Tensor, s: int, m, q, bits, iterations, generator, on_step):
+    sweeps = iterations or DEFAULT_ITERATIONS[family]
+    if family == "b":
+        return learn_b_transform(y, m, s, iterations=sweeps, generator=generator, on_step=on_step)
+    if family == "m":
+        return learn_m_transform(y, q, s, rounds=sweeps, generator=generator, on_step=on_step)
+    return learn_shear_transform(y, m, s, bits=bits, iterations=sweeps, generator=generator)
+
+
+def _warn_if_slow(shape: str, family: str, steps: int, unit: str) -> Callable[[float, float], None]:
+    def on_estimate(seconds: float, per_step: float) -> None:
+        logger.info("compress_linear: %s, family %r: about %.3g s (%.3g s per step).", shape, family, seconds, per_step)
+        if seconds > SLOW_SECONDS:
+            warnings.warn(
+                f"compress_linear: learning the {family!r} transform of this {shape} layer will take about "
+                f"{_duration(seconds)} ({steps:,} {unit} at {per_step:.3g} s each, timed on the first ones). Lower m "
+                f"(blocks), q (stages) or iterations for a faster, coarser fit.",
+                stacklevel=4,
+            )
+
+    return on_estimate
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def compress_linear(
@@ -193,6 +237,8 @@ def compress_linear(
     generator: torch.Generator | None = None,
     data: torch.Tensor | None = None,
     in_features: int | None = None,
+    progress: bool | None = None,
+    console: Console | None = None,
 ) -> FactorizedLinear:
     """Replace an affine layer by ``C (D^T x) + b`` with ``W ~ C D^T`` (see the module docstring).
 
@@ -207,6 +253,12 @@ def compress_linear(
         generator: passed to the learner. data: optional ``(N, in)`` inputs of the layer for the data-aware refit;
             ``report.output_error`` is then ``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` on them and ``report.data_rank``
             the rank of the centred inputs.
+        progress: a rich progress bar of the learner's steps (:func:`planned_steps`; the S-DLA learner reports
+            none, so its bar only completes): ``None`` (default) on an interactive terminal or notebook only,
+            ``True`` always, ``False`` never. console: the rich ``Console`` to draw on (default: standard error).
+            Before learning, the planned steps are logged (logger ``lightning_ortho.transforms.compression``, level
+            INFO), and after the first steps the estimated time; ``report.planned_steps`` and ``report.steps`` keep
+            them.
 
     Returns:
         A :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and ``report``
@@ -220,7 +272,8 @@ def compress_linear(
 
     Warns:
         UserWarning: ``data`` does not determine the code values of some rows (centred rank below ``s`` on their
-            support); those rows keep the no-data codes in the undetermined directions.
+            support); those rows keep the no-data codes in the undetermined directions. Also when the time
+            estimated from the first steps exceeds ``SLOW_SECONDS`` (a minute).
     """
     start = time.perf_counter()
     if family not in FAMILIES:
@@ -265,7 +318,14 @@ def compress_linear(
 
     w64 = weight.double().cpu()
     b64 = None if bias is None else bias.double().cpu()
-    result = _learn(family, w64, s, m, q, bits, iterations, generator)
+    steps, unit = planned_steps(family, m, q, iterations)
+    shape = f"{out}x{n}"
+    logger.info("compress_linear: %s layer, family %r: up to %d %s.", shape, family, steps, unit)
+    show = show_progress(progress, console or Console(stderr=True))
+    description = f"compress {shape} ({family})"
+    on_estimate = _warn_if_slow(shape, family, steps, unit)
+    with WorkProgress(steps, description, unit, show=show, console=console, on_estimate=on_estimate) as work:
+        result = _learn(family, w64, s, m, q, bits, iterations, generator, None if family == "shear" else work.advance)
     dictionary = result.transform.to(torch.float64).cpu()
     d = dictionary.matrix()
     codes = result.codes.double().cpu()
@@ -316,5 +376,7 @@ def compress_linear(
         code_ops=code_ops,
         learner_errors=[float(e) for e in getattr(result, "errors", [])],
         seconds=time.perf_counter() - start,
+        planned_steps=steps,
+        steps=None if family == "shear" else work.completed,  # the S-DLA learner reports no steps
     )
     return factorized

@@ -24,6 +24,7 @@ One stage (eqs. 7, 8, 16), with later stages taken as the identity:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -124,13 +125,14 @@ class MTransformLearner(PassLearner):
     transform); then each pass's codes (``T_s(Y U)`` the
     first time, ``T_s(Y M)`` after) give ``Z = Y^T X`` and every stage is rebuilt from it, ``Z_{l+1} = Z_l
     Mbar_l^T`` (step 2; ``X_{l+1} = X_l Mbar_l^T``); the pass after round ``r`` measures its error (step 3).
-    ``rounds`` rounds take ``rounds + 2`` passes; the last one only measures.
+    ``rounds`` rounds take ``rounds + 2`` passes; the last one only measures. ``on_step`` (no argument) is called
+    after each stage, ``q rounds`` times in all (progress reporting; not part of the state).
 
     Raises:
         ValueError: ``n`` odd, ``q``/``rounds`` not ints ``>= 1`` or ``s`` not in ``[1, n]``.
     """
 
-    def __init__(self, n: int, q: int, s: int, *, rounds: int = 1) -> None:
+    def __init__(self, n: int, q: int, s: int, *, rounds: int = 1, on_step: Callable[[], object] | None = None) -> None:
         where = "learn_m_transform"
         if not isinstance(n, int) or n < 2 or n % 2:
             raise ValueError(f"{where}: n must be even (its stages are perfect matchings), got n = {n}.")
@@ -140,7 +142,7 @@ class MTransformLearner(PassLearner):
         if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= n:
             raise ValueError(f"{where}: s must be an int in [1, {n}] (nonzeros per sample), got {s!r}.")
         super().__init__(n, s)
-        self.q, self.rounds = q, rounds
+        self.q, self.rounds, self.on_step = q, rounds, on_step
         self.pairs: torch.Tensor | None = None
         self.core_index: torch.Tensor | None = None
         self.errors: list[float] = []
@@ -191,6 +193,8 @@ class MTransformLearner(PassLearner):
             z = z @ stage.matrix().T  # Z_{l+1} = Y^T X_l Mbar_l^T
             all_pairs.append(pairs)
             all_cores.append(core_index)
+            if self.on_step is not None:
+                self.on_step()
         self.pairs, self.core_index = torch.cat(all_pairs), torch.cat(all_cores)
         self._changed()
         return error
@@ -215,6 +219,7 @@ def learn_m_transform(
     *,
     rounds: int = 1,
     generator: torch.Generator | None = None,
+    on_step: Callable[[], object] | None = None,
 ) -> MTransformResult:
     """M_q-DLA (spec section 8): learn ``M = Mbar_q ... Mbar_1`` and ``s``-sparse codes with ``Y ~ X M^T``.
 
@@ -236,6 +241,8 @@ def learn_m_transform(
         rounds: outer rounds, int ``>= 1``.
         generator: accepted for API symmetry with the other learners; unused (the algorithm is deterministic:
             SVD initialisation and exact matchings, ties broken by the lowest core index).
+        on_step: called with no argument after each stage (one perfect matching), ``q rounds`` times, for progress
+            reporting.
 
     Returns:
         :class:`MTransformResult` (transform in ``Y``'s dtype, codes ``(N, n)``, one error per round).
@@ -246,7 +253,7 @@ def learn_m_transform(
     """
     _check_inputs(Y, q, s, rounds, generator)
     n = Y.shape[1]
-    learner = MTransformLearner(n, q, s, rounds=rounds)
+    learner = MTransformLearner(n, q, s, rounds=rounds, on_step=on_step)
     data = Y.detach().to(torch.float64)
     fit_in_memory(learner, data)
     codes = keep_largest(data @ learner.dictionary().to(data.device), s)

@@ -3,6 +3,7 @@ import copy
 import pytest
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.loggers.logger import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -219,3 +220,27 @@ def test_bad_configuration_fails_before_training(tiny_trainer, kwargs, match):
     with pytest.raises(ValueError, match=match):
         tiny_trainer(max_epochs=2, callbacks=[TransformCompression(**kwargs)]).fit(model, train, val)
     assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())  # no training step ran
+
+
+@pytest.mark.parametrize(
+    ("progress", "rich_bar", "expected"),
+    [(None, False, None), (None, True, False), (True, True, True), (False, False, False)],
+)
+def test_progress_of_compress_linear_stays_off_under_lightnings_rich_bar(
+    tiny_trainer, monkeypatch, progress, rich_bar, expected
+):
+    from lightning_ortho.callbacks import transform_compression
+
+    seen, original = [], transform_compression.compress_linear
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["progress"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(transform_compression, "compress_linear", recording)
+    train, val = make_data()
+    bar = {"enable_progress_bar": True, "callbacks": [RichProgressBar()]} if rich_bar else {"callbacks": []}
+    callback = TransformCompression(modules=["net.2"], s=3, m=4, iterations=1, verbose=False, progress=progress)
+    bar["callbacks"].append(callback)
+    tiny_trainer(max_epochs=1, limit_train_batches=1, **bar).fit(UserMLP(), train, val)
+    assert seen == [expected]

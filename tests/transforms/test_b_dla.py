@@ -234,9 +234,9 @@ def test_svd_init_codes_are_principal_components(monkeypatch: pytest.MonkeyPatch
     captured: list[torch.Tensor] = []
     original = b_dla.greedy_init
 
-    def spy(z: torch.Tensor, m: int, candidates: torch.Tensor):  # noqa: ANN202
+    def spy(z: torch.Tensor, m: int, candidates: torch.Tensor, *rest):  # noqa: ANN002, ANN202
         captured.append(z.clone())
-        return original(z, m, candidates)
+        return original(z, m, candidates, *rest)
 
     monkeypatch.setattr(b_dla, "greedy_init", spy)
     g = torch.Generator().manual_seed(9)
