@@ -8,6 +8,7 @@ import warnings
 import pytorch_lightning as pl
 import torch
 
+from lightning_ortho.callbacks._eval_mode import eval_mode
 from lightning_ortho.callbacks._glow_probe import GlowProbeCallback
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
@@ -79,18 +80,17 @@ class GlowInvertibilityCheck(GlowProbeCallback):
             return hook
 
         hooks = [conv.register_forward_hook(keep_input(name)) for name, conv in convs.items()]
-        was_training = glow.training
-        glow.eval()
-        try:  # decode(encode(y)): the encoder's pass gives each 1x1 convolution's input to the hooks
-            roundtrip = self._roundtrip.measure("glow", glow, y)
-            fractions = [
-                self._jacobians.measure(name, convs[name], x)["pixel_negative_fraction"].value
-                for name, x in inputs.items()
-            ]
-        finally:
-            for hook in hooks:
-                hook.remove()
-            glow.train(was_training)
+        # decode(encode(y)): the encoder's pass gives each 1x1 convolution's input to the hooks
+        with eval_mode(glow):
+            try:
+                roundtrip = self._roundtrip.measure("glow", glow, y)
+                fractions = [
+                    self._jacobians.measure(name, convs[name], x)["pixel_negative_fraction"].value
+                    for name, x in inputs.items()
+                ]
+            finally:
+                for hook in hooks:
+                    hook.remove()
         if "theorem2_margin" in roundtrip:
             pl_module.log(
                 "min_invertibility_margin", roundtrip["theorem2_margin"].value, sync_dist=True, reduce_fx="min"
