@@ -98,16 +98,25 @@ def _check_energy(data_energy: object, where: str) -> float:
 
 # ------------------------------------------------------------------------------------------------- one pick
 def _pick(
-    m: torch.Tensor, a_norms: torch.Tensor, x_norms: torch.Tensor, bits: int | None, *, rounded_scaling_score: bool
+    m: torch.Tensor,
+    a_norms: torch.Tensor,
+    x_norms: torch.Tensor,
+    bits: int | None,
+    *,
+    rounded_scaling_score: bool,
+    scale: float,
+    incumbent: tuple[int, int] | None = None,
 ) -> su.Entry:
-    """The best entry ``(a, b)`` by the spec's scores and its stored (rounded) value; ties: lowest row-major index."""
+    """The best entry ``(a, b)`` by the paper's scores and its stored (rounded) value. Scores within
+    ``su.TIE_RTOL * max(|best|, scale)`` of the best are ties (:func:`~lightning_ortho.transforms.shear_updates.
+    stable_argmin`): the ``incumbent`` entry if it is tied, else the lowest row-major index."""
     values, scores = su.entry_optima(m, a_norms, x_norms)
     g = 1 + values.diagonal()
     g_stored = su.round_scaling(g, bits)
     if rounded_scaling_score:  # init: the scaling is scored at its rounded g
         scores.diagonal().copy_(su.scaling_decrease(m.diagonal(), a_norms, x_norms, g_stored))
     scores.diagonal().masked_fill_(g.abs() <= su.MIN_SCALE, math.inf)
-    a, b = divmod(int(scores.argmin()), scores.shape[1])
+    a, b = su.stable_argmin(scores, scale, incumbent)
     if a == b:
         return a, a, float(g_stored[a])
     return a, b, su.round_entry(a, b, values[a, b], bits)
@@ -120,7 +129,10 @@ def shear_greedy_init(z: torch.Tensor, w: torch.Tensor, m: int, bits: int | None
     lower shear on ``(i, j)``, ``-(Z_ij - W_ji)^2 / W_jj`` for the upper one) and every scaling by its decrease at
     the rounded ``g``, ``-2(g - 1) Z_ii + (g^2 - 1) W_ii``, ``g = round(Z_ii / W_ii)``; take the smallest score
     (even if positive: there is no "keep the identity"), store its rounded value (shear: ``sopot(v, bits)``;
-    scaling: ``sign(g) 2^round(log2|g|)``), then ``Z <- Z S^T`` and ``W <- S W S^T`` (``X <- X S^T``).
+    scaling: ``sign(g) 2^round(log2|g|)``), then ``Z <- Z S^T`` and ``W <- S W S^T`` (``X <- X S^T``). Scores
+    within ``TIE_RTOL * max(|best|, tr W)`` of the smallest are ties, won by the lowest row-major entry ``(a, b)``
+    (:func:`~lightning_ortho.transforms.shear_updates.stable_argmin`): exact ties are common (a zero code column
+    filled by a shear copies another column) and their computed scores differ only by BLAS rounding.
 
     Args:
         z: ``(n, n)`` ``Y^T X``. w: ``(n, n)`` ``X^T X`` (computed in float64; not modified).
@@ -139,7 +151,9 @@ def shear_greedy_init(z: torch.Tensor, w: torch.Tensor, m: int, bits: int | None
     ones = torch.ones(n, dtype=torch.float64, device=z.device)
     entries: list[su.Entry] = []
     for _ in range(m):
-        entry = _pick(z - w, ones, w.diagonal().clone(), bits, rounded_scaling_score=True)
+        # The scores are decreases of ||Y - X_k S^T||^2, of the order of ||X_k||^2 = tr W.
+        scale = float(w.diagonal().sum())
+        entry = _pick(z - w, ones, w.diagonal().clone(), bits, rounded_scaling_score=True, scale=scale)
         entries.append(entry)
         su.right_transposed(z, *entry)
         su.left(w, *entry)
@@ -162,8 +176,11 @@ def shear_sweep(
     ``k`` is removed and re-chosen among all shears and scalings at all positions (the position may move): entry
     ``(a, b)`` scores ``-M_ab^2 / (||a_a||^2 (W_k)_bb)`` with ``M = A_k^T (Z_k - A_k W_k) = (A_k^T F_k X_k^T)``,
     unrounded for shears and scalings alike; the stored value is rounded as in :func:`shear_greedy_init`. As in
-    the spec (and the author's code) the old block gets no special treatment: it is one of the candidates, so
-    with ``bits=None`` no re-pick increases ``||Y - X D^T||^2``; with rounding one may.
+    the paper the old block is one of the candidates. Ties: scores within ``TIE_RTOL * max(|best|,
+    tr(A_k W_k A_k^T))`` of the smallest are tied; the old block's entry wins a tie (it is replaced only by a clear
+    improvement), else the lowest row-major entry, so BLAS rounding never decides. Either way, with
+    ``bits=None`` no re-pick increases ``||Y - X D^T||^2``: the old entry re-optimised is no worse than the old
+    block, and any other winner beats it by more than the tolerance. With rounding a re-pick may increase it.
 
     Args:
         z, w: ``(n, n)`` ``Y^T X`` and ``X^T X`` for the codes ``X`` (of ``D``'s input, not of ``A_k``).
@@ -193,8 +210,13 @@ def shear_sweep(
         su.right(product, *entry)
     suffix.reverse()
     for k, a_k in enumerate(suffix):
-        m = a_k.T @ (z - a_k @ w)
-        entry = _pick(m, a_k.square().sum(0), w.diagonal().clone(), bits, rounded_scaling_score=False)
+        a_w = a_k @ w
+        m = a_k.T @ (z - a_w)
+        scale = float((a_w * a_k).sum())  # tr(A_k W_k A_k^T) = ||X_k A_k^T||^2, the scores' magnitude
+        old = entries[k][:2]
+        entry = _pick(
+            m, a_k.square().sum(0), w.diagonal().clone(), bits, rounded_scaling_score=False, scale=scale, incumbent=old
+        )
         entries[k] = entry
         su.right_transposed(z, *entry)
         su.left(w, *entry)
@@ -249,7 +271,8 @@ def learn_shear_transform(
         m: blocks (``>= 1``). s: nonzeros per code (``1 <= s <= n``).
         bits: SOPOT terms per shear (``>= 1``; scalings become signed powers of two), or ``None`` for exact values.
         iterations: sweeps (``>= 1``). tol: optional early-stop threshold (finite, ``>= 0``).
-        generator: unused (the algorithm is deterministic; ties go to the lowest row-major entry ``(a, b)``).
+        generator: unused (the algorithm is deterministic; ties, up to a relative ``TIE_RTOL``, go to the
+            old block in a sweep, else to the lowest row-major entry ``(a, b)``, whatever the CPU or BLAS).
 
     Returns:
         :class:`ShearTransformResult`.

@@ -33,6 +33,14 @@ Entry = tuple[int, int, float]
 #: Scalings with ``|g|`` at most this are never candidates: they would make the transform (numerically) singular.
 MIN_SCALE = 1e-12
 
+#: Scores within ``TIE_RTOL * max(|best|, scale)`` of the best are ties (:func:`stable_argmin`). Exact ties are
+#: common, not rare: a code column that is zero (a principal direction never among the ``s`` largest) becomes a
+#: copy of another after a shear fills it, and every shear reading either column then has the same score. Their
+#: computed scores differ only by rounding, which depends on the BLAS kernel's summation order (CPU, thread count),
+#: so an exact argmin made the learned transform differ between machines. Rounding noise is ~1e-15 of the scale;
+#: real differences this small do not matter.
+TIE_RTOL = 1e-9
+
 
 def entry_optima(m: torch.Tensor, a_norms: torch.Tensor, x_norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Optimal value and decrease of every entry ``L = v e_a e_b^T`` (module docstring).
@@ -54,6 +62,31 @@ def entry_optima(m: torch.Tensor, a_norms: torch.Tensor, x_norms: torch.Tensor) 
     values = torch.where(positive, m / safe, torch.zeros_like(m))
     decrease = torch.where(positive, -m.square() / safe, torch.zeros_like(m))
     return values, decrease
+
+
+def stable_argmin(scores: torch.Tensor, scale: float, preferred: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The entry ``(a, b)`` of the smallest score, with ties decided by a fixed order, not by rounding noise.
+
+    Scores within ``TIE_RTOL * max(|best|, scale)`` of the smallest one (``best``) are tied; among them the
+    ``preferred`` entry wins if it is tied (an incumbent is replaced only by a clear improvement), else the first
+    in row-major order. ``scale`` (``>= 0``) is the magnitude of the objective the scores change (e.g.
+    ``||Y||_F^2``), so that near-zero scores (nothing left to gain) are tied too. Only a real difference of more
+    than the tolerance decides, so the choice is the same whatever order the BLAS summed the statistics in.
+
+    Args:
+        scores: ``(n, n)`` (``+inf`` for entries that are not candidates; at least one finite).
+        scale: the objective's magnitude, in the units of ``scores``.
+        preferred: an entry to keep when it is tied with the best, or ``None``.
+
+    Returns:
+        ``(a, b)`` as ints.
+    """
+    best = float(scores.min())
+    tied = scores <= best + TIE_RTOL * max(abs(best), scale)
+    if preferred is not None and bool(tied[preferred]):
+        return preferred
+    a, b = divmod(int(torch.nonzero(tied.flatten())[0]), scores.shape[1])
+    return a, b
 
 
 def round_scaling(g: torch.Tensor, bits: int | None) -> torch.Tensor:

@@ -138,11 +138,15 @@ def principal_basis(gram: torch.Tensor) -> torch.Tensor:
 
     Made deterministic, so every process and every route (streamed or in memory) starts from the same basis:
     ``torch.linalg.eigh`` in float64, columns sorted by decreasing eigenvalue, each column's sign fixed so its
-    entry of largest magnitude (first one on ties) is positive.
+    entry of largest magnitude is positive; magnitudes within a relative ``1e-6`` of the largest are ties, won by
+    the first entry (an antisymmetric vector of mirror-symmetric data has two equal largest entries of opposite
+    signs, and an exact argmax let BLAS rounding choose the sign). Eigenvalues that are (nearly) equal leave their
+    eigenvectors undetermined; the basis is then only as deterministic as ``eigh``.
     """
     values, vectors = torch.linalg.eigh(gram.to(STATISTICS_DTYPE))
     vectors = vectors[:, values.argsort(descending=True, stable=True)]
-    pivot = vectors.abs().argmax(dim=0)
+    magnitude = vectors.abs()
+    pivot = (magnitude >= magnitude.amax(dim=0) * (1 - 1e-6)).to(torch.int8).argmax(dim=0)  # first tied entry
     signs = torch.sign(vectors[pivot, torch.arange(vectors.shape[1], device=vectors.device)])
     return vectors * torch.where(signs == 0, torch.ones_like(signs), signs)
 

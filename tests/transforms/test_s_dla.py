@@ -274,13 +274,16 @@ def test_inverse_round_trips(bits: int | None) -> None:
 # -------------------------------------------------------------------------------------------------- learner
 @pytest.mark.parametrize("bits", [None, 2])
 def test_learning_lowers_the_error_below_the_initial_error(bits: int | None) -> None:
-    # Seen (seed 0): bits=None 16.27 -> 13.56, bits=2 16.89 -> 14.49 after 15 sweeps.
-    g = torch.Generator().manual_seed(0)
+    # Data on which learning pays off by far more than any rounding could change, and no pick is close to a tie
+    # (every runner-up is worse than the best by > 3e-5 of the objective; ties are at 1e-9). Seen (seed 2):
+    # bits=None 22.85 -> 7.60, bits=2 20.85 -> 10.68 after 15 sweeps. (Seed 0, asserted here before, has exact
+    # ties; their former tie-breaking by rounding noise gave 16.89 -> 14.49 on one CPU, 16.36 -> 16.06 on another.)
+    g = torch.Generator().manual_seed(2)
     y = torch.randn(500, 8, generator=g, dtype=F64) @ torch.randn(8, 8, generator=g, dtype=F64)
     result = learn_shear_transform(y, 16, 3, bits=bits)
     assert isinstance(result, ShearTransformResult)
     assert len(result.errors) == 15
-    assert result.errors[-1] < result.initial_error - 1.0
+    assert result.errors[-1] < 0.75 * result.initial_error, (result.initial_error, result.errors)
     d = result.transform.matrix()
     assert result.errors[-1] == pytest.approx(float(representation_error(y, result.codes, d)), rel=1e-10)
     assert bool(((result.codes != 0).sum(1) <= 3).all())
