@@ -6,7 +6,10 @@
 What the spec leaves open and what this module does (inferred from the author's MATLAB ``nearestpow2sum``):
 
 * exponents are unbounded (``v_t`` is any integer the floating-point type can hold; the paper's 8-bit storage
-  would suggest ``-128..127``, which only matters for values below ``2^-128``);
+  would suggest ``-128..127``, which only matters for values below ``2^-128``), one more than the dtype's largest
+  included: near the top of the range the nearest power of two can be ``2^(emax+1)`` (``2^16`` for float16),
+  which overflows the dtype although the expansion is finite (``65504 = 2^16 - 2^5``); it is used as a term, and
+  only a one-term value that would be ``2^(emax+1)`` itself is clamped to ``2^emax`` (with a warning);
 * each step rounds the residual's magnitude to the nearer of ``2^(a-1)`` and ``2^a`` with ``a = ceil(log2|r|)``,
   in linear distance; an exact tie goes to the smaller power ``2^(a-1)``; ``ceil(log2|r|)`` is computed exactly
   from ``frexp``, not from a rounded logarithm;
@@ -17,6 +20,7 @@ What the spec leaves open and what this module does (inferred from the author's 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +94,14 @@ def sopot_with_cost(x: torch.Tensor, terms: int, *, tol: float = SOPOT_TOLERANCE
     ``{a - 1, a}`` with ``2^v_t`` nearest to ``|r|`` (tie: ``a - 1``), ``x_hat <- x_hat + s_t 2^v_t``,
     ``r <- x - x_hat``; stop once ``|r| <= tol``. Example: ``1/sqrt(2) -> 0.5, 0.75, 0.71875`` for ``p = 1, 2, 3``.
 
+    Accuracy: each term divides the residual by at least 3, so ``|x - x_hat| <= |x| / 3^p`` until the early stop,
+    for every finite ``x`` of every dtype. Top of the range: a term may be ``2^(emax+1)`` (``emax`` the dtype's
+    largest exponent, e.g. 15 for float16), computed without overflow, and every expansion of two or more terms is
+    finite (its partial sums after the first stay below the largest finite value). The one exception is a
+    one-term value equal to ``2^(emax+1)`` (``p = 1`` and ``|x| > 1.5 * 2^emax``, e.g. 60000 in float16): it is not
+    representable, so it is clamped to ``sign(x) 2^emax``, the best finite power of two (relative error up to 1/2),
+    and a ``RuntimeWarning`` says so. Outputs are always finite.
+
     Args:
         x: any shape ``S``, floating point; computed in its own dtype (powers of two are exact in it).
         terms: ``p >= 1``, the maximum number of terms.
@@ -101,27 +113,55 @@ def sopot_with_cost(x: torch.Tensor, terms: int, *, tol: float = SOPOT_TOLERANCE
     Raises:
         TypeError: ``x`` is not a floating-point tensor.
         ValueError: ``terms`` is not a positive integer (use :func:`sopot` for ``terms=None``), or ``x`` holds NaN/inf.
+
+    Warns:
+        RuntimeWarning: some one-term values were clamped to ``2^emax`` (see Accuracy).
     """
     x = _check_input(x, "sopot_with_cost")
     p = _check_terms(terms, "sopot_with_cost")
     if p is None:
         raise ValueError("sopot_with_cost: terms=None (full precision) has no finite expansion; call sopot(x, None).")
     x = x.detach()
+    # In the top binade, |x| >= 2^emax, the nearest power of two can be 2^(emax + 1), which overflows the dtype
+    # although the expansion is finite (65504 = 2^16 - 2^5 in float16): run the loop on x / 2 there (exact, and
+    # every residual of such an x is a multiple of its ulp, far from the subnormals) and double the result.
+    emax = math.frexp(torch.finfo(x.dtype).max)[1] - 1  # largest power of two of the dtype: 2^emax
+    top = math.ldexp(1.0, emax)
+    halve = x.abs() >= top
+    work = torch.where(halve, x * 0.5, x)
     estimate = torch.zeros_like(x)
-    residual = x.clone()
+    residual = work.clone()
     signs = torch.zeros((*x.shape, p), dtype=torch.int64, device=x.device)
     exponents = torch.zeros((*x.shape, p), dtype=torch.int64, device=x.device)
     for t in range(p):
-        active = residual.abs() > tol
+        active = torch.where(halve, residual.abs() > tol / 2, residual.abs() > tol)
         if not bool(active.any()):
             break
         magnitude = torch.where(active, residual.abs(), torch.ones_like(residual))
         v = torch.where(active, _nearest_power_exponent(magnitude), 0)
         s = torch.where(active, torch.sign(residual), torch.zeros_like(residual))
         estimate = estimate + s * torch.ldexp(torch.ones_like(x), v)
-        residual = x - estimate
+        residual = work - estimate
         signs[..., t] = s.to(torch.int64)
-        exponents[..., t] = v
+        exponents[..., t] = v + (halve & active).to(torch.int64)
+    estimate = torch.where(halve, estimate * 2, estimate)
+    # Only a single term can overflow (p = 1, or a tolerance >= the top binade's ulp): no expansion with more
+    # terms exceeds the largest finite value. The best finite one-term value is then sign(x) 2^emax.
+    overflow = torch.isinf(estimate)
+    if bool(overflow.any()):
+        count = int(overflow.sum())
+        warnings.warn(
+            f"sopot: {count} value(s) of {x.dtype} above 1.5 * 2^{emax} have the nearest power of two "
+            f"2^{emax + 1}, which overflows {x.dtype}; with one term they are clamped to 2^{emax} = {top:.6g} "
+            f"(relative error up to 1/2 instead of 1/3). Use terms >= 2 or a wider dtype for the usual accuracy.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        estimate = torch.where(overflow, torch.sign(x) * top, estimate)
+        signs[overflow] = 0
+        signs[..., 0] = torch.where(overflow, torch.sign(x).to(torch.int64), signs[..., 0])
+        exponents[overflow] = 0
+        exponents[..., 0] = torch.where(overflow, emax, exponents[..., 0])
     used = (signs != 0).sum(-1)
     return SOPOTResult(
         values=estimate,
@@ -138,6 +178,10 @@ def sopot(x: torch.Tensor, terms: int | None, *, tol: float = SOPOT_TOLERANCE) -
 
     Shapes: ``x`` any shape -> same shape and dtype. Not differentiable (a piecewise-constant map); use a
     straight-through estimator (``x + (sopot(x, p) - x).detach()``) to train through it.
+
+    Outputs are finite for every finite input; near the top of the dtype's range see :func:`sopot_with_cost`
+    (Accuracy): two or more terms keep the usual bound ``|x - x_hat| <= |x| / 3^p``, one term may be clamped to
+    the largest power of two of the dtype (with a ``RuntimeWarning``).
 
     Raises:
         TypeError, ValueError: as :func:`sopot_with_cost`.

@@ -2,6 +2,8 @@
 
 import math
 import random
+import warnings
+from fractions import Fraction
 
 import pytest
 import torch
@@ -117,3 +119,85 @@ def test_bad_inputs_raise():
         sopot(torch.tensor([1, 2]), 2)
     with pytest.raises(ValueError, match="sopot\\(x, None\\)"):
         sopot_with_cost(torch.ones(2), None)
+
+
+# ------------------------------------------------------------------------------------------- top of the range
+#: The largest exponent ``emax`` of each dtype (its largest power of two is ``2^emax``), typed in, not computed.
+EMAX = {torch.float16: 15, torch.bfloat16: 127, torch.float32: 127, torch.float64: 1023}
+
+
+def exact_reference_sopot(x: Fraction, p: int, emax: int, tol: Fraction = Fraction(1e-6)) -> Fraction:
+    """Algorithm 1 in exact rational arithmetic (no overflow, no rounding), then the documented clamp: a one-term
+    value ``2^(emax+1)``, not representable, becomes ``2^emax``."""
+    estimate, residual, used = Fraction(0), x, 0
+    for _ in range(p):
+        if abs(residual) <= tol:
+            break
+        magnitude = abs(residual)
+        a = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()  # then adjust to ceil(log2 m)
+        while Fraction(2) ** a < magnitude:
+            a += 1
+        while Fraction(2) ** (a - 1) >= magnitude:
+            a -= 1
+        low, high = Fraction(2) ** (a - 1), Fraction(2) ** a
+        power = high if high - magnitude < magnitude - low else low
+        estimate += power if residual > 0 else -power
+        residual = x - estimate
+        used += 1
+    if used == 1 and abs(estimate) == Fraction(2) ** (emax + 1):
+        estimate = Fraction(2) ** emax * (1 if estimate > 0 else -1)
+    return estimate
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "terms", "expected"),
+    [
+        (torch.float16, 65504.0, 2, 65504.0),  # 2^16 - 2^5: finite although 2^16 overflows float16
+        (torch.float32, torch.finfo(torch.float32).max, 2, torch.finfo(torch.float32).max),  # 2^128 - 2^104
+        (torch.float64, torch.finfo(torch.float64).max, 3, torch.finfo(torch.float64).max),  # 2^1024 - 2^971
+        (torch.float16, 60000.0, 2, 61440.0),  # 2^16 - 2^12, 2.4 % off
+    ],
+)
+def test_values_at_the_top_of_the_range_stay_finite(dtype, value, terms, expected):
+    x = torch.tensor([value, -value], dtype=dtype)
+    result = sopot_with_cost(x, terms)
+    assert result.values.tolist() == [expected, -expected]
+    assert result.exponents[0, 0] == EMAX[dtype] + 1  # the nearest power, one beyond the dtype's largest
+    rebuilt = sum(int(s) * Fraction(2) ** int(e) for s, e in zip(result.signs[0], result.exponents[0], strict=True))
+    assert rebuilt == Fraction(expected)
+
+
+def test_one_term_beyond_the_largest_power_is_clamped_with_a_warning():
+    # 60000 in float16: the nearest power 2^16 overflows; the best finite one is 2^15 (45 % off), said aloud.
+    with pytest.warns(RuntimeWarning, match=r"clamped to 2\^15"):
+        result = sopot_with_cost(torch.tensor([60000.0, -60000.0, 40000.0, 3.0], dtype=torch.float16), 1)
+    assert result.values.tolist() == [32768.0, -32768.0, 32768.0, 2.0]
+    assert result.exponents[:, 0].tolist() == [15, 15, 15, 1]
+    assert result.signs[:, 0].tolist() == [1, -1, 1, 1]
+    with pytest.warns(RuntimeWarning, match="clamped"):
+        assert float(sopot(torch.tensor(torch.finfo(torch.float64).max, dtype=torch.float64), 1)) == 2.0**1023
+
+
+@pytest.mark.parametrize("dtype", list(EMAX))
+def test_top_of_range_matches_an_exact_reference(dtype):
+    # The 24 largest finite values and 24 random ones in the top two binades, both signs, p = 1..4: finite,
+    # equal to exact rational Algorithm 1 (clamped as documented), within |x| / 3^p (1/2 when clamped).
+    emax, largest = EMAX[dtype], torch.finfo(dtype).max
+    values = [torch.tensor(largest, dtype=dtype)]
+    for _ in range(23):
+        values.append(torch.nextafter(values[-1], torch.tensor(0.0, dtype=dtype)))
+    mantissas = torch.rand(24, generator=torch.Generator().manual_seed(emax), dtype=torch.float64) * 0.75 + 0.25
+    random = torch.ldexp(mantissas, torch.tensor(emax + 1)).clamp(max=largest).to(dtype)
+    x = torch.cat([torch.stack(values), random])
+    x = torch.cat([x, -x])
+    for p in (1, 2, 3, 4):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the clamped one-term values, tested above
+            values_out = sopot(x, p)
+        assert values_out.dtype == dtype and bool(torch.isfinite(values_out).all())
+        for value, out in zip(x.tolist(), values_out.tolist(), strict=True):
+            expected = exact_reference_sopot(Fraction(value), p, emax)
+            assert Fraction(out) == expected, (dtype, p, value, out, float(expected))
+            clamped = p == 1 and abs(value) > 1.5 * 2.0**emax
+            bound = Fraction(1, 2) if clamped else Fraction(1, 3**p)
+            assert abs(Fraction(value) - expected) <= bound * abs(Fraction(value))
