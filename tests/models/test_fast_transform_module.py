@@ -47,9 +47,11 @@ def _fit(root, module: FastTransformModule, data: pl.LightningDataModule, **kwar
 
 def test_b_transform_learned_from_batches_equals_the_in_memory_learner(tmp_path) -> None:
     data = _walks()
-    module = FastTransformModule(family="b", blocks=12, sparsity=3, iterations=6, tol=0.0)
+    # tol above rounding: the streamed sums and the in-memory ones differ in their last bits (summation order), so
+    # with tol = 0 whether two equal errors compare equal, and so when learning stops, depends on the CPU.
+    module = FastTransformModule(family="b", blocks=12, sparsity=3, iterations=6, tol=1e-9)
     trainer = _fit(tmp_path, module, Vectors(data), limit_val_batches=0)
-    expected = learn_b_transform(data.double(), 12, 3, iterations=6, tol=0.0)
+    expected = learn_b_transform(data.double(), 12, 3, iterations=6, tol=1e-9)
     learned = module.transform()
     assert learned.pairs.tolist() == expected.transform.pairs.tolist()
     assert learned.core_index.tolist() == expected.transform.core_index.tolist()
