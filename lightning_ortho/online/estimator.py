@@ -102,12 +102,7 @@ class OnlineGradientEstimator:
                 )
             tensors = self._advance(lin, x, state)
         h_new = lin.h_new.detach()
-        if not torch.isfinite(h_new).all():
-            raise FloatingPointError(
-                f"{type(self).__name__}.step: the cell produced NaN/inf states at step {state.step + 1}"
-                f"{self._nonfinite_parameters()}."
-            )
-        self._check_finite_tensors(tensors, state.step + 1)
+        self._check_finite_step(h_new, tensors, state.step + 1)
         return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
 
     def gradient(
@@ -177,11 +172,37 @@ class OnlineGradientEstimator:
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _check_finite_tensors(self, tensors: dict[str, torch.Tensor], step: int = 0) -> None:
-        """Raise ``FloatingPointError`` if an influence tensor overflowed. One sum per tensor (a single pass; an
-        overflowed or NaN entry makes it non-finite) instead of ``isfinite``, which takes several passes."""
-        for name, value in tensors.items():
-            if value.is_floating_point() and value.numel() and not torch.isfinite(value.sum()):
+    def _watched_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The state entries whose overflow :meth:`step` checks (all of them; a subclass may skip redundant ones)."""
+        return tensors
+
+    def _check_finite_step(self, h_new: torch.Tensor, tensors: dict[str, torch.Tensor], step: int) -> None:
+        """Raise ``FloatingPointError`` if the new state ``h_new`` or a watched influence tensor holds NaN/inf.
+
+        One host synchronisation for all of them. ``h_new`` is checked entry by entry; each influence tensor by
+        one sum (a single pass where ``isfinite`` takes several: an inf or NaN entry makes the sum inf or NaN).
+        The sum accumulates in at least float32 (:func:`_sum_dtype`), so finite float16 entries never add up
+        past float16's 65504; a sum that still overflows its dtype (finite entries near the top of the range)
+        is confirmed entry by entry before anything is raised, so finite entries never raise.
+        """
+        watched = {
+            name: value
+            for name, value in self._watched_tensors(tensors).items()
+            if value.is_floating_point() and value.numel()
+        }
+        finite = torch.isfinite(h_new).all()
+        for value in watched.values():
+            finite = finite & torch.isfinite(value.sum(dtype=_sum_dtype(value.dtype)))
+        if bool(finite):
+            return
+        # The error path: find what is not finite, entry by entry.
+        if not torch.isfinite(h_new).all():
+            raise FloatingPointError(
+                f"{type(self).__name__}.step: the cell produced NaN/inf states at step {step}"
+                f"{self._nonfinite_parameters()}."
+            )
+        for name, value in watched.items():
+            if not torch.isfinite(value).all():
                 raise FloatingPointError(
                     f"{type(self).__name__}.step: its influence approximation {name!r} overflowed at step {step}"
                     " (the recurrent Jacobian has been expansive for a long time); lower the learning rate, clip"
@@ -244,6 +265,12 @@ class OnlineGradientEstimator:
                     f"{where}: {name} is {tensor.dtype} on {tensor.device} but the state is {like.dtype} on"
                     f" {like.device}; convert one of them (the cell's parameters must match too)."
                 )
+
+
+def _sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype to sum a tensor of ``dtype`` in for an overflow check: at least float32 (float16's range ends at
+    65504, which a few thousand finite entries of size 30 pass), the dtype itself when it is wider."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _declared_size(cell: nn.Module, name: str) -> int | None:

@@ -324,13 +324,12 @@ class UORO(OnlineGradientEstimator):
         # sum_b (dL/dh_b . h_tilde_b) w_tilde_b as one matrix-vector product: no (B, P) temporary.
         return ((grad_h * state.tensors["h_tilde"]).sum(1)) @ state.tensors["w_tilde"]
 
-    def _check_finite_tensors(self, tensors: dict[str, torch.Tensor], step: int = 0) -> None:
+    def _watched_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # With GIR an overflowed w_tilde reaches h_tilde through gamma at the next step: the (B, H) check is enough
         # and skips a pass over the (B, P) w_tilde.
         if self.gir and self.projection != "none":
-            super()._check_finite_tensors({"h_tilde": tensors["h_tilde"]}, step)
-        else:
-            super()._check_finite_tensors(tensors, step)
+            return {"h_tilde": tensors["h_tilde"]}
+        return tensors
 
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         t = state.tensors
