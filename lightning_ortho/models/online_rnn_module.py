@@ -9,6 +9,7 @@ from typing import Any, Literal
 import pytorch_lightning as pl
 import torch
 import torchmetrics
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import nn
 
 from lightning_ortho.models.online_carry import OnlineCarry
@@ -176,7 +177,11 @@ class OnlineRNNModule(pl.LightningModule):
             loss_sum = masked_loss_sum(self.readout(h_in), y, mask, self.loss_name)
             grad_h, *readout_grads = torch.autograd.grad(loss_sum / streams, [h_in, *(p for _, p in readout)])
         with _no_autocast(h):
-            cell_grads = self.estimator.gradient(self.carry.state, grad_h.to(h.dtype))
+            try:
+                cell_grads = self.estimator.gradient(self.carry.state, grad_h.to(h.dtype))
+            except (ValueError, FloatingPointError) as error:  # the error path: name the cause if it is ours
+                self._diagnose_nonfinite_grad_h(grad_h, h, y, mask, error)
+                raise
         pending = self._pending_buffer()
         found = [
             *((f"cell.{n}", g) for n, g in cell_grads.items()),
@@ -186,6 +191,52 @@ class OnlineRNNModule(pl.LightningModule):
             if name in pending:  # frozen parameters have no buffer
                 pending[name] += g.to(pending[name].dtype)
         return loss_sum.detach().double()
+
+    def _diagnose_nonfinite_grad_h(
+        self, grad_h: torch.Tensor, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, error: Exception
+    ) -> None:
+        """Raise an error that names why ``grad_h = dL_t/dh_t`` holds NaN/inf, if the module can tell.
+
+        The estimator sees only ``grad_h`` and blames the data; the module also knows the readout, the targets
+        and every parameter: NaN/inf parameters, or finite ones so large that the readout's loss overflows
+        (a diverging run), are a ``FloatingPointError`` that names them; NaN/inf targets a ``ValueError``.
+        Returns (and the estimator's error stands) when ``grad_h`` is finite or none of these is the cause.
+        """
+        if bool(torch.isfinite(grad_h).all()):
+            return
+        where = (
+            f"OnlineRNNModule: dL/dh (the loss's gradient at the hidden state) holds NaN/inf at update"
+            f" {self.global_step}"
+        )
+        advice = (
+            f"lower the learning rate (lr={self.hparams.lr:g}), clip the updates (clip_gradient_norm), or train in a"
+            " wider dtype (precision='32-true' or '64-true')"
+        )
+        named = list(self.named_parameters())
+        bad = [name for name, p in named if not bool(torch.isfinite(p).all())]
+        if bad:
+            raise FloatingPointError(
+                f"{where}: the parameters {bad} hold NaN/inf, so training has diverged (the updates grew until they"
+                f" overflowed); {advice}."
+            ) from error
+        if y.is_floating_point() and not bool(torch.isfinite(y[mask]).all()):
+            raise ValueError(
+                f"{where}: batch['y'] holds NaN/inf at scored (masked) entries; fix the data, or set their mask to"
+                " false."
+            ) from error
+        with torch.no_grad():
+            outputs = self.readout(h)
+            outputs = outputs.to(torch.promote_types(outputs.dtype, torch.float32))  # as masked_loss_sum computes
+        largest = sorted(((float(p.detach().abs().max()), name) for name, p in named if p.numel()), reverse=True)
+        sizes = ", ".join(f"{name} (max |entry| {size:.3g})" for size, name in largest[:3])
+        if bool(torch.isfinite(outputs).all()):
+            overflowed = f"outputs reach {float(outputs.abs().max()):.3g} and the loss or its gradient overflowed"
+        else:
+            overflowed = "outputs overflowed"
+        raise FloatingPointError(
+            f"{where}: every parameter is finite, but the readout's {overflowed} {outputs.dtype}: the largest"
+            f" parameters are {sizes}, so training is diverging; {advice}."
+        ) from error
 
     def _pending_buffer(self) -> dict[str, torch.Tensor]:
         if self.carry.pending is None:
@@ -287,20 +338,22 @@ class OnlineRNNModule(pl.LightningModule):
         """Log ``val_loss`` (and ``val_bits``) over the pass; warn and log nothing when no entry was scored.
 
         A mean over zero entries is NaN, which ModelCheckpoint and EarlyStopping would take as a score; leaving
-        the metric out makes a callback that monitors it fail loudly instead, after this warning.
+        the metric out makes a callback that monitors it fail loudly instead, after this warning. The warning is
+        given once (by the process of rank zero: the count is over all processes) and not in Lightning's sanity
+        check, whose few chunks may all lie in the task's warm-up although the full validation pass does not.
         """
         scored = int(self.val_count.compute())  # over all processes (a collective under DDP, once per pass)
         self.val_count.reset()
         if scored == 0:
-            warnings.warn(
-                "OnlineRNNModule: validation scored no entry: the mask of every validation step is false (e.g. the"
-                " validation chunks are shorter than the task's warm-up, such as AddingTaskDataModule's"
-                " max(t1, t2) steps), so val_loss is not logged for this pass. Give validation more or longer"
-                " chunks (val_chunks, chunk_length), or do not monitor val_loss.",
-                stacklevel=2,
-            )
             self.val_loss.reset()
             self.val_bits.reset()
+            if not self.trainer.sanity_checking:
+                rank_zero_warn(
+                    "OnlineRNNModule: validation scored no entry: the mask of every validation step is false (e.g."
+                    " the validation chunks are shorter than the task's warm-up, such as AddingTaskDataModule's"
+                    " max(t1, t2) steps), so val_loss is not logged for this pass. Give validation more or longer"
+                    " chunks (val_chunks, chunk_length), or do not monitor val_loss."
+                )
             return
         self.log("val_loss", self.val_loss, prog_bar=True)
         if self.loss_name == "cross_entropy":
