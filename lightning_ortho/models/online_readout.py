@@ -9,6 +9,8 @@ from torch import nn
 
 LOSSES = ("cross_entropy", "mse")
 READOUTS = ("linear", "units")
+#: A class target of this value is not scored (PyTorch's ``ignore_index`` of ``cross_entropy``): masked out.
+IGNORE_INDEX = -100
 
 
 class Readout(nn.Module):
@@ -44,8 +46,9 @@ class Readout(nn.Module):
 
 @dataclass
 class Chunk:
-    """One chunk of ``b`` parallel streams, checked: ``x`` ``(b, T, I)``, ``y`` ``(b, T)`` or ``(b, T, O)``,
-    ``mask`` ``(b, T)`` bool, ``reset`` ``(b,)`` bool, ``index`` the chunk's position in its stream."""
+    """One chunk of ``b >= 1`` parallel streams, checked: ``x`` ``(b, T, I)``, ``y`` ``(b, T)`` or ``(b, T, O)``,
+    ``mask`` ``(b, T)`` bool (false also where a class target is ``IGNORE_INDEX``), ``reset`` ``(b,)`` bool,
+    ``index`` the chunk's position in its stream."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -65,11 +68,14 @@ class Chunk:
 def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss: str) -> Chunk:
     """Check a batch of the stream contract (``lightning_ortho.datamodules.StreamDataModule``) and unpack it.
 
-    ``mask`` (all true) and ``reset`` (none) may be left out; ``x``, ``y`` and ``chunk`` are required.
+    ``mask`` (all true) and ``reset`` (none) may be left out; ``x``, ``y`` and ``chunk`` are required. Class
+    targets of ``IGNORE_INDEX`` (-100, as ``torch.nn.functional.cross_entropy`` ignores) are not scored: they
+    leave the returned mask, so they count neither in the loss nor in the number of scored entries.
 
     Raises:
-        ValueError: the batch is not such a dict, or a shape, dtype or size disagrees with the model; the message
-            names the option to change.
+        ValueError: the batch is not such a dict, has no streams, or a shape, dtype or size disagrees with the
+            model, or a scored class target is outside ``[0, output_size)`` (and not -100); the message names the
+            option to change. The class check is one host synchronisation per chunk.
     """
     where = "OnlineRNNModule"
     if not isinstance(batch, dict) or not {"x", "y", "chunk"} <= set(batch):
@@ -84,6 +90,12 @@ def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss:
             f"{where}: batch['x'] must be a float (streams, steps, features) tensor, got {x.dtype} {tuple(x.shape)}."
         )
     b, steps = x.shape[:2]
+    if b == 0:
+        raise ValueError(
+            f"{where}: the batch has no streams: batch['x'] is {tuple(x.shape)} (streams, steps, features). Every"
+            " process needs at least one stream; under DDP each of the W processes takes every W-th stream, so give"
+            " the data at least as many streams as processes."
+        )
     if input_size is not None and x.shape[2] != input_size:
         raise ValueError(
             f"{where}: the data has {x.shape[2]} input features per step but the cell's input_size is {input_size};"
@@ -109,6 +121,8 @@ def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss:
         raise ValueError(f"{where}: batch['mask'] must be bool ({b}, {steps}), got {mask.dtype} {tuple(mask.shape)}.")
     if reset.dtype != torch.bool or tuple(reset.shape) != (b,):
         raise ValueError(f"{where}: batch['reset'] must be bool ({b},), got {reset.dtype} {tuple(reset.shape)}.")
+    if hard:
+        mask = _check_classes(y, mask, output_size)
     index = batch["chunk"]
     index = int(index.item()) if isinstance(index, torch.Tensor) and index.numel() == 1 else index
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
@@ -116,3 +130,22 @@ def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss:
             f"{where}: batch['chunk'] must be the chunk's non-negative index in its stream, got {index!r}."
         )
     return Chunk(x, y, mask, reset, index)
+
+
+def _check_classes(y: torch.Tensor, mask: torch.Tensor, output_size: int) -> torch.Tensor:
+    """The mask without the ``IGNORE_INDEX`` targets; raise if a scored class is outside ``[0, output_size)``.
+
+    Without the check, cross-entropy fails with a bare ``IndexError`` (or a device assert on a GPU) at the step
+    of the bad target; masked-out entries may hold anything (padding).
+    """
+    mask = mask & (y != IGNORE_INDEX)
+    bad = mask & ((y < 0) | (y >= output_size))
+    if bool(bad.any()):  # one host synchronisation per chunk
+        found = y[bad].unique()
+        shown = ", ".join(str(v) for v in found[:5].tolist()) + (", ..." if found.numel() > 5 else "")
+        raise ValueError(
+            f"OnlineRNNModule: batch['y'] holds the class indices [{shown}] at scored (masked) entries, but the model"
+            f" has output_size={output_size} classes (0 .. {output_size - 1}); set --model.init_args.output_size to"
+            f" the number of classes, give unscored entries a false mask or the target {IGNORE_INDEX} (ignored)."
+        )
+    return mask

@@ -41,7 +41,8 @@ class OnlineRNNModule(pl.LightningModule):
     ``b`` the streams of this process; a window's gradient is the sum over its steps. Under DDP each process has
     ``b = B / W`` streams and DDP averages the processes' gradients, which equals one process's gradient with all
     ``B`` streams (tested). The per-entry loss is cross-entropy in nats (class indices, or soft targets) or
-    ``0.5 ||o - y||^2`` (``dl/do = o - y``). Logged: ``train_loss`` and ``val_loss`` per masked entry (and
+    ``0.5 ||o - y||^2`` (``dl/do = o - y``); a class target of -100 is not scored (PyTorch's ``ignore_index``:
+    as a false mask), any other outside ``[0, output_size)`` is refused. Logged: ``train_loss`` and ``val_loss`` per masked entry (and
     ``train_bits``, ``val_bits`` = loss / ln 2 for cross-entropy); ``val_*`` is exact over all processes.
 
     **Order.** Batches carry ``chunk``, the chunk's index in its stream. The first chunk a model sees, and any

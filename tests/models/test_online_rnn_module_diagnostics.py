@@ -106,3 +106,70 @@ def test_nan_targets_at_scored_entries_are_named(tmp_path):
     data = NanTargets(streams=3, steps=5, chunks_per_epoch=1, loss="mse")
     with pytest.raises(ValueError, match=r"batch\['y'\] holds NaN/inf at scored \(masked\) entries"):
         trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(module, data)
+
+
+class _Ignored(TinyStreams):
+    """TinyStreams whose stream 0 and entry (1, 2) are not scored: class -100 (``ignore``) or a false mask."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+
+    def chunk(self, split, k, streams=None):
+        batch = super().chunk(split, k, streams)
+        rows, cols = [0] * self.steps + [1], list(range(self.steps)) + [2]
+        if self.how == "ignore":
+            batch["y"][rows, cols] = -100
+            batch["mask"][rows, cols] = True
+        else:
+            batch["mask"][rows, cols] = False
+        return batch
+
+
+def test_class_minus_100_is_ignored_like_a_false_mask(tmp_path):
+    # The conventional PyTorch "ignore" label: out of the loss, its gradient and the count of the mean.
+    results = {}
+    for how in ("ignore", "mask"):
+        pl.seed_everything(0)
+        module = model("rtrl", lr=0.05)
+        fit = trainer(tmp_path / how, max_epochs=1, limit_val_batches=2)
+        fit.fit(module, _Ignored(how, streams=3, steps=5, chunks_per_epoch=2, val_streams=3))
+        results[how] = (module, {key: float(fit.callback_metrics[key]) for key in ("train_loss", "val_loss")})
+    (ignored, metrics), (masked, reference) = results["ignore"], results["mask"]
+    assert metrics == pytest.approx(reference, rel=1e-6)
+    for a, b in zip(ignored.parameters(), masked.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("shift, shown", [(10, r"\[10, 11, 12, 13\]"), (-5, r"\[-5, -4, -3, -2\]")])
+def test_scored_classes_out_of_range_are_a_clear_error(shift, shown, tmp_path):
+    class Shifted(TinyStreams):
+        def chunk(self, split, k, streams=None):
+            batch = super().chunk(split, k, streams)
+            return {**batch, "y": torch.arange(4).repeat(3, 2)[:, :5] + shift}
+
+    match = rf"batch\['y'\] holds the class indices {shown} at scored .* output_size=4 classes \(0 \.\. 3\)"
+    with pytest.raises(ValueError, match=match):
+        trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(model("rtrl"), Shifted(streams=3, steps=5))
+
+
+def test_out_of_range_classes_where_the_mask_is_false_are_padding(tmp_path):
+    class Padded(TinyStreams):
+        def chunk(self, split, k, streams=None):
+            batch = super().chunk(split, k, streams)
+            batch["y"][:, -1], batch["mask"][:, -1] = 99, False
+            return batch
+
+    module = model("rtrl")
+    trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(module, Padded(streams=3, steps=5, chunks_per_epoch=1))
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def test_a_batch_without_streams_says_so(tmp_path):
+    class Empty(TinyStreams):
+        def chunk(self, split, k, streams=None):
+            batch = super().chunk(split, k, streams)
+            return {key: (v[:0] if key != "chunk" else v) for key, v in batch.items()}
+
+    with pytest.raises(ValueError, match=r"the batch has no streams: batch\['x'\] is \(0, 5, 3\)"):
+        trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(model("rtrl"), Empty(streams=3))
