@@ -42,8 +42,9 @@ class OnlineRNNModule(pl.LightningModule):
     ``b = B / W`` streams and DDP averages the processes' gradients, which equals one process's gradient with all
     ``B`` streams (tested). The per-entry loss is cross-entropy in nats (class indices, or soft targets) or
     ``0.5 ||o - y||^2`` (``dl/do = o - y``); a class target of -100 is not scored (PyTorch's ``ignore_index``:
-    as a false mask), any other outside ``[0, output_size)`` is refused. Logged: ``train_loss`` and ``val_loss`` per masked entry (and
-    ``train_bits``, ``val_bits`` = loss / ln 2 for cross-entropy); ``val_*`` is exact over all processes.
+    as a false mask), any other outside ``[0, output_size)`` is refused. Logged: ``train_loss`` and ``val_loss``
+    per masked entry (and ``train_bits``, ``val_bits`` = loss / ln 2 for cross-entropy); ``val_*`` is exact over
+    all processes.
 
     **Order.** Batches carry ``chunk``, the chunk's index in its stream. The first chunk a model sees, and any
     chunk 0, starts every stream afresh (zero state); any other chunk must be the one after the previous, else
