@@ -33,7 +33,7 @@ from torch import nn
 
 from lightning_ortho.transforms.b_dla import learn_b_transform
 from lightning_ortho.transforms.costs import OpCount
-from lightning_ortho.transforms.data_refit import refit_on_data
+from lightning_ortho.transforms.data_refit import refit_on_data, relative_square_error
 from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - restore_factorized: its old home
     FactorizedLinear,
     restore_factorized,
@@ -285,9 +285,17 @@ def compress_linear(
         raise ValueError(f"compress_linear: the {name}'s weight or bias holds NaN or inf; fix the training first.")
     if not bool((weight != 0).any()):
         raise ValueError(f"compress_linear: the {name}'s weight is all zeros; there is nothing to compress.")
-    if n < 2 or (family == "m" and n % 2):
-        need = "an even in_features (its stages are perfect matchings)" if family == "m" else "in_features >= 2"
-        raise ValueError(f"compress_linear: family={family!r} needs {need}, got {n}; use family='b' or 'shear'.")
+    if n < 2:  # every family's blocks act on pairs of coordinates
+        raise ValueError(
+            f"compress_linear: every family needs in_features >= 2 (its transforms are products of 2x2 blocks on "
+            f"pairs of inputs), got {n}; a layer with one input is already one multiplication per output: keep it "
+            f"dense (leave it out of the layers to compress)."
+        )
+    if family == "m" and n % 2:
+        raise ValueError(
+            f"compress_linear: family='m' needs an even in_features (its stages are perfect matchings), got {n}; "
+            f"use family='b' or 'shear'."
+        )
     unused = {"b": ("q", "bits"), "m": ("m", "bits"), "shear": ("q",)}[family]
     for key, value in (("m", m), ("q", q), ("bits", bits)):
         if key in unused and value is not None:
@@ -335,11 +343,10 @@ def compress_linear(
     output_error, data_rank = None, None
     if data is not None:
         x = data.detach().double().cpu()
-        refit = refit_on_data(x, w64, b64, d, codes, support)
+        refit = refit_on_data(x, w64, b64, d, codes, support, input_eps=torch.finfo(data.dtype).eps)
         codes, b64, data_rank = refit.codes, refit.bias, refit.data_rank
         target = x @ w64.T + (0 if bias is None else bias.double().cpu())
-        approx = (x @ d) @ codes.T + b64
-        output_error = float(100 * (target - approx).square().sum() / target.square().sum().clamp_min(1e-300))
+        output_error = relative_square_error(target, (x @ d) @ codes.T + b64)
         if refit.undetermined_rows:
             warnings.warn(
                 f"compress_linear: data has {x.shape[0]} rows of centred rank {refit.data_rank}, which do not "

@@ -23,12 +23,27 @@ under which a change ``(dc, db)`` of one row moves the output by
 
 So directions the data determine are fitted exactly, and the undetermined ones change only as much as the exact
 fit requires (none at all when the data say nothing about them). With data of full centred rank this is the plain
-least-squares refit. Numerically, an eigen-direction of ``G`` with eigenvalue at most
-``max(N, s) eps trace(T[:, S]^T T[:, S])`` (uncentred: the rounding level of the centring) is undetermined.
+least-squares refit.
+
+Numerics. The data are first scaled by an exact power of two (largest entry in ``[0.5, 1)``), so squares neither
+overflow nor underflow for inputs of any magnitude; the codes do not depend on it and the bias is scaled back
+exactly. They are centred in two passes (subtract the mean, then the mean of what is left): each stored ``x_ij``
+is within ``eps_x |x_ij|`` of what it stood for (``eps_x`` of the data's dtype, one rounding with a factor 2 to
+spare), and a large common offset would otherwise leave the first mean's rounding, ``~eps |offset|``, in every
+centred row. So the computed ``T_c[:, S]`` is the exact one plus ``E`` with
+``||E||_2^2 <= eps_x^2 ||X||_F^2 ||D[:, S]||_F^2`` (Cauchy-Schwarz, row by row, on ``E = dX D[:, S]``). In a
+direction ``v`` that the exact data do not determine (``T_c[:, S] v = 0``) the computed ``v^T G v`` is then at most
+``||E v||^2 + (rounding of the Gram product) <= eps_x^2 ||X||_F^2 ||D[:, S]||_F^2 + max(N, s) eps trace(G)``,
+which is the tolerance: an eigen-direction of ``G`` with eigenvalue at most that is undetermined, and one above it
+carries more than rounding. (The centred values themselves are accurate to ``eps`` of their own size, so an offset
+far above the spread does not make full-rank data look degenerate: ``N(0, 1)`` inputs plus ``10^12`` still have
+``10^-4``-accurate centred values and determine all codes; inputs on an affine subspace plus ``10^8`` do not
+determine the codes off it, however the offset's rounding scatters them.)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +66,27 @@ class Refit:
     data_rank: int
 
 
+def times_power_of_two(tensor: torch.Tensor, exponent: int) -> torch.Tensor:
+    """``tensor * 2^exponent``, exact unless the result leaves the dtype's normal range (two half steps, so that
+    neither factor overflows for ``|exponent|`` up to about 2000)."""
+    half = exponent // 2
+    tensor = torch.ldexp(tensor, torch.tensor(half, dtype=tensor.dtype))
+    return torch.ldexp(tensor, torch.tensor(exponent - half, dtype=tensor.dtype))
+
+
+def relative_square_error(target: torch.Tensor, approximation: torch.Tensor) -> float:
+    """``100 ||target - approximation||_F^2 / ||target||_F^2`` (percent), computed after an exact power-of-two scaling
+    of both, so that outputs of any magnitude (``1e160``, ``1e-170``) neither overflow nor underflow in the squares.
+    ``0`` when both are zero, ``inf`` when only the target is."""
+    largest = float(torch.maximum(target.abs().max(), approximation.abs().max())) if target.numel() else 0.0
+    if largest == 0:
+        return 0.0
+    exponent = -math.frexp(largest)[1]
+    target, approximation = times_power_of_two(target, exponent), times_power_of_two(approximation, exponent)
+    error, energy = float((target - approximation).square().sum()), float(target.square().sum())
+    return 100 * error / energy if energy > 0 else math.inf
+
+
 def refit_on_data(
     data: torch.Tensor,
     weight: torch.Tensor,
@@ -58,13 +94,17 @@ def refit_on_data(
     dictionary: torch.Tensor,
     codes: torch.Tensor,
     support: torch.Tensor,
+    *,
+    input_eps: float | None = None,
 ) -> Refit:
     """Least-squares codes and bias on ``data``, closest to the no-data fit where under-determined (module docstring).
 
     Args:
-        data: ``(N, n)`` inputs of the layer (float64). weight: ``(out, n)`` ``W``. bias: ``(out,)`` ``b0`` or
-            ``None`` (zero). dictionary: ``(n, n)`` dense ``D`` (invertible). codes: ``(out, n)`` no-data codes
+        data: ``(N, n)`` inputs of the layer (float64, finite). weight: ``(out, n)`` ``W``. bias: ``(out,)`` ``b0``
+            or ``None`` (zero). dictionary: ``(n, n)`` dense ``D`` (invertible). codes: ``(out, n)`` no-data codes
             ``c0`` (zero off the support). support: ``(out, s)`` int64 column indices of each row's support.
+        input_eps: relative rounding of the stored inputs, ``eps_x`` of the module docstring (the machine epsilon of
+            the dtype the inputs came in; default: float64's).
 
     Returns:
         :class:`Refit`. The refit layer is ``x -> codes (D^T x) + bias``.
@@ -72,45 +112,64 @@ def refit_on_data(
     count, n = data.shape
     s = support.shape[1]
     eps = torch.finfo(torch.float64).eps
-    mean = data.mean(0)
-    centered = data - mean
+    input_eps = eps if input_eps is None else float(input_eps)
+    # An exact power-of-two scale 2^-e (largest entry in [0.5, 1)): squares stay in range for any magnitude; the
+    # codes are invariant, the bias terms are scaled back by 2^e at the end.
+    largest = float(data.abs().max())
+    exponent = math.frexp(largest)[1] if largest > 0 else 0
+    x = times_power_of_two(data, -exponent)
+    mean = x.mean(0)
+    centered = x - mean
+    correction = centered.mean(0)  # the first mean's rounding (~eps |offset|), seen against the centred values
+    mean, centered = mean + correction, centered - correction
     t_c = centered @ dictionary  # (N, n): rows D^T (x - mu)
     mu_t = mean @ dictionary  # (n,): D^T mu
     residual = weight - codes @ dictionary.T  # R = W - C0 D^T: the no-data fit's error, f(x) - fit(x) = R x
     gram = t_c.T @ t_c  # (n, n)
     cross = t_c.T @ (centered @ residual.T)  # (n, out): centred T^T (R x_i), per output row
-    mean_residual = residual @ mean  # (out,): the mean output error of the no-data fit
+    mean_residual = residual @ mean  # (out,): the mean output error of the no-data fit (scaled by 2^-e)
 
-    # Scale of the uncentred moments on each support: centring rounds at eps times it, so below it is noise.
-    raw_diagonal = gram.diagonal() + count * mu_t.square()
-    scale = max(count, s) * eps * raw_diagonal[support].sum(1)  # (out,)
+    # Below the tolerance an eigenvalue is rounding: the inputs' own (eps_x |x_ij|, mapped through D[:, S]) plus
+    # that of the Gram product (module docstring).
+    input_noise = input_eps**2 * float(x.square().sum())
+    column_norms = dictionary.square().sum(0)  # (n,): ||D[:, j]||^2
+    tolerance = input_noise * column_norms[support].sum(1) + max(count, s) * eps * gram.diagonal()[support].sum(1)
     g_ss = gram[support[:, :, None], support[:, None, :]]  # (out, s, s)
     values, vectors = torch.linalg.eigh(g_ss)  # ascending eigenvalues (out, s), eigenvectors (out, s, s)
-    determined = values > scale[:, None]
+    determined = values > tolerance[:, None]
     g_rows = cross.T.gather(1, support)  # (out, s)
     projected = (vectors.transpose(1, 2) @ g_rows[..., None])[..., 0]
     w_known = torch.where(determined, projected / torch.where(determined, values, 1.0), 0.0)
 
-    # Undetermined directions: minimise dc^T P dc + (beta - m . dc)^2 with dc = V w and w's determined part fixed
-    # (P = (D^T D)[S, S], m = mu_t[S], beta = mean residual: db = beta - m . dc keeps the mean output exact).
+    # Undetermined directions: minimise dc^T P dc + (beta - m . dc)^2 over the free part of w (dc = V w, the
+    # determined part fixed; P = V^T (D^T D)[S, S] V, m = V^T mu_t[S], beta = the mean residual left by w_known:
+    # db = beta - m . dc keeps the mean output exact). Normal equations (P_ff + m_f m_f^T) w_f = a + m_f beta with
+    # a = -(P w_known)_f, solved by Sherman-Morrison in the scaled units (m = 2^e m', beta = 2^e beta'), so that a
+    # large offset (m m^T ~ |x|^2) cannot overflow: w_f = y + h (beta' - m'_f . y) / (2^-2e + m'_f . h) with
+    # P_ff y = a, P_ff h = m'_f.
     p_full = dictionary.T @ dictionary
     p_ss = vectors.transpose(1, 2) @ p_full[support[:, :, None], support[:, None, :]] @ vectors
-    m_rows = (vectors.transpose(1, 2) @ mu_t[support][..., None])[..., 0]  # (out, s)
+    m_rows = (vectors.transpose(1, 2) @ mu_t[support][..., None])[..., 0]  # (out, s), scaled by 2^-e
     free = ~determined
-    system = p_ss + m_rows[:, :, None] * m_rows[:, None, :]
     both_free = free[:, :, None] & free[:, None, :]
-    eye = torch.eye(s, dtype=system.dtype).expand_as(system)
-    system = torch.where(both_free, system, eye)  # determined rows/columns: identity, right-hand side zero
+    eye = torch.eye(s, dtype=p_ss.dtype).expand_as(p_ss)
+    p_free = torch.where(both_free, p_ss, eye)  # determined rows/columns: identity, right-hand sides zero there
+    a = torch.where(free, -(p_ss @ w_known[..., None])[..., 0], 0.0)
+    m_free = torch.where(free, m_rows, 0.0)
+    solved = torch.linalg.solve(p_free, torch.stack([a, m_free], -1))  # (out, s, 2): y and h
+    y, h = solved[..., 0], solved[..., 1]
     beta = mean_residual - (m_rows * w_known).sum(1)
-    rhs = -(p_ss @ w_known[..., None])[..., 0] + m_rows * beta[:, None]
-    w_free = torch.linalg.solve(system, torch.where(free, rhs, 0.0)[..., None])[..., 0]
-    w = w_known + torch.where(free, w_free, 0.0)
+    inverse_square_scale = math.ldexp(1.0, -2 * exponent) if -2 * exponent < 1000 else math.inf  # 2^-2e
+    denominator = inverse_square_scale + (m_free * h).sum(1)  # zero only where m_f = 0, so h = 0 (no change)
+    factor = torch.where(denominator > 0, (beta - (m_free * y).sum(1)) / denominator, 0.0)
+    w = w_known + torch.where(free, y + h * factor[:, None], 0.0)
     delta_codes = (vectors @ w[..., None])[..., 0]  # (out, s)
-    delta_bias = mean_residual - (mu_t[support] * delta_codes).sum(1)
+    delta_bias = times_power_of_two(mean_residual - (mu_t[support] * delta_codes).sum(1), exponent)
 
     new_codes = codes.clone()
     new_codes.scatter_(1, support, codes.gather(1, support) + delta_codes)
     new_bias = (bias if bias is not None else torch.zeros_like(mean_residual)) + delta_bias
     data_values = torch.linalg.eigvalsh(gram)
-    data_rank = int((data_values > max(count, n) * eps * float(raw_diagonal.sum())).sum())
+    data_tolerance = input_noise * float(column_norms.sum()) + max(count, n) * eps * float(gram.diagonal().sum())
+    data_rank = int((data_values > data_tolerance).sum())
     return Refit(new_codes, new_bias, int(free.any(1).sum()), data_rank)

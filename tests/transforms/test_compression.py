@@ -315,6 +315,14 @@ def test_bad_input_is_refused_clearly(make, kwargs, error, match):
         compress_linear(make(), **kwargs)
 
 
+@pytest.mark.parametrize("family", ["b", "m", "shear"])
+def test_one_input_feature_is_refused_for_every_family_without_pointing_to_another(family):
+    # No family can factor a single input (2x2 blocks act on pairs), so the advice is to keep the layer dense.
+    with pytest.raises(ValueError, match="in_features >= 2") as caught:
+        compress_linear(nn.Linear(1, 4), family)
+    assert "family=" not in str(caught.value).split("got 1")[1] and "keep it dense" in str(caught.value)
+
+
 def test_shear_family_error_is_the_dense_relative_error():
     layer = structured_layer(out=12, n=8)
     module = compress_linear(layer, "shear", s=3, m=8, bits=2, iterations=2)
