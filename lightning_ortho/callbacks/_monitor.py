@@ -7,10 +7,12 @@ processes); the base does the rest. Probes are the first ``probe_size`` rows of 
 module receives in a training step (a forward hook, removed once it has fired), so a monitor never asks the model for
 data and works on models it has never seen. A module named in ``modules`` is probed whatever its mode (a frozen flow
 in eval mode is the common case); an automatically chosen one only while it trains (a frozen pretrained part is left
-alone). A monitor that measured nothing, or never measured some watched module, in a fit says so in one warning at
-the end of fit, with the reason and what to change. Each process keeps its own probe (its own shard of the data);
-statistics are reduced across processes as the measurement declares (``"mean"`` weighted by probe rows,
-``"sum"``, ``"min"``, ``"max"``), so a DDP run logs what one process logs on the union of the probes.
+alone). The last step of a fit is measured however the fit ends. A monitor that measured nothing, or never measured
+some watched module, in a fit says so in one warning at the end of fit, with the reason and what to change (at info
+level for a monitor from the environment switch when the fit was only too short). Each process keeps its own probe
+(its own shard of the data); statistics are reduced across processes as the measurement declares (``"mean"``
+weighted by probe rows, ``"sum"``, ``"min"``, ``"max"``), so a DDP run logs what one process logs on the union of the
+probes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -68,6 +70,20 @@ def outermost_modules(pl_module: nn.Module, predicate: Callable[[nn.Module], boo
             yield name, module
 
 
+def last_batch_of_fit(trainer: pl.Trainer, batch_idx: int) -> bool:
+    """Whether the training batch ``batch_idx`` that just ended is the last one of the fit (its last epoch's last
+    batch, or the batch that reaches ``max_steps``).
+
+    A loader without a length (an ``IterableDataset`` without ``__len__``) has ``num_training_batches = inf``; there
+    the loop's own ``is_last_batch`` (its data fetcher looks one batch ahead) tells the last batch of an epoch."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    last_of_epoch = batch_idx + 1 == trainer.num_training_batches or bool(epoch_loop.batch_progress.is_last_batch)
+    max_epochs = trainer.max_epochs
+    return (last_of_epoch and max_epochs is not None and trainer.current_epoch + 1 == max_epochs) or (
+        trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
+    )
+
+
 def _check_positive_int(value: object, name: str, owner: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}.")
@@ -82,7 +98,8 @@ class Monitor(pl.Callback):
             (``"encoder.0"``) and/or module classes (or their import paths, ``"torch.nn.Linear"``, as a config file
             gives them); a name must exist, and a class must match at least one module.
         every_n_steps: measure after every ``every_n_steps``-th optimizer step (``global_step``), and after the
-            last training batch of fit (at least :attr:`min_every_n_steps`).
+            last training batch of fit, however the fit ends (max_epochs, max_steps, an early stop, max_time; at
+            least :attr:`min_every_n_steps`).
         probe_size: rows of the probe batch (the first rows of each module's first input in a training step; a
             named module in any mode, an automatically chosen one in training mode).
         plot: write ``<log_dir>/<name>.png`` of the history at the end of fit when matplotlib is installed.
@@ -96,6 +113,10 @@ class Monitor(pl.Callback):
     #: The smallest ``every_n_steps`` the monitor accepts (the environment switch of
     #: :mod:`~lightning_ortho.callbacks.factory` raises a smaller setting to it, with a warning).
     min_every_n_steps = 1
+    #: Whether a fit too short to measure anything (and nothing else wrong) is reported at info level instead of as
+    #: a warning: set by the environment switch of :mod:`~lightning_ortho.callbacks.factory`, whose monitors are
+    #: turned on for every run, smoke tests included.
+    short_fit_is_info = False
 
     def __init__(
         self,
@@ -270,13 +291,24 @@ class Monitor(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        last = (batch_idx + 1 == trainer.num_training_batches and trainer.current_epoch + 1 == trainer.max_epochs) or (
-            trainer.max_steps is not None and 0 < trainer.max_steps <= step
-        )
-        if step == self._last_step or not (step % self.every_n_steps == 0 or last):
+        if step == self._last_step or not (step % self.every_n_steps == 0 or last_batch_of_fit(trainer, batch_idx)):
             return
         self._last_step = step
         self.run(trainer, pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The last step of a fit is measured however the fit ended. Most often on_train_batch_end already did (so the
+        # value is in the epoch-end checkpoint and seen by the last validation); here the rest: an early stop, a
+        # max_time stop, or a last batch the loop could not tell in advance.
+        self.measure_last_step(trainer, pl_module)
+
+    def measure_last_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Measure at the end of fit when this fit trained and its last step has no measurement yet (every process
+        reaches this, so the reductions match)."""
+        step = trainer.global_step
+        if step > self._fit_start_step and step != self._last_step:
+            self._last_step = step
+            self.run(trainer, pl_module)
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """Measure every watched module that has its probe now (in eval mode; afterwards each submodule is back in
@@ -382,10 +414,15 @@ class Monitor(pl.Callback):
             return "its measurement gave no value (see the warnings above)"
         steps = trainer.global_step - self._fit_start_step
         return (
-            f"the fit ran {steps} optimizer steps and stopped before the first measurement (every_n_steps="
-            f"{self.every_n_steps}; the last batch of a fit is measured only when it reaches max_epochs or max_steps, "
-            "not after an early stop); lower every_n_steps"
+            f"no measurement ran in the fit's {steps} optimizer steps (every_n_steps={self.every_n_steps}, and the "
+            "last step of a fit; under DDP a module is measured once every process has its probe)"
         )
+
+    def fit_too_short(self, name: str, trainer: pl.Trainer) -> bool:
+        """Whether ``name`` got no value in this fit only because the fit was too short to measure it (nothing is
+        wrong with the model or the settings). Such a fit is reported at info level where
+        :attr:`short_fit_is_info` is set."""
+        return False
 
     def _warn_unmeasured(self, trainer: pl.Trainer) -> None:
         """One warning when this fit trained but a watched module (or every one) got no value."""
@@ -399,7 +436,11 @@ class Monitor(pl.Callback):
             f"{repr(name) if name else 'the whole model'}: {self.unmeasured_reason(name, trainer)}" for name in missing
         )
         what = "measured nothing" if not self._measured else f"never measured {len(missing)} of its modules"
-        rank_zero_warn(f"{owner} {what} in this fit ({trainer.global_step - self._fit_start_step} steps): {reasons}.")
+        message = f"{owner} {what} in this fit ({trainer.global_step - self._fit_start_step} steps): {reasons}."
+        if self.short_fit_is_info and all(self.fit_too_short(name, trainer) for name in missing):
+            rank_zero_info(message)
+        else:
+            rank_zero_warn(message)
 
     def summary(self) -> dict[str, tuple[float, float, float]]:
         """``key -> (last, min, max)`` over the history."""

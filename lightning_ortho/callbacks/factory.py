@@ -26,15 +26,19 @@ Example, with a training script that knows nothing of lightning-ortho::
 
     LIGHTNING_ORTHO_MONITORS=orthogonality,jacobian LIGHTNING_ORTHO_EVERY_N_STEPS=10 python train.py
 
-Monitors created here differ from the ones a user constructs in three ways, so that switching them on for any
-project never breaks its training:
+Monitors created here differ from the ones a user constructs in four ways, so that switching them on for any
+project never breaks its training, nor nags it:
 
 * a model with nothing such a monitor can measure gets one warning and the monitor does nothing for that fit
   (a monitor constructed in code raises instead: there the user asked for that model);
 * where the Trainer already has a monitor of the same class (constructed in code or in a config), the one from the
   environment stands aside for that fit (the user's settings win), with an info message;
 * their checkpoint ``state_key`` is ``"<Class>{'source': 'environment'}"``, so they never collide with a
-  user-constructed monitor of the same class in Lightning's check for unique stateful callbacks.
+  user-constructed monitor of the same class in Lightning's check for unique stateful callbacks;
+* a fit too short for a monitor to measure anything (a smoke test, a ``fast_dev_run``: ``GradientVarianceMonitor``
+  at its defaults needs 20 steps) is reported at info level, not as a warning: the switch turns the monitors on for
+  every run, and a warning on each short one would teach users to ignore them. Anything else that left a monitor
+  without values (a module never called, steps with inf/NaN gradients) is still a warning.
 
 Bad settings (unknown names, a non-integer interval) raise ``ValueError`` when the Trainer is constructed,
 before any training. A well-formed setting that a monitor's constructor refuses never breaks the Trainer: it is
@@ -210,6 +214,8 @@ class EnvironmentMonitor:
     #: The monitor class this one extends.
     monitor_base: type
     _environment_idle = False
+    #: A fit too short to measure is said at info level (see the module docstring).
+    short_fit_is_info = True
 
     @property
     def state_key(self) -> str:

@@ -54,10 +54,12 @@ class GradientNoiseMonitor(Monitor):
     Memory: one running mean per trainable parameter (Welford's update, numerically stable; a copy of the
     parameters in at least float32) and one number per parameter tensor; the partial window is saved in the
     checkpoint so that a resumed run measures the same windows as an uninterrupted one. A window is exactly
-    ``every_n_steps`` optimizer steps whatever the batches (gradient accumulation, several optimizer steps per
-    batch under manual optimisation); its statistics are logged at the end of the batch in which it closes (if two
-    close in one batch, the later one); a partial window at the end of fit is kept, not measured. A step whose
-    gradient holds inf or NaN (a step the mixed-precision scaler skips) is left out, with one warning.
+    the first ``every_n_steps`` optimizer steps of an interval (steps ``k interval .. k interval + every_n_steps -
+    1``) whatever the batches (gradient accumulation, several optimizer steps per batch under manual optimisation);
+    its statistics are logged at the end of the batch in which it closes (if two close in one batch, the later one);
+    a partial window at the end of fit is kept, not measured. A step whose gradient holds inf or NaN (a step the
+    mixed-precision scaler skips) is left out, with one warning, and its window is dropped: it cannot complete in
+    its interval, and is never continued in the next one (that would mix gradients an interval apart).
 
     DDP: the gradients read are the all-reduced ones, so every process holds the same statistics and the logged
     values equal those of one process on the same global batch (tested). The batch size is
@@ -70,7 +72,8 @@ class GradientNoiseMonitor(Monitor):
         interval: one window is measured every ``interval`` optimizer steps (its first ``every_n_steps`` steps,
             so the first values come after ``every_n_steps`` steps even in a short run); default
             ``5 * every_n_steps``, so the per-step cost is paid on a fifth of the steps. ``interval = every_n_steps``
-            measures every step. A fit that completes no window says so in a warning at its end.
+            measures every step. A fit that completes no window says so in a warning at its end (at info level for
+            a monitor from ``LIGHTNING_ORTHO_MONITORS`` when the fit was just too short).
         batch_size: the global batch size of one optimizer step, or ``None`` to infer it from the batches.
         smoothing: factor of the moving averages behind ``noise_scale``, in ``[0, 1)``; 0 uses each window alone.
         plot: write a PNG of the history at the end of fit (matplotlib).
@@ -128,6 +131,8 @@ class GradientNoiseMonitor(Monitor):
         self._names: dict[int, str] = {}  # id(parameter) -> its name in the LightningModule
         self._groups: dict[str, list[str]] = {}  # group -> parameter names
         self._ema: dict[str, tuple[float, float]] = {}  # group -> (tr(Sigma), |G|^2) moving averages
+        self._window_cycle: int | None = None  # global_step // interval of the window's steps (None: none read yet)
+        self._fit_skipped = 0  # steps left out for inf/NaN gradients in this fit
         self._reset_window()
         self._pending_examples = 0
         self._last_batch_examples = 0
@@ -194,8 +199,14 @@ class GradientNoiseMonitor(Monitor):
         # a short run measures too and the first values come early (an EarlyStopping on them has a value).
         examples = self._pending_examples or self._last_batch_examples  # several steps in one batch: the batch's
         self._pending_examples = 0
-        if trainer.global_step % self.interval >= self.every_n_steps:
+        cycle, position = divmod(trainer.global_step, self.interval)
+        if position >= self.every_n_steps:
             return
+        if self._window_cycle is not None and self._window_cycle != cycle:
+            # What is left of an earlier interval's window is incomplete (a step was skipped for inf/NaN, or a
+            # restored window): drop it rather than finish it with gradients an interval later.
+            self._reset_window()
+        self._window_cycle = cycle
         names, grads = [], []
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -250,11 +261,13 @@ class GradientNoiseMonitor(Monitor):
         squares = torch.stack([n.double() for n in torch._foreach_norm(deltas)]).square().tolist()  # one sync
         if not all(math.isfinite(s) for s in squares):
             self._skipped += 1
+            self._fit_skipped += 1
             self._skipped_last = True
             self._warn_once(
                 "nonfinite",
                 f"{type(self).__name__}: a gradient holds inf or NaN (a step the mixed-precision scaler skips, or a"
-                " diverging run); such steps are left out of the noise statistics.",
+                " diverging run); such steps are left out of the noise statistics, and the window holding one is "
+                "dropped (the next window starts with the next interval).",
             )
             return
         by_count: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
@@ -276,6 +289,13 @@ class GradientNoiseMonitor(Monitor):
             return
         self.run(trainer, pl_module)
         self._finished = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._fit_skipped = 0
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pass  # values come from complete windows only; a partial one at the end of fit is kept, not measured
 
     # ---------------------------------------------------------------------------------------- measurement
     def statistics(self, group: str) -> dict[str, float] | None:
@@ -299,14 +319,39 @@ class GradientNoiseMonitor(Monitor):
             "steps": float(self._steps),
         }
 
+    def _next_window_end(self) -> int:
+        """The last step of the first window that ends in this fit or later (``k interval + every_n_steps - 1 >=``
+        the fit's first step)."""
+        start = self._fit_start_step
+        k = max(0, -(-(start - self.every_n_steps + 1) // self.interval))
+        return k * self.interval + self.every_n_steps - 1
+
+    def fit_too_short(self, name: str, trainer: pl.Trainer) -> bool:
+        # No window ends inside this fit's steps; were one to end there, a missing value is no matter of length.
+        return self._next_window_end() >= trainer.global_step
+
     def unmeasured_reason(self, name: str, trainer: pl.Trainer) -> str:
-        steps = trainer.global_step - self._fit_start_step
-        skipped = f", {self._skipped} of them left out for inf/NaN gradients" if self._skipped else ""
-        return (
-            f"no window of every_n_steps={self.every_n_steps} optimizer steps was completed in this fit's {steps} "
-            f"steps{skipped} (a window is the first every_n_steps steps of every interval={self.interval}); lower "
-            "every_n_steps, or train longer"
+        start, end = self._fit_start_step, trainer.global_step  # this fit ran the steps start .. end - 1
+        steps, every, interval = end - start, self.every_n_steps, self.interval
+        what = (
+            f"no window of every_n_steps={every} optimizer steps was completed in this fit's {steps} steps (steps "
+            f"{start}..{end - 1}; a window is the first every_n_steps steps of every interval={interval}"
         )
+        if not self.fit_too_short(name, trainer):
+            if self._fit_skipped:
+                return (
+                    f"{what}): {self._fit_skipped} of them had inf or NaN gradients and were left out, which drops "
+                    "their window; a mixed-precision scaler skips steps while it lowers its scale, most often in the "
+                    "first steps: train longer, or check the run for divergence"
+                )
+            return f"{what}; a window restored incomplete from a checkpoint is dropped)"
+        window_end = self._next_window_end()
+        advice = [f"train to at least {window_end + 1} optimizer steps"]
+        if interval > every and steps >= every:  # long enough for a window, but it fell between two
+            advice.append(f"use a shorter interval (interval={every} reads every step)")
+        if self.min_every_n_steps <= steps < every:  # shorter than one window, long enough for a smaller one
+            advice.append(f"use a smaller every_n_steps (at least {self.min_every_n_steps})")
+        return f"{what}, and the next one ends at step {window_end}): " + ", or ".join(advice)
 
     def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:
         stats = (self._finished or {}).get(name)
@@ -326,6 +371,7 @@ class GradientNoiseMonitor(Monitor):
             "steps": self._steps,
             "examples": self._examples,
             "skipped": self._skipped,
+            "cycle": self._window_cycle,
         }
         state["ema"] = dict(self._ema)
         return state
@@ -338,6 +384,8 @@ class GradientNoiseMonitor(Monitor):
             self._means = dict(window["means"])
             self._m2, self._counts = dict(window["m2"]), dict(window["counts"])
             self._steps, self._examples, self._skipped = window["steps"], window["examples"], window["skipped"]
+        # The interval the window's steps belong to (None from an older checkpoint: taken as the one resumed in).
+        self._window_cycle = None if window is None else window.get("cycle")
         self._ema = dict(state_dict.get("ema", {}))
 
 

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from lightning_ortho.callbacks._monitor import Measurement, Monitor
+from lightning_ortho.callbacks._monitor import Measurement, Monitor, last_batch_of_fit
 from lightning_ortho.online import OnlineGradientEstimator
 from lightning_ortho.online.losses import masked_loss_sum
 
@@ -213,7 +213,7 @@ class OnlineEstimatorVarianceMonitor(Monitor):
     ``cell``, a ``readout`` and a ``loss_name``; see :func:`online_parts`). The probe is the first
     ``probe_streams`` streams and ``probe_steps`` steps of the first training chunk (inputs, targets, mask),
     captured in ``on_train_batch_start``. Every ``every_n_steps`` optimizer steps (at the first training batch end
-    at or past each multiple, and after the last batch of fit), at the current parameters,
+    at or past each multiple, and after the last batch of fit, however it ends), at the current parameters,
     :func:`measure_estimator` runs the model's estimator ``draws`` times over the probe from a zero state and
     compares with backprop through time; logged as ``estimator_variance/<statistic>`` (statistics in the module
     docstring). The latest measurement, with the exact gradient and every draw's estimate, is :attr:`last`.
@@ -315,10 +315,9 @@ class OnlineEstimatorVarianceMonitor(Monitor):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        last = batch_idx + 1 == trainer.num_training_batches and trainer.current_epoch + 1 == trainer.max_epochs
-        last = last or (trainer.max_steps is not None and 0 < trainer.max_steps <= step)
         if step == self._last_step or step == 0:
             return
+        last = last_batch_of_fit(trainer, batch_idx)
         if step // self.every_n_steps == max(self._last_step, 0) // self.every_n_steps and not last:
             return
         self._last_step = step

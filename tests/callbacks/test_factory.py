@@ -308,3 +308,40 @@ def test_a_setting_a_monitors_constructor_refuses_falls_back_to_its_default_with
     assert "it uses its defaults instead: every_n_steps=50, plot=True" in message
     (monitor,) = [c for c in trainer.callbacks if isinstance(c, PickyMonitor)]
     assert monitor.every_n_steps == 50 and monitor.plot is True
+
+
+# ------------------------------------------------------------------------------------------ short fits
+def test_a_fit_too_short_for_a_monitor_from_the_environment_is_said_at_info_level(monkeypatch, tiny_trainer, caplog):
+    # GradientVarianceMonitor at its defaults needs 20 steps; this fit has 4. Turned on for every run, it must not
+    # warn on each short one; the message is still there, at info level.
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_variance")
+    trainer = tiny_trainer(max_epochs=1)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("INFO"):
+        warnings.simplefilter("always")
+        trainer.fit(Net(), loader())
+    assert trainer.global_step == 4
+    assert not [w for w in caught if "in this fit" in str(w.message)]
+    (info,) = [r.getMessage() for r in caplog.records if "measured nothing in this fit" in r.getMessage()]
+    assert (
+        info.startswith("GradientNoiseMonitor measured nothing in this fit (4 steps)") and "train to at least" in info
+    )
+
+
+class NaNGradients(Net):
+    """Every step's gradient holds a NaN when the callbacks read it (then zeroed, so that training goes on)."""
+
+    def on_after_backward(self):
+        self.body[0].bias.grad[0] = float("nan")
+
+    def on_before_optimizer_step(self, optimizer):
+        for p in self.parameters():
+            p.grad.nan_to_num_(0.0)
+
+
+def test_a_monitor_from_the_environment_still_warns_when_a_long_enough_fit_measured_nothing(monkeypatch, tiny_trainer):
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_variance")
+    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "2")  # windows of 2 steps fit in this 4-step run
+    with pytest.warns(UserWarning, match="GradientNoiseMonitor measured nothing in this fit") as caught:
+        tiny_trainer(max_epochs=1).fit(NaNGradients(), loader())
+    (message,) = [str(w.message) for w in caught if "in this fit" in str(w.message)]
+    assert "2 of them had inf or NaN gradients and were left out" in message  # steps 0 and 1, the ones read

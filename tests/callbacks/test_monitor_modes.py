@@ -126,6 +126,82 @@ def test_eval_mode_restores_each_submodules_own_mode_also_after_an_exception():
     assert [m.training for m in model.modules()] == modes
 
 
+class NoisyInTraining(nn.Module):
+    """Input noise while training; its ``train(mode)`` override sets the noise level (a pattern users write)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noise = 0.1
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.noise = 0.1 if mode else 0.0
+        return self
+
+    def forward(self, x):
+        return x + self.noise * torch.randn_like(x)
+
+
+class FreezesItsBackbone(nn.Module):
+    """A ``train(mode)`` override that keeps a part frozen whatever the mode (a common fine-tuning pattern)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), NoisyInTraining())
+        self.adapter = NoisyInTraining()
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.backbone.eval()
+        return self
+
+
+def state(model: nn.Module) -> list[tuple[bool, float | None]]:
+    return [(m.training, getattr(m, "noise", None)) for m in model.modules()]
+
+
+def test_eval_mode_gives_each_module_its_mode_back_through_its_own_train_override():
+    from lightning_ortho.callbacks._eval_mode import eval_mode
+
+    model = nn.Sequential(FreezesItsBackbone(), nn.BatchNorm1d(2), NoisyInTraining(), NoisyInTraining())
+    model.train()
+    model[1].eval()  # a frozen BatchNorm
+    model[3].eval()  # a frozen noise layer: no noise
+    before = state(model)
+    assert [noise for _, noise in before if noise is not None] == [0.0, 0.1, 0.1, 0.0]
+    assert [training for training, _ in before] == [True, True, False, False, False, False, True, False, True, False]
+    with eval_mode(model):
+        assert all((not training and noise in (None, 0.0)) for training, noise in state(model))
+    assert state(model) == before  # flags and what each train(mode) override set with them
+    with pytest.raises(RuntimeError, match="inside"), eval_mode(model):
+        raise RuntimeError("inside")
+    assert state(model) == before
+
+
+class NoisyModel(pl.LightningModule):
+    """Noise in front of an orthogonal layer, and a record of what each training step sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noisy, self.ortho, self.head = NoisyInTraining(), orthogonal(nn.Linear(D, D)), nn.Linear(D, 1)
+        self.seen: list[tuple[bool, float]] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.noisy.training, self.noisy.noise))
+        x, y = batch
+        return F.mse_loss(self.head(self.ortho(self.noisy(x))), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_training_after_a_measurement_runs_with_what_train_mode_set(tiny_trainer):
+    model, monitor = NoisyModel(), OrthogonalityMonitor(every_n_steps=1, plot=False)
+    fit(tiny_trainer, model, loader(), max_epochs=1, callbacks=[monitor], limit_val_batches=0)
+    assert len(monitor.history) == 4
+    assert model.seen == [(True, 0.1)] * 4  # not noise 0.0 left over from the measurement's eval()
+
+
 # ------------------------------------------------------------------------------ a named module in eval mode
 class Affine(nn.Module):
     """``y = x A^T + b`` with its inverse, a user's invertible layer: ``log|det J| = log|det A|`` everywhere."""
@@ -211,12 +287,46 @@ class StopAfter(pl.Callback):
             trainer.should_stop = True
 
 
-def test_a_fit_stopped_before_the_first_measurement_ends_with_a_warning(tiny_trainer):
+def test_a_fit_stopped_before_the_first_measurement_is_measured_at_its_last_step(tiny_trainer):
+    # every_n_steps=10, stopped after 2 steps: the end of fit measures the last step, so no warning is due.
     monitor = OrthogonalityMonitor(every_n_steps=10, plot=False)
-    with pytest.warns(UserWarning, match=r"OrthogonalityMonitor measured nothing in this fit \(2 steps\)") as caught:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         fit(tiny_trainer, FrozenNorm(), loader(), max_epochs=5, callbacks=[monitor, StopAfter(2)])
-    assert monitor.history == []
-    assert "lower every_n_steps" in str(unmeasured(caught)[0])
+    assert [record["step"] for record in monitor.history] == [2] and not unmeasured(caught)
+
+
+class Unsized(torch.utils.data.IterableDataset):
+    """Four batches an epoch, and no ``__len__`` (a stream): the loop cannot count the batches in advance."""
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(4):
+            yield torch.randn(4, D, generator=g), torch.randn(4, 1, generator=g)
+
+
+@pytest.mark.parametrize("monitor_class", [OrthogonalityMonitor, InvertibilityMonitor])
+def test_the_last_batch_of_a_fit_on_a_loader_without_length_is_measured(monitor_class, tiny_trainer):
+    monitor = monitor_class(every_n_steps=50, plot=False)
+    saved = []
+
+    class AtEpochEnd(pl.Callback):  # runs after the monitor's batch-end hook, as an epoch-end checkpoint would
+        def on_train_epoch_end(self, trainer, pl_module):
+            saved.append([record["step"] for record in monitor.history])
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(
+            tiny_trainer,
+            FrozenNorm(),
+            DataLoader(Unsized(), batch_size=None),
+            max_epochs=2,
+            callbacks=[monitor, AtEpochEnd()],
+            limit_val_batches=0,
+        )
+    assert not unmeasured(caught)
+    assert [record["step"] for record in monitor.history] == [8]
+    assert saved == [[], [8]]  # measured at the last batch itself, before the last epoch ends
 
 
 # ---------------------------------------------------------------------------------------- gradient noise
@@ -250,4 +360,5 @@ def test_no_window_completed_ends_with_a_warning(tiny_trainer):
     assert monitor.history == []
     (message,) = unmeasured(caught)
     assert "the whole model: no window of every_n_steps=10 optimizer steps was completed" in message
-    assert "lower every_n_steps" in message
+    assert "the next one ends at step 9): train to at least 10 optimizer steps" in message
+    assert "use a smaller every_n_steps (at least 2)" in message and "interval" not in message.split("):")[-1]

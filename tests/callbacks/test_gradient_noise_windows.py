@@ -1,0 +1,151 @@
+"""GradientNoiseMonitor's windows are the first ``every_n_steps`` steps of each interval, never continued across
+intervals (a step skipped for inf/NaN gradients drops its window: with gradient accumulation, and across a resume
+too), and the end-of-fit message of a fit with no complete window advises what would help."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
+
+from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor
+from tests.callbacks.test_gradient_variance import UserMLP, brute_force, close, trainer, user_data
+
+KEYS = ("batch_variance", "mean_grad_sq", "signal", "snr", "noise_scale")
+
+
+class SkipsAStep(UserMLP):
+    """One optimizer step's gradient holds a NaN when the callbacks read it; the module then zeroes it before the
+    optimizer runs, as a mixed-precision scaler skips such a step and training goes on."""
+
+    def __init__(self, bad_step: int) -> None:
+        super().__init__()
+        self.bad_step = bad_step
+
+    def on_after_backward(self):
+        if self.global_step == self.bad_step:
+            self.head.bias.grad[0] = math.nan
+
+    def on_before_optimizer_step(self, optimizer):  # after the callbacks' hook of the same name
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad.nan_to_num_(0.0)
+
+
+class Gradients(pl.Callback):
+    """The gradient the optimizer steps with, per optimizer step (float64 copies)."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.steps.append({n: p.grad.double().clone() for n, p in pl_module.named_parameters() if p.grad is not None})
+
+
+def unmeasured(caught) -> list[str]:
+    return [str(w.message) for w in caught if "measured nothing in this fit" in str(w.message)]
+
+
+def assert_windows(monitor, gradients, windows, batch_size, rel=1e-9):
+    """Each logged record equals the brute-force statistics of its window of steps (one list of indices each)."""
+    assert len(monitor.history) == len(windows)
+    names = list(gradients.steps[0])
+    for record, window in zip(monitor.history, windows, strict=True):
+        expected = brute_force([gradients.steps[i] for i in window], names, batch_size)
+        for key in KEYS:
+            assert close(record["values"][f"gradient_noise/{key}"], expected[key], rel), (window, key)
+
+
+def test_a_skipped_step_drops_its_window_instead_of_finishing_it_an_interval_later(tmp_path):
+    # every_n_steps=3, interval=10, 24 steps, NaN at step 1: the windows are steps 10-12 and 20-22 (logged after
+    # steps 13 and 23); steps 0 and 2 are never mixed with step 10.
+    pl.seed_everything(0)
+    gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=3, interval=10, plot=False)
+    run = trainer(tmp_path, max_epochs=1, precision="64-true", callbacks=[gradients, monitor])
+    with pytest.warns(UserWarning, match="inf or NaN"):
+        run.fit(SkipsAStep(bad_step=1), DataLoader(user_data(8 * 24), batch_size=8))
+    assert len(gradients.steps) == 24 and [record["step"] for record in monitor.history] == [13, 23]
+    assert_windows(monitor, gradients, [[10, 11, 12], [20, 21, 22]], batch_size=8)
+
+
+def test_with_gradient_accumulation_a_skipped_step_drops_its_window(tmp_path):
+    # Two batches of 8 per optimizer step (batch size 16), 8 steps, every_n_steps=2, interval=4, NaN at step 1: the
+    # one window is steps 4-5, logged after step 6.
+    pl.seed_everything(0)
+    gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=2, interval=4, plot=False)
+    run = trainer(
+        tmp_path, max_epochs=1, precision="64-true", accumulate_grad_batches=2, callbacks=[gradients, monitor]
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*inf or NaN")
+        run.fit(SkipsAStep(bad_step=1), DataLoader(user_data(8 * 16), batch_size=8))
+    assert len(gradients.steps) == 8 and [record["step"] for record in monitor.history] == [6]
+    assert_windows(monitor, gradients, [[4, 5]], batch_size=16)
+
+
+def test_a_resume_with_an_incomplete_window_pending_measures_what_an_uninterrupted_fit_measures(tmp_path):
+    # 3 steps an epoch, every_n_steps=3, interval=5, NaN at step 1. The checkpoint after epoch 1 holds the dropped
+    # window's steps 0 and 2; the resumed fit must not finish it with step 5. In float32: a 64-true resume rounds the
+    # restored weights through the float32 model it builds.
+    def fit(root, epochs, callbacks=(), ckpt_path=None):
+        pl.seed_everything(0)
+        gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=3, interval=5, plot=False)
+        run = trainer(
+            root,
+            max_epochs=epochs,
+            enable_checkpointing=bool(callbacks),
+            callbacks=[gradients, monitor, *callbacks],
+        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*inf or NaN|.*ckpt_path|.*measured nothing")
+            run.fit(SkipsAStep(bad_step=1), DataLoader(user_data(24), batch_size=8), ckpt_path=ckpt_path)
+        return gradients, monitor
+
+    gradients, straight = fit(tmp_path / "straight", 4)
+    assert [record["step"] for record in straight.history] == [8]  # steps 5-7; steps 10-11 pending at the end
+    assert_windows(straight, gradients, [[5, 6, 7]], batch_size=8, rel=1e-5)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
+    _, first = fit(tmp_path / "first", 1, callbacks=[checkpoint])
+    assert first.history == [] and first._steps == 2  # steps 0 and 2, saved with the checkpoint
+    _, resumed = fit(tmp_path / "resumed", 4, ckpt_path=checkpoint.last_model_path)
+    assert resumed.history == straight.history
+
+
+# ---------------------------------------------------------------------------------- the end-of-fit message
+def test_under_fast_dev_run_the_message_does_not_advise_an_every_n_steps_below_the_minimum(tmp_path):
+    monitor = GradientNoiseMonitor(every_n_steps=2, plot=False)  # the minimum; interval 10
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(tmp_path, fast_dev_run=True, callbacks=[monitor]).fit(
+            UserMLP(), DataLoader(user_data(64), batch_size=8)
+        )
+    (message,) = unmeasured(caught)
+    assert "every_n_steps" not in message.split(":")[-1]  # it is at its minimum already
+    assert "in this fit's 1 steps (steps 0..0;" in message and "the next one ends at step 1" in message
+    assert message.endswith("train to at least 2 optimizer steps.")  # nothing about every_n_steps or interval
+
+
+def test_a_resumed_fit_that_falls_between_two_windows_is_advised_a_shorter_interval(tmp_path):
+    # every_n_steps=2, interval=10: windows are steps 0-1, 10-11, ... The resumed fit runs steps 4-7: no window.
+    def fit(root, epochs, callbacks=(), ckpt_path=None):
+        monitor = GradientNoiseMonitor(every_n_steps=2, interval=10, plot=False)
+        run = trainer(root, max_epochs=epochs, enable_checkpointing=bool(callbacks), callbacks=[monitor, *callbacks])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run.fit(UserMLP(), DataLoader(user_data(32), batch_size=8), ckpt_path=ckpt_path)  # 4 steps an epoch
+        return monitor, unmeasured(caught)
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
+    first, messages = fit(tmp_path / "first", 1, callbacks=[checkpoint])
+    assert [record["step"] for record in first.history] == [2] and messages == []
+    resumed, (message,) = fit(tmp_path / "resumed", 2, ckpt_path=checkpoint.last_model_path)
+    assert [record["step"] for record in resumed.history] == [2]  # restored, nothing new
+    assert "every_n_steps" not in message.split(":")[-1] and "shorter interval" in message
+    assert "in this fit's 4 steps (steps 4..7;" in message and "the next one ends at step 11" in message
+    assert message.endswith(
+        "train to at least 12 optimizer steps, or use a shorter interval (interval=2 reads every step)."
+    )
