@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
 from lightning_ortho.online import OnlineState
 
@@ -69,6 +71,9 @@ class OnlineCarry:
 
         ``fresh(streams)`` makes an initial estimator state of the right type, dtype and device to load into.
 
+        The estimator state's load warnings (e.g. a truncation window cut to a smaller ``k``) are given once, by
+        rank zero (every process loads a state of the same shapes).
+
         Raises:
             ValueError: the checkpoint was saved by another number of processes, or its estimator state does not
                 fit this model's estimator (another kind, cell or options: the message says what differs).
@@ -85,7 +90,9 @@ class OnlineCarry:
         if mine["state"] is not None:
             state = fresh(mine["state"]["h"].shape[0])
             try:
-                state.load_state_dict(mine["state"])
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    state.load_state_dict(mine["state"])
             except ValueError as error:
                 saved = mine["state"].get("kind")
                 trained = f" (estimator={saved!r})" if saved is not None else ""
@@ -95,6 +102,8 @@ class OnlineCarry:
                     f" checkpoint was trained with{trained}, or load only its weights and fit without ckpt_path."
                 ) from error
             self.state = state
+            for warning in caught:
+                rank_zero_warn(f"OnlineRNNModule: resuming: {warning.message}", category=warning.category)
         if mine["pending"] is not None:
             self.pending = {name: g.to(device) for name, g in mine["pending"].items()}
 

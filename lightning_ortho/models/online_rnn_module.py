@@ -116,6 +116,7 @@ class OnlineRNNModule(pl.LightningModule):
         self.carry = OnlineCarry()  # estimator state, chunk order, update window: between steps and in checkpoints
         self._val_h: torch.Tensor | None = None
         self._val_next = 0
+        self._trained_with: tuple[str, dict[str, Any]] | None = None  # a loaded checkpoint's estimator and options
 
     # -- setup -----------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -272,13 +273,13 @@ class OnlineRNNModule(pl.LightningModule):
         carry = self.carry
         if carry.restoring:
             carry.restore(*self._rank_and_world(), self._fresh_state, self.device)
+            self._warn_if_trained_with_other_options()
             if carry.window_steps >= self.update_every:
-                warnings.warn(
+                rank_zero_warn(
                     f"OnlineRNNModule: the checkpoint's update window already holds {carry.window_steps} steps but"
                     f" update_every={self.update_every}: the first update after resuming applies the gradient of"
                     f" {carry.window_steps + 1} steps, then every {self.update_every} steps. Resume with the"
-                    " update_every the checkpoint was trained with to continue exactly.",
-                    stacklevel=2,
+                    " update_every the checkpoint was trained with to continue exactly."
                 )
         if carry.state is not None and chunk.index not in (0, carry.next_chunk):
             raise ValueError(
@@ -297,6 +298,22 @@ class OnlineRNNModule(pl.LightningModule):
         carry.next_chunk = chunk.index + 1
         if bool(chunk.reset.any()):
             carry.state = self.estimator.reset(carry.state, chunk.reset.to(carry.state.h.device))
+
+    def _warn_if_trained_with_other_options(self) -> None:
+        """Warn (rank zero) when the checkpoint's estimator was built with other ``estimator_options``: its state
+        loads (the shapes fit) but continues under options it was not made with, e.g. another truncation ``k``."""
+        trained, self._trained_with = self._trained_with, None
+        if trained is None or trained[0] != self.hparams.estimator:
+            return  # another estimator is refused by the state's own check
+        saved, mine = trained[1], dict(self.hparams.estimator_options or {})
+        if not _same_value(saved, mine):
+            rank_zero_warn(
+                f"OnlineRNNModule: the checkpoint was trained with estimator={trained[0]!r} and"
+                f" estimator_options={saved!r}, this model has estimator_options={mine!r}: the saved estimator state"
+                " (e.g. the truncation window, UORO's rescaling) continues under the new options, so the run does"
+                " not continue as the checkpoint's would. Resume with the checkpoint's estimator_options to continue"
+                " exactly."
+            )
 
     def _fresh_state(self, streams: int) -> OnlineState:
         return initial_state(self.estimator, self._zero_state(streams), *self._rank_and_world())
@@ -382,6 +399,23 @@ class OnlineRNNModule(pl.LightningModule):
         """Take the saved carry; it is applied at the next training step, on the devices of that run."""
         if _CHECKPOINT_KEY in checkpoint:
             self.carry.load(checkpoint[_CHECKPOINT_KEY])
+            trained = checkpoint.get("hyper_parameters") or {}
+            if "estimator" in trained:  # compared with this model's at the resumed training's first chunk
+                self._trained_with = (trained["estimator"], dict(trained.get("estimator_options") or {}))
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """``a == b`` for option values that may hold tensors (UORO's ``Q0``) and lists or tuples."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def _no_autocast(like: torch.Tensor) -> torch.autocast:

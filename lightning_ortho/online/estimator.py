@@ -28,7 +28,8 @@ class OnlineGradientEstimator:
             ``False`` forces the generic ``torch.func`` path (tests compare the two).
 
     Subclasses implement :meth:`_initial_tensors`, :meth:`_advance` and :meth:`_gradient_flat`; an estimator
-    whose state entries change size from step to step lists those dims in ``varying_dims`` (checked on load).
+    whose state entries change size from step to step lists those dims in ``varying_dims`` (checked on load), and
+    entries that are windows of the last steps in ``windows`` (a longer saved window is cut on load).
 
     Every input is checked here, once for all estimators: its shape against the state and against the cell's
     ``input_size`` and ``hidden_size`` (where the cell has them), its dtype, and NaN/inf. The shape checks are
@@ -39,6 +40,8 @@ class OnlineGradientEstimator:
     name = "estimator"
     #: ``{state entry: dims}`` whose sizes vary from step to step (see :class:`OnlineState`).
     varying_dims: dict[str, tuple[int, ...]] = {}
+    #: ``{state entry: (dim, length)}``: sliding windows of the last ``length`` steps (see :class:`OnlineState`).
+    windows: dict[str, tuple[int, int]] = {}
 
     def __init__(self, cell: nn.Module, *, closed_form: bool = True) -> None:
         if not isinstance(cell, nn.Module):
@@ -75,7 +78,14 @@ class OnlineGradientEstimator:
                 " (e.g. cell.double() for float64 references)."
             )
         tensors = self._initial_tensors(h0)
-        return OnlineState(h0, tensors, self._new_generator(h0), kind=self.name, varying_dims=self.varying_dims)
+        return OnlineState(
+            h0,
+            tensors,
+            self._new_generator(h0),
+            kind=self.name,
+            varying_dims=self.varying_dims,
+            windows=self.windows,
+        )
 
     def step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
         """Advance every stream one step: ``x`` ``(B, I)`` -> ``(h_t (B, H), new state)``.

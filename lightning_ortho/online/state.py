@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -21,6 +22,8 @@ class OnlineState:
         kind: the name of the estimator that made the state (``"rtrl"``, ``"tbptt"``, ``"uoro"``) or ``None``.
         varying_dims: ``{entry: dims}``, the dims of a ``tensors`` entry whose size changes from step to step
             (truncated BPTT's window); every other dim of every entry keeps its size.
+        windows: ``{entry: (dim, length)}``, entries that are sliding windows of the last ``length`` steps along
+            ``dim`` (oldest first): after ``step`` steps they hold ``min(step, length)`` (truncated BPTT's ``k``).
 
     ``state_dict()`` holds tensors, one int and the kind, so ``torch.save`` and Lightning checkpoints store it;
     ``load_state_dict`` checks that it fits and restores it in place, bit-exactly.
@@ -34,6 +37,7 @@ class OnlineState:
         step: int = 0,
         kind: str | None = None,
         varying_dims: dict[str, tuple[int, ...]] | None = None,
+        windows: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         self.h = h
         self.tensors = dict(tensors or {})
@@ -41,6 +45,7 @@ class OnlineState:
         self.step = step
         self.kind = kind
         self.varying_dims = varying_dims or {}
+        self.windows = windows or {}
 
     @property
     def batch_size(self) -> int:
@@ -50,7 +55,7 @@ class OnlineState:
         """A new state with some fields changed; it shares the generator (one noise stream per estimator run)."""
         fields = {"h": self.h, "tensors": self.tensors, "generator": self.generator, "step": self.step}
         fields.update(changes)
-        return OnlineState(**fields, kind=self.kind, varying_dims=self.varying_dims)
+        return OnlineState(**fields, kind=self.kind, varying_dims=self.varying_dims, windows=self.windows)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -65,29 +70,38 @@ class OnlineState:
         """Restore a :meth:`state_dict` (onto this state's device; floating entries in this state's dtypes).
 
         The saved state must fit this one: the same streams and hidden size, a noise generator in both or neither
-        and, when an estimator made this state (``kind`` is set), the same estimator kind (if the saved state
-        records it) and the same influence entries with the same shapes (but for ``varying_dims``) and kinds of
-        dtype. Make the state to load into with ``initial_state`` of an estimator like the one that saved it,
-        with ``h0`` of the saved streams.
+        (with a state that this generator takes) and, when an estimator made this state (``kind`` is set), the
+        same estimator kind (if the saved state records it) and the same influence entries with the same shapes
+        (but for ``varying_dims``) and kinds of dtype. Make the state to load into with ``initial_state`` of an
+        estimator like the one that saved it, with ``h0`` of the saved streams. On any error the state is left
+        as it was.
+
+        Adapted, with a ``UserWarning``: a window (``windows``) longer than this state's keeps its last
+        ``length`` steps, which is what an estimator with the shorter window would hold after the same steps; a
+        window shorter than ``min(step, length)`` (saved with a shorter window) is loaded as is and fills up in
+        the next steps. An empty window (a state saved before its first step) loads whatever its other sizes.
 
         Raises:
-            ValueError: ``state`` is not a :meth:`state_dict`, or it does not fit this state; the message says
-                what differs.
+            ValueError: ``state`` is not a :meth:`state_dict` (the message names the entry that is not), it does
+                not fit this state (the message says what differs), or its ``h`` or an influence entry holds
+                NaN/inf (a state saved from a diverged run cannot continue).
         """
-        self._check_loadable(state)
+        h, tensors, step, notes = self._checked(state)
         device = self.h.device
-        self.h = state["h"].to(device, self.h.dtype)
         dtypes = {k: v.dtype for k, v in self.tensors.items() if v.is_floating_point()}
+        self.h = h.to(device, self.h.dtype)
         self.tensors = {
-            k: v.to(device, dtypes.get(k, v.dtype) if v.is_floating_point() else v.dtype)
-            for k, v in state["tensors"].items()
+            k: v.to(device, dtypes.get(k, v.dtype) if v.is_floating_point() else v.dtype) for k, v in tensors.items()
         }
         if self.generator is not None:
             self.generator.set_state(state["generator"])
-        self.step = int(state["step"])
+        self.step = step
+        for note in notes:
+            warnings.warn(f"OnlineState.load_state_dict: {note}", UserWarning, stacklevel=2)
 
-    def _check_loadable(self, state: Any) -> None:
-        """Raise ``ValueError`` naming what differs between a saved state and this one (see load_state_dict)."""
+    def _checked(self, state: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], int, list[str]]:
+        """``(h, tensors, step, warnings)`` of a saved state that fits this one (see :meth:`load_state_dict`),
+        without changing this state; raise ``ValueError`` naming what does not fit."""
         where = "OnlineState.load_state_dict"
         needed = {"h", "tensors", "generator", "step"}
         if not isinstance(state, dict) or not needed <= set(state):
@@ -95,6 +109,8 @@ class OnlineState:
             raise ValueError(f"{where}: expected a state_dict() with keys {sorted(needed)}, got {got}.")
         redo = "make the state to load into with initial_state of the estimator that saved it"
         saved_kind = state.get("kind")
+        if saved_kind is not None and not isinstance(saved_kind, str):
+            raise ValueError(f"{where}: the saved 'kind' must be an estimator's name or None, got {saved_kind!r}.")
         if saved_kind is not None and self.kind is not None and saved_kind != self.kind:
             raise ValueError(
                 f"{where}: the saved state belongs to a {saved_kind!r} estimator, this one to a {self.kind!r}"
@@ -104,27 +120,67 @@ class OnlineState:
         h = state["h"]
         if not isinstance(h, torch.Tensor) or h.shape != self.h.shape or not h.is_floating_point():
             got = f"{h.dtype} {tuple(h.shape)}" if isinstance(h, torch.Tensor) else type(h).__name__
+            start = f", with h0 of shape {tuple(h.shape)} on a cell of that hidden size" if got[0] == "t" else ""
             raise ValueError(
                 f"{where}: the saved hidden states h are {got}, this state's are {self.h.dtype}"
-                f" {tuple(self.h.shape)} (streams, hidden size); {redo}, with h0 of shape {tuple(h.shape)}"
-                " on a cell of that hidden size."
+                f" {tuple(self.h.shape)} (streams, hidden size); {redo}{start}."
             )
-        saved, mine = state["tensors"], self.tensors
-        if self.kind is None:  # a state made by hand has no estimator to say what it holds
-            saved = mine = {}
+        step = _saved_step(state["step"], where)
+        tensors = state["tensors"]
+        if not isinstance(tensors, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items()
+        ):
+            got = {k: type(v).__name__ for k, v in tensors.items()} if isinstance(tensors, dict) else tensors
+            raise ValueError(
+                f"{where}: the saved 'tensors' must map entry names to tensors (the influence approximation), got"
+                f" {type(tensors).__name__} {got!r:.200}; {redo}."
+            )
+        tensors = dict(tensors)
+        if self.kind is not None:  # a state made by hand has no estimator to say what it holds
+            self._check_entries(tensors, where, redo)
+        notes = self._fit_windows(tensors, step, where) if self.kind is not None else []
+        for name, value in [("h (the hidden states)", h), *((f"entry {k!r}", v) for k, v in tensors.items())]:
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise ValueError(
+                    f"{where}: the saved {name} holds NaN/inf values: the state was saved from a run that had"
+                    " diverged (or the file is damaged) and cannot continue; resume from an earlier checkpoint, or"
+                    " start the streams afresh (initial_state)."
+                )
+        if (state["generator"] is None) != (self.generator is None):
+            raise ValueError(f"{where}: the saved state and this one disagree on having a noise generator; {redo}.")
+        if self.generator is not None:
+            try:  # on a scratch generator: this state is left as it was if the saved one does not fit
+                torch.Generator(device=self.generator.device).set_state(state["generator"])
+            except (RuntimeError, TypeError, ValueError) as error:
+                raise ValueError(
+                    f"{where}: the saved generator state does not fit this state's {self.generator.device} noise"
+                    f" generator ({error}); it must be Generator.get_state() of such a generator: {redo}."
+                ) from error
+        return h, tensors, step, notes
+
+    def _check_entries(self, saved: dict[str, torch.Tensor], where: str, redo: str) -> None:
+        """The saved entries against this state's: names, shapes (but for ``varying_dims``) and kinds of dtype.
+        An entry that is empty along one of its varying dims (a window saved before its first step) is replaced
+        in ``saved`` by this state's empty entry."""
+        mine = self.tensors
         if set(saved) != set(mine):
             raise ValueError(
                 f"{where}: the saved state holds the entries {sorted(saved)}, this one {sorted(mine)}"
                 f" (missing {sorted(set(mine) - set(saved))}, unexpected {sorted(set(saved) - set(mine))}); the"
                 f" estimators differ: {redo}."
             )
-        for key, value in saved.items():
+        for key, value in list(saved.items()):
             want, varying = mine[key], self.varying_dims.get(key, ())
-            same_shape = value.dim() == want.dim() and all(
-                a == b or d in varying for d, (a, b) in enumerate(zip(value.shape, want.shape, strict=True))
-            )
             same_kind = value.is_floating_point() == want.is_floating_point() and (
                 value.is_floating_point() or value.dtype == want.dtype
+            )
+            empty = value.dim() == want.dim() and value.shape[:1] == want.shape[:1]
+            if same_kind and empty and any(value.shape[d] == 0 for d in varying):
+                shape = [0 if d in varying else n for d, n in enumerate(want.shape)]
+                saved[key] = want.new_zeros(shape)  # an empty window: its other sizes carry no information
+                continue
+            same_shape = value.dim() == want.dim() and all(
+                a == b or d in varying for d, (a, b) in enumerate(zip(value.shape, want.shape, strict=True))
             )
             if not (same_shape and same_kind):
                 dims = ["*" if d in varying else str(n) for d, n in enumerate(want.shape)]
@@ -133,5 +189,41 @@ class OnlineState:
                     f"{where}: the saved entry {key!r} is {value.dtype} {tuple(value.shape)}, this state needs"
                     f" {want.dtype} {pattern} (* varies); the cell or the estimator's options differ: {redo}."
                 )
-        if (state["generator"] is None) != (self.generator is None):
-            raise ValueError(f"{where}: the saved state and this one disagree on having a noise generator; {redo}.")
+
+    def _fit_windows(self, saved: dict[str, torch.Tensor], step: int, where: str) -> list[str]:
+        """Cut a saved window longer than this state's to its last ``length`` steps (in ``saved``); the warnings
+        to give. Raise if the saved window entries disagree on their length."""
+        windows = {k: v for k, v in self.windows.items() if k in saved}
+        if not windows:
+            return []
+        sizes = {k: saved[k].shape[dim] for k, (dim, _) in windows.items()}
+        size, length = max(sizes.values()), min(n for _, n in windows.values())
+        if len(set(sizes.values())) > 1:
+            raise ValueError(
+                f"{where}: the saved window entries hold {sizes} steps; a window holds the same number of steps in"
+                " every entry: the state is damaged or made by hand."
+            )
+        if size > length:
+            for key, (dim, _) in windows.items():
+                saved[key] = saved[key].narrow(dim, size - length, length)
+            return [
+                f"the saved window holds the last {size} steps, this state's estimator keeps {length} (e.g."
+                f" TruncatedBPTT(k={length}) resuming a state of k={size}): loaded its last {length} steps, as that"
+                " estimator would hold them; gradients now go back that many steps."
+            ]
+        if size < min(step, length):
+            return [
+                f"the saved window holds {size} steps after {step} steps: it was saved with a window of {size} steps"
+                f" (e.g. TruncatedBPTT(k={size})), this state's estimator keeps {length}; the window fills up over"
+                f" the next {length - size} steps, whose gradients go back fewer than {length} steps."
+            ]
+        return []
+
+
+def _saved_step(value: Any, where: str) -> int:
+    """The saved step count: a non-negative int or integer 0-d tensor (as :meth:`OnlineState.state_dict` saves)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where}: the saved 'step' must be a non-negative integer (steps taken), got {value!r}.")
+    return value

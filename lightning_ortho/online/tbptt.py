@@ -35,6 +35,8 @@ class TruncatedBPTT(OnlineGradientEstimator):
         self.k = k
         # The window fills up to k steps; a cell that does not declare its input_size fixes I at the first step.
         self.varying_dims = {"inputs": (1,) if self.input_size is not None else (1, 2), "starts": (1,), "cut": (1,)}
+        # A saved state of a longer window loads as its last k steps (what this estimator would hold), warned.
+        self.windows = {"inputs": (1, k), "starts": (1, k), "cut": (1, k)}
 
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         batch = h0.shape[0]

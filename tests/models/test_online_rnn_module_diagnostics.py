@@ -173,3 +173,21 @@ def test_a_batch_without_streams_says_so(tmp_path):
 
     with pytest.raises(ValueError, match=r"the batch has no streams: batch\['x'\] is \(0, 5, 3\)"):
         trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(model("rtrl"), Empty(streams=3))
+
+
+@pytest.mark.parametrize("k, window", [(3, None), (5, "fills up"), (2, "keeps 2")])
+def test_resuming_with_another_truncation_k_warns_once(k, window, tmp_path):
+    from tests.models.test_online_rnn_module_checks import checkpointed
+
+    _, path = checkpointed(tmp_path, "tbptt")  # k=3, after 15 steps
+    resumed = model("tbptt", update_every=4, estimator_options={"k": k})
+    data = TinyStreams(streams=3, steps=5, chunks_per_epoch=3)
+    said = _fit_recording(trainer(tmp_path / "resumed", max_epochs=2), resumed, data, ckpt_path=path)
+    options = [s for s in said if "the checkpoint was trained with" in s]
+    windows = [s for s in said if "saved window" in s]
+    if window is None:
+        assert options == [] and windows == []
+    else:
+        assert len(options) == 1 and len(windows) == 1 and window in windows[0]
+        assert f"estimator_options={{'k': 3}}, this model has estimator_options={{'k': {k}}}" in options[0]
+    assert resumed.carry.state.tensors["inputs"].shape[1] == k  # the window is k's after the resumed steps
