@@ -9,10 +9,11 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import RichProgressBar
-from pytorch_lightning.utilities import rank_zero_only
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
 
+from lightning_ortho.models.factorized_checkpoint import save_compressed_checkpoint
 from lightning_ortho.nn import SVDLinear
 from lightning_ortho.transforms.compression import (
     FAMILIES,
@@ -21,7 +22,7 @@ from lightning_ortho.transforms.compression import (
     affine_parts,
     compress_linear,
 )
-from lightning_ortho.transforms.factorized_linear import restore_factorized_on_load
+from lightning_ortho.transforms.factorized_linear import keep_training_state, restore_factorized_on_load
 
 Metric = Callable[[pl.LightningModule, Any], tuple[torch.Tensor | float, int]]
 
@@ -64,13 +65,22 @@ class TransformCompression(pl.Callback):
     work for any LightningModule while the callback is in the Trainer; ``Model.load_from_checkpoint``, which runs no
     callback, needs the model's own ``on_load_checkpoint`` to do it
     (:class:`~lightning_ortho.models.factorized_checkpoint.RestoresFactorizedLayers`, a base of the package's
-    classifiers). A resumed ``fit`` does not compress again (this callback's state ``done``).
+    classifiers). A resumed ``fit`` does not compress again (this callback's state ``done``). The rebuild works both
+    ways: a checkpoint saved before compression (``trainer.test(ckpt_path="best")`` after a fit whose best epoch came
+    before it) loads into the compressed model by turning those layers back into ``nn.Linear``.
+
+    Nothing compressed is lost when compression comes after the fit's last checkpoint (always at the end of fit;
+    also when no checkpoint is saved after ``at_epoch``): if the Trainer has a ``ModelCheckpoint``, the compressed
+    model is saved next to its checkpoints as ``compressed.ckpt`` (``compressed-v1.ckpt`` ... if taken), logged on
+    rank zero and kept in ``compressed_checkpoint``. The replacements keep the mode and ``requires_grad`` of the
+    layers they replace (a frozen layer stays frozen through fine-tuning).
 
     Args:
         modules: names of submodules to replace (``"head"``, ``"features.0"``); ``None``: every outermost
-            ``nn.Linear`` and :class:`~lightning_ortho.nn.SVDLinear`, skipping (with a warning) layers that are not
-            affine (``SVDLinear(orthogonal="aux")``), have fewer than 2 inputs (odd for family ``"m"``) or belong to
-            ``nn.MultiheadAttention``.
+            ``nn.Linear`` and :class:`~lightning_ortho.nn.SVDLinear`, skipping (with a warning at the start of fit)
+            layers that are not affine (``SVDLinear(orthogonal="aux")``), have fewer than 2 inputs (odd for family
+            ``"m"``) or belong to ``nn.MultiheadAttention``. Either way, a layer whose weights are all zero (unused)
+            or not finite when its turn comes stays dense, with a warning.
         family, s, m, q, bits, iterations: as :func:`compress_linear` (defaults per layer).
         at_epoch, finetune_epochs: when to compress (above); give at most one.
         metric: ``metric(pl_module, batch) -> (total, count)``; the logged value is ``sum(total) / sum(count)``.
@@ -155,7 +165,9 @@ class TransformCompression(pl.Callback):
         self.metric_before: float | None = None
         self.metric_after: float | None = None
         self.done = False
+        self.compressed_checkpoint: str | None = None
         self._epoch: int | None = None
+        self._compressed_in_fit = self._saved_since = False
 
     # ------------------------------------------------------------------------------------------------ selection
     @staticmethod
@@ -168,28 +180,45 @@ class TransformCompression(pl.Callback):
                     names.append(name)
         return names
 
-    def _problem(self, name: str, module: nn.Module, parent: nn.Module | None) -> str | None:
+    def _problem(self, module: nn.Module, parent: nn.Module | None, weights: bool) -> tuple[str | None, str | None]:
+        """``(structural, weights)``: why ``module`` cannot be compressed whatever its values (known before
+        training), and, with ``weights``, why its current values cannot be (all zero, NaN/inf); ``None`` when fine."""
         if isinstance(parent, nn.MultiheadAttention):
-            return "it belongs to nn.MultiheadAttention, which reads its weight directly instead of calling it"
+            return "it belongs to nn.MultiheadAttention, which reads its weight directly instead of calling it", None
         try:
-            weight, _ = affine_parts(module)
+            weight, bias = affine_parts(module)
         except (TypeError, NotAffineError) as error:
-            return str(error)
+            return str(error), None
         n = weight.shape[1]
         if n < 2 or (self.family == "m" and n % 2):
-            return f"its {n} input features do not suit family {self.family!r} (needs >= 2{', even' if self.family == 'm' else ''})"
+            need = ">= 2, even" if self.family == "m" else ">= 2"
+            return f"its {n} input features do not suit family {self.family!r} (needs {need})", None
         if self.options["s"] is not None and self.options["s"] > n:
-            return f"s={self.options['s']} exceeds its {n} input features"
-        return None
+            return f"s={self.options['s']} exceeds its {n} input features", None
+        if not weights:
+            return None, None
+        if not bool(torch.isfinite(weight).all()) or (bias is not None and not bool(torch.isfinite(bias).all())):
+            return None, "its weight or bias holds NaN or inf"
+        if not bool((weight != 0).any()):
+            return None, "its weight is all zeros (an unused or zero-initialised layer: nothing to compress)"
+        return None, None
 
-    def select(self, model: nn.Module, *, warn: bool = True) -> list[str]:
+    def select(self, model: nn.Module, *, warn: bool = True, weights: bool = True) -> list[str]:
         """Names of the modules this callback will replace in ``model`` (see ``modules``).
 
+        Args:
+            model: the model as it is now.
+            warn: warn about the layers that automatic selection (``modules=None``) skips because of their kind or
+                shape (at the start of ``fit``: known before training).
+            weights: also skip, always with a warning, the layers whose current weights cannot be compressed (all
+                zero, NaN/inf): they stay dense. At compression time only, since training changes them.
+
         Raises:
-            ValueError: a named module is missing or not compressible, or nothing is left to compress.
+            ValueError: a named module is missing or not compressible whatever its weights, or nothing is left to
+                compress (unless only the weights' values left nothing).
         """
         available = self.linear_modules(model)
-        chosen, skipped = [], []
+        chosen, skipped, kept_dense = [], [], []
         for name in self.modules if self.modules is not None else available:
             try:
                 module = model.get_submodule(name)
@@ -200,16 +229,23 @@ class TransformCompression(pl.Callback):
             if isinstance(module, FactorizedLinear):
                 continue  # already compressed (a resumed run)
             parent = model.get_submodule(name.rpartition(".")[0])
-            problem = self._problem(name, module, parent)
-            if problem is None:
+            problem, values = self._problem(module, parent, weights)
+            if problem is None and values is None:
                 chosen.append(name)
+            elif problem is None:
+                kept_dense.append(f"{name} ({values})")
             elif self.modules is not None:
                 raise ValueError(f"TransformCompression: cannot compress {name!r}: {problem}.")
             else:
                 skipped.append(f"{name} ({problem})")
         if skipped and warn:
             warnings.warn(f"TransformCompression: skipping {'; '.join(skipped)}.", stacklevel=2)
-        if not chosen and not any(isinstance(model.get_submodule(n), FactorizedLinear) for n in available):
+        if kept_dense:
+            warnings.warn(
+                f"TransformCompression: not compressing {'; '.join(kept_dense)}; these layers stay dense.", stacklevel=2
+            )
+        compressed = any(isinstance(model.get_submodule(n), FactorizedLinear) for n in available)
+        if not chosen and not kept_dense and not compressed:
             raise ValueError(f"TransformCompression: no module to compress. The model's Linear modules: {available}.")
         return chosen
 
@@ -219,9 +255,11 @@ class TransformCompression(pl.Callback):
         restore_factorized_on_load(pl_module)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._compressed_in_fit, self._saved_since = False, False
         if self.done:
             return
-        self.select(pl_module, warn=False)  # fail early, before training
+        # Fail (named modules) or warn (automatic selection) now, before training, about what no training changes.
+        self.select(pl_module, warn=True, weights=False)
         max_epochs = trainer.max_epochs
         if trainer.fast_dev_run and (self.finetune_epochs or self.at_epoch is not None):
             # A smoke run of one batch cannot hold the fine-tuning epochs; compress at its end instead of failing.
@@ -270,12 +308,31 @@ class TransformCompression(pl.Callback):
             metrics = self._compress(trainer, pl_module)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
+        if self._compressed_in_fit and not self._saved_since and trainer.checkpoint_callbacks:
+            self._save_compressed(trainer)
         if self.verbose and self.report:
             self._print_table()
 
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        if self._compressed_in_fit:
+            self._saved_since = True  # a checkpoint of this fit holds the compressed layers
+
+    def _save_compressed(self, trainer: pl.Trainer) -> None:
+        # Compressed after this fit's last checkpoint (at its end, by default): every checkpoint on disk holds the
+        # layers dense, so the compressed model is saved next to them.
+        self.compressed_checkpoint = save_compressed_checkpoint(trainer)
+        rank_zero_info(
+            f"TransformCompression: the layers were compressed after the last checkpoint of this fit was written, so "
+            f"those checkpoints (last.ckpt too) hold them dense; the compressed model is saved to "
+            f"{self.compressed_checkpoint}."
+        )
+
     # ------------------------------------------------------------------------------------------------ work
     def _compress(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
-        names = self.select(pl_module)
+        names = self.select(pl_module, warn=False)  # the skips by kind were reported at the start of fit
+        if not names:
+            self.done = True
+            return {}  # every layer left stays dense (warned by select)
         self.metric_before = self.evaluate(trainer, pl_module)
         replacements = {}
         progress = self.progress
@@ -284,7 +341,8 @@ class TransformCompression(pl.Callback):
         for name in names:  # compress all first, then replace: an error leaves the model untouched
             kwargs = {k: v for k, v in self.options.items() if v is not None}
             layer = pl_module.get_submodule(name)
-            replacements[name] = compress_linear(layer, self.family, progress=progress, **kwargs)
+            new = compress_linear(layer, self.family, progress=progress, **kwargs)
+            replacements[name] = keep_training_state(new, layer)  # a frozen layer stays frozen, its mode kept
         for name, new in replacements.items():
             parent_name, _, child = name.rpartition(".")
             old = pl_module.get_submodule(name)
@@ -292,7 +350,7 @@ class TransformCompression(pl.Callback):
             row = {"module": name, "type": type(old).__name__, "epoch": trainer.current_epoch}
             self.report.append({**row, **new.report.as_dict()})
         self.metric_after = self.evaluate(trainer, pl_module)
-        self.done = True
+        self.done, self._compressed_in_fit, self._saved_since = True, True, False
         metrics: dict[str, float] = {}
         if self.metric_before is not None and self.metric_after is not None:
             metrics[f"compression/{self.metric_name}_before"] = self.metric_before

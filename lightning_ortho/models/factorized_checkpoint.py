@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
+
+import pytorch_lightning as pl
+from lightning_fabric.utilities.cloud_io import get_filesystem
 
 from lightning_ortho.transforms.factorized_linear import restore_factorized
 
@@ -28,3 +32,24 @@ class RestoresFactorizedLayers:
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         restore_factorized(self, checkpoint.get("state_dict", {}))  # type: ignore[arg-type]
         super().on_load_checkpoint(checkpoint)  # type: ignore[misc]
+
+
+def save_compressed_checkpoint(trainer: pl.Trainer, name: str = "compressed") -> str:
+    """Save the trainer's model as ``<name>.ckpt`` next to its checkpoints and return the path.
+
+    The folder is the ``dirpath`` of ``trainer.checkpoint_callback`` (else ``trainer.log_dir``); an existing file is
+    never overwritten: ``<name>-v1.ckpt``, ``<name>-v2.ckpt`` ... as ``ModelCheckpoint`` does. Call it on every
+    process: rank zero picks the name and broadcasts it, and ``Trainer.save_checkpoint`` writes on rank zero and
+    waits for all (DDP-safe).
+    """
+    folder = str(getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.log_dir or trainer.default_root_dir)
+    path = None
+    if trainer.is_global_zero:
+        filesystem, version = get_filesystem(folder), 0
+        path = posixpath.join(folder, f"{name}.ckpt")
+        while filesystem.exists(path):
+            version += 1
+            path = posixpath.join(folder, f"{name}-v{version}.ckpt")
+    path = trainer.strategy.broadcast(path)
+    trainer.save_checkpoint(path)
+    return path

@@ -1,5 +1,6 @@
 """``y = C (T x) + b``: a fast product followed by a sparse matrix, the layer :func:`compress_linear` builds, and how
-a model holding such layers comes back from a ``state_dict`` whose model was built with the dense layers.
+a model holding such layers loads a ``state_dict`` of another structure: compressed layers into a model built with
+the dense ones, and dense layers (a state saved before compression) into a compressed model.
 """
 
 from __future__ import annotations
@@ -242,17 +243,66 @@ def _same_layout(module: nn.Module, state: Mapping[str, Any]) -> bool:
     return own.keys() == given.keys() and all(own[k].shape == given[k].shape for k in own)
 
 
+def keep_training_state(new: nn.Module, old: nn.Module) -> nn.Module:
+    """Give ``new``, which replaces ``old`` in a model, ``old``'s mode and which of its parameters train.
+
+    ``new.train(old.training)``; ``new.bias`` trains iff ``old.bias`` does, and every other trainable parameter of
+    ``new`` (``codes`` of a FactorizedLinear, ``weight`` of an ``nn.Linear``) is frozen when none of ``old``'s
+    non-bias parameters requires a gradient (a layer the user froze stays frozen). Returns ``new``.
+    """
+    weights = [p for name, p in old.named_parameters() if name != "bias"]
+    weights_train = any(p.requires_grad for p in weights) if weights else True
+    old_bias = getattr(old, "bias", None)
+    bias_train = old_bias.requires_grad if isinstance(old_bias, nn.Parameter) else weights_train
+    for name, parameter in new.named_parameters():
+        if not (bias_train if name == "bias" else weights_train):
+            parameter.requires_grad_(False)
+    return new.train(old.training)
+
+
+def _dense_layer(name: str, old: FactorizedLinear, state: Mapping[str, Any]) -> nn.Linear:
+    """The ``nn.Linear`` that the dense ``state`` (keys ``weight``, optional ``bias``) of ``name`` loads into, on
+    ``old``'s device and dtype, not initialised (the state overwrites it).
+
+    Raises:
+        RuntimeError: ``state`` is not that of an ``nn.Linear`` of ``old``'s shape.
+    """
+    shape = (old.out_features, old.in_features)
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    weight = tensors.get("weight")
+    if set(tensors) - {"weight", "bias"} or weight is None or tuple(weight.shape) != shape:
+        described = {k: tuple(v.shape) for k, v in tensors.items()}
+        raise RuntimeError(
+            f"restore_factorized: the model holds {name!r} compressed (a FactorizedLinear, weight {shape}), the state "
+            f"holds it dense as {described}, which is not the state of an nn.Linear of that shape; only nn.Linear "
+            f"layers are rebuilt. Load the state into a freshly built model instead."
+        )
+    bias = "bias" in tensors
+    linear = nn.utils.skip_init(
+        nn.Linear, old.in_features, old.out_features, bias=bias, device=old.codes.device, dtype=old.codes.dtype
+    )
+    return keep_training_state(linear, old)
+
+
 def restore_factorized(model: nn.Module, state_dict: Mapping[str, Any]) -> list[str]:
-    """Before ``model.load_state_dict(state_dict)``: give ``model`` the FactorizedLinear submodules that
-    ``state_dict`` holds (:func:`factorized_names`), each rebuilt with :meth:`FactorizedLinear.from_state_dict` on
-    the device of the module it replaces (a dense layer of the model as built, or a FactorizedLinear of another
-    layout). Submodules that can already load their state are kept. Returns the names of the replaced ones.
+    """Before ``model.load_state_dict(state_dict)``: give each layer of ``model`` the structure its state has.
+
+    Both ways: the FactorizedLinear submodules that ``state_dict`` holds (:func:`factorized_names`) are rebuilt with
+    :meth:`FactorizedLinear.from_state_dict` where the model has a dense layer (as built) or a FactorizedLinear of
+    another layout; and where the model holds a FactorizedLinear that ``state_dict`` holds dense (``weight`` and
+    optional ``bias``, e.g. a checkpoint saved before the model was compressed), it goes back to an ``nn.Linear`` of
+    its ``in_features``, ``out_features`` and bias. Each new module takes the device, mode and ``requires_grad`` of
+    the one it replaces (:func:`keep_training_state`). Submodules that can already load their state are kept; a
+    FactorizedLinear with no key at all in ``state_dict`` is left as it is. Returns the names of the replaced ones.
 
     Raises:
         KeyError: ``model`` has no submodule of such a name, or the state of one is incomplete.
+        RuntimeError: a FactorizedLinear of the model is held dense in ``state_dict`` by a module other than an
+            ``nn.Linear`` of its shape.
     """
     replaced = []
-    for name in factorized_names(state_dict):
+    compressed = factorized_names(state_dict)
+    for name in compressed:
         parent_name, _, child = name.rpartition(".")
         try:
             parent = model.get_submodule(parent_name)
@@ -264,7 +314,21 @@ def restore_factorized(model: nn.Module, state_dict: Mapping[str, Any]) -> list[
             continue
         new = FactorizedLinear.from_state_dict(state_dict, prefix=prefix)
         reference = next(iter(old.parameters()), None)
-        setattr(parent, child, new.to(reference.device) if reference is not None else new)
+        new = new.to(reference.device) if reference is not None else new
+        setattr(parent, child, keep_training_state(new, old))
+        replaced.append(name)
+    dense = [
+        (name, module)
+        for name, module in model.named_modules()
+        if name and isinstance(module, FactorizedLinear) and name not in compressed
+    ]
+    for name, old in dense:
+        prefix = f"{name}."
+        state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if not state:
+            continue  # a partial state (strict=False) that says nothing about this layer
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, _dense_layer(name, old, state))
         replaced.append(name)
     return replaced
 

@@ -1,3 +1,4 @@
+import copy
 import io
 
 import pytest
@@ -175,6 +176,32 @@ def test_a_state_saved_before_the_marker_loads_and_a_marked_one_rebuilds_by_mark
     smaller = FactorizedLinear.from_dictionary(dictionary, torch.randn(3, 10, dtype=F64))
     with pytest.raises(ValueError, match="rebuild the module"):
         smaller.set_extra_state(state["2._extra_state"])
+
+
+def test_a_dense_state_loads_into_a_compressed_model_as_linear_layers_keeping_what_trains():
+    dense = nn.Sequential(nn.Linear(10, 10).double(), nn.ReLU(), nn.Linear(10, 5).double())
+    saved = copy.deepcopy(dense.state_dict())  # e.g. a checkpoint written before compression
+    compressed = nn.Sequential(dense[0], nn.ReLU(), compress_linear(dense[2], s=3, m=8, progress=False))
+    compressed[2].codes.requires_grad_(False)  # frozen by the user, bias still trained
+    compressed[2].eval()
+    assert restore_factorized(compressed, saved) == ["2"]
+    restored = compressed[2]
+    assert type(restored) is nn.Linear and (restored.in_features, restored.out_features) == (10, 5)
+    assert not restored.weight.requires_grad and restored.bias.requires_grad and not restored.training
+    compressed.load_state_dict(saved)  # strict
+    x = torch.randn(4, 10, dtype=F64)
+    assert torch.equal(compressed(x), dense(x))
+    # and forth again: a compressed state into the model that is dense now
+    state = nn.Sequential(dense[0], nn.ReLU(), compress_linear(dense[2], s=3, m=8, progress=False)).state_dict()
+    assert restore_factorized(compressed, state) == ["2"] and isinstance(compressed[2], FactorizedLinear)
+    assert not compressed[2].codes.requires_grad and not compressed[2].training  # from the layer it replaced
+
+
+def test_a_dense_state_of_another_kind_of_layer_is_refused_by_name():
+    compressed = nn.Sequential(compress_linear(nn.Linear(6, 4), s=2, m=4, progress=False))
+    with pytest.raises(RuntimeError, match=r"'0'.*not the state of an nn.Linear.*freshly built model"):
+        restore_factorized(compressed, {"0.u": torch.zeros(4, 4), "0.v": torch.zeros(6, 4)})
+    assert restore_factorized(compressed, {}) == [] and isinstance(compressed[0], FactorizedLinear)  # partial state
 
 
 def test_from_state_dict_names_missing_keys():
