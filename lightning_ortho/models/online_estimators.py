@@ -67,3 +67,17 @@ def initial_state(
         ids = torch.arange(rank, total, world_size, device=h0.device)
         return estimator.initial_state(h0, stream_ids=ids, total_streams=total)
     return estimator.initial_state(h0)
+
+
+def same_options(a: Any, b: Any) -> bool:
+    """``a == b`` for estimator options, whose values may hold tensors (UORO's ``Q0``), lists or tuples."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_options(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_options(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError, RuntimeError):
+        return False

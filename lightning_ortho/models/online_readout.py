@@ -1,4 +1,5 @@
-"""The readout and the chunk format of :class:`~lightning_ortho.models.OnlineRNNModule`."""
+"""The readout and the chunk format of :class:`~lightning_ortho.models.OnlineRNNModule`, and the diagnosis of a
+non-finite loss gradient at its readout."""
 
 from __future__ import annotations
 
@@ -149,3 +150,53 @@ def _check_classes(y: torch.Tensor, mask: torch.Tensor, output_size: int) -> tor
             f" the number of classes, give unscored entries a false mask or the target {IGNORE_INDEX} (ignored)."
         )
     return mask
+
+
+def explain_nonfinite_grad_h(
+    grad_h: torch.Tensor,
+    h: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor,
+    readout: Readout,
+    parameters: list[tuple[str, torch.Tensor]],
+    update: int,
+    lr: float,
+) -> Exception | None:
+    """Why ``grad_h = dL_t/dh_t`` ``(b, H)`` holds NaN/inf, as an error to raise, or ``None`` (the estimator's
+    error stands) when ``grad_h`` is finite or none of these is the cause (error path only: host syncs).
+
+    The estimator sees only ``grad_h`` and blames the data; the module also knows the readout, the targets ``y``
+    of the step (with its ``mask``) and every parameter (``(name, tensor)`` pairs): NaN/inf parameters, or finite
+    ones so large that the readout's outputs or loss overflow (a diverging run), give a ``FloatingPointError``
+    naming them and their size; NaN/inf targets at scored entries a ``ValueError``.
+    """
+    if bool(torch.isfinite(grad_h).all()):
+        return None
+    where = f"OnlineRNNModule: dL/dh (the loss's gradient at the hidden state) holds NaN/inf at update {update}"
+    advice = (
+        f"lower the learning rate (lr={lr:g}), clip the updates (clip_gradient_norm), or train in a wider dtype"
+        " (precision='32-true' or '64-true')"
+    )
+    bad = [name for name, p in parameters if not bool(torch.isfinite(p).all())]
+    if bad:
+        return FloatingPointError(
+            f"{where}: the parameters {bad} hold NaN/inf, so training has diverged (the updates grew until they"
+            f" overflowed); {advice}."
+        )
+    if y.is_floating_point() and not bool(torch.isfinite(y[mask]).all()):
+        return ValueError(
+            f"{where}: batch['y'] holds NaN/inf at scored (masked) entries; fix the data, or set their mask to false."
+        )
+    with torch.no_grad():
+        outputs = readout(h)
+        outputs = outputs.to(torch.promote_types(outputs.dtype, torch.float32))  # as masked_loss_sum computes
+    largest = sorted(((float(p.detach().abs().max()), name) for name, p in parameters if p.numel()), reverse=True)
+    sizes = ", ".join(f"{name} (max |entry| {size:.3g})" for size, name in largest[:3])
+    if bool(torch.isfinite(outputs).all()):
+        overflowed = f"outputs reach {float(outputs.abs().max()):.3g} and the loss or its gradient overflowed"
+    else:
+        overflowed = "outputs overflowed"
+    return FloatingPointError(
+        f"{where}: every parameter is finite, but the readout's {overflowed} {outputs.dtype}: the largest"
+        f" parameters are {sizes}, so training is diverging; {advice}."
+    )

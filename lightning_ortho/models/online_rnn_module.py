@@ -13,8 +13,8 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import nn
 
 from lightning_ortho.models.online_carry import OnlineCarry
-from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, initial_state
-from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, read_chunk
+from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, initial_state, same_options
+from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, explain_nonfinite_grad_h, read_chunk
 from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.online import OnlineState
 from lightning_ortho.online.losses import masked_loss_sum
@@ -182,9 +182,13 @@ class OnlineRNNModule(pl.LightningModule):
         with _no_autocast(h):
             try:
                 cell_grads = self.estimator.gradient(self.carry.state, grad_h.to(h.dtype))
-            except (ValueError, FloatingPointError) as error:  # the error path: name the cause if it is ours
-                self._diagnose_nonfinite_grad_h(grad_h, h, y, mask, error)
-                raise
+            except (ValueError, FloatingPointError) as error:  # the error path: name the cause if the module can
+                cause = explain_nonfinite_grad_h(
+                    grad_h, h, y, mask, self.readout, list(self.named_parameters()), self.global_step, self.hparams.lr
+                )
+                if cause is None:
+                    raise
+                raise cause from error
         pending = self._pending_buffer()
         found = [
             *((f"cell.{n}", g) for n, g in cell_grads.items()),
@@ -194,52 +198,6 @@ class OnlineRNNModule(pl.LightningModule):
             if name in pending:  # frozen parameters have no buffer
                 pending[name] += g.to(pending[name].dtype)
         return loss_sum.detach().double()
-
-    def _diagnose_nonfinite_grad_h(
-        self, grad_h: torch.Tensor, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, error: Exception
-    ) -> None:
-        """Raise an error that names why ``grad_h = dL_t/dh_t`` holds NaN/inf, if the module can tell.
-
-        The estimator sees only ``grad_h`` and blames the data; the module also knows the readout, the targets
-        and every parameter: NaN/inf parameters, or finite ones so large that the readout's loss overflows
-        (a diverging run), are a ``FloatingPointError`` that names them; NaN/inf targets a ``ValueError``.
-        Returns (and the estimator's error stands) when ``grad_h`` is finite or none of these is the cause.
-        """
-        if bool(torch.isfinite(grad_h).all()):
-            return
-        where = (
-            f"OnlineRNNModule: dL/dh (the loss's gradient at the hidden state) holds NaN/inf at update"
-            f" {self.global_step}"
-        )
-        advice = (
-            f"lower the learning rate (lr={self.hparams.lr:g}), clip the updates (clip_gradient_norm), or train in a"
-            " wider dtype (precision='32-true' or '64-true')"
-        )
-        named = list(self.named_parameters())
-        bad = [name for name, p in named if not bool(torch.isfinite(p).all())]
-        if bad:
-            raise FloatingPointError(
-                f"{where}: the parameters {bad} hold NaN/inf, so training has diverged (the updates grew until they"
-                f" overflowed); {advice}."
-            ) from error
-        if y.is_floating_point() and not bool(torch.isfinite(y[mask]).all()):
-            raise ValueError(
-                f"{where}: batch['y'] holds NaN/inf at scored (masked) entries; fix the data, or set their mask to"
-                " false."
-            ) from error
-        with torch.no_grad():
-            outputs = self.readout(h)
-            outputs = outputs.to(torch.promote_types(outputs.dtype, torch.float32))  # as masked_loss_sum computes
-        largest = sorted(((float(p.detach().abs().max()), name) for name, p in named if p.numel()), reverse=True)
-        sizes = ", ".join(f"{name} (max |entry| {size:.3g})" for size, name in largest[:3])
-        if bool(torch.isfinite(outputs).all()):
-            overflowed = f"outputs reach {float(outputs.abs().max()):.3g} and the loss or its gradient overflowed"
-        else:
-            overflowed = "outputs overflowed"
-        raise FloatingPointError(
-            f"{where}: every parameter is finite, but the readout's {overflowed} {outputs.dtype}: the largest"
-            f" parameters are {sizes}, so training is diverging; {advice}."
-        ) from error
 
     def _pending_buffer(self) -> dict[str, torch.Tensor]:
         if self.carry.pending is None:
@@ -306,7 +264,7 @@ class OnlineRNNModule(pl.LightningModule):
         if trained is None or trained[0] != self.hparams.estimator:
             return  # another estimator is refused by the state's own check
         saved, mine = trained[1], dict(self.hparams.estimator_options or {})
-        if not _same_value(saved, mine):
+        if not same_options(saved, mine):
             rank_zero_warn(
                 f"OnlineRNNModule: the checkpoint was trained with estimator={trained[0]!r} and"
                 f" estimator_options={saved!r}, this model has estimator_options={mine!r}: the saved estimator state"
@@ -402,20 +360,6 @@ class OnlineRNNModule(pl.LightningModule):
             trained = checkpoint.get("hyper_parameters") or {}
             if "estimator" in trained:  # compared with this model's at the resumed training's first chunk
                 self._trained_with = (trained["estimator"], dict(trained.get("estimator_options") or {}))
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    """``a == b`` for option values that may hold tensors (UORO's ``Q0``) and lists or tuples."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a.cpu(), b.cpu())
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError, RuntimeError):
-        return False
 
 
 def _no_autocast(like: torch.Tensor) -> torch.autocast:
