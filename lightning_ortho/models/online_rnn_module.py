@@ -54,8 +54,10 @@ class OnlineRNNModule(pl.LightningModule):
     generator), the next expected chunk, the position in the update window and the pending gradient buffer are
     saved in ``on_save_checkpoint`` and restored in ``on_load_checkpoint``: fitting ``N`` chunks equals fitting
     ``k`` and resuming for ``N - k``, bit for bit (the data module restores its own position). Resume with the
-    same number of processes and the same estimator (another one is refused, naming both). A resume with a smaller
-    ``update_every`` than the saved window already holds closes that window at its first step (warned).
+    same number of processes and the same estimator (another one is refused, naming both); other
+    ``estimator_options`` are warned (e.g. another truncation ``k``: the saved window is cut to the last ``k``
+    steps or fills up). A resume with a smaller ``update_every`` than the saved window already holds closes that
+    window at its first step (warned).
 
     Validation runs the cell forward (no gradient estimate) from a zero state on each pass over the validation
     streams, carrying the state across that pass's chunks. A pass whose masks score no entry logs no ``val_*``
