@@ -60,8 +60,8 @@ class OnlineRNNModule(pl.LightningModule):
     window at its first step (warned).
 
     Validation runs the cell forward (no gradient estimate) from a zero state on each pass over the validation
-    streams, carrying the state across that pass's chunks. A pass whose masks score no entry logs no ``val_*``
-    (a mean over nothing is NaN) and warns.
+    streams, carrying the state across that pass's chunks. A pass whose masks score no entry logs NaN ``val_*``
+    (a mean over nothing) and warns first.
 
     Args:
         cell: a recurrent cell ``cell(x (b, I), h (b, H)) -> (b, H)`` with a ``hidden_size`` attribute (and
@@ -310,33 +310,31 @@ class OnlineRNNModule(pl.LightningModule):
         count = int(chunk.mask.sum())
         self.val_loss.update(loss_sum / max(count, 1), weight=count)
         self.val_count.update(count)
+        # Logged from the step (every step, every process: the same keys everywhere under DDP), so Lightning
+        # reduces them before any on_validation_epoch_end hook: a callback reading callback_metrics there sees this
+        # pass's value, as for any metric logged in validation_step.
+        self.log("val_loss", self.val_loss, prog_bar=True, on_epoch=True, batch_size=chunk.streams)
         if self.loss_name == "cross_entropy":
             self.val_bits.update(loss_sum / max(count, 1) / math.log(2), weight=count)
+            self.log("val_bits", self.val_bits, on_epoch=True, batch_size=chunk.streams)
 
     def on_validation_epoch_end(self) -> None:
-        """Log ``val_loss`` (and ``val_bits``) over the pass; warn and log nothing when no entry was scored.
+        """Warn when the pass scored no entry: its ``val_loss`` (and ``val_bits``) is then NaN, a mean over nothing.
 
-        A mean over zero entries is NaN, which ModelCheckpoint and EarlyStopping would take as a score; leaving
-        the metric out makes a callback that monitors it fail loudly instead, after this warning. The warning is
-        given once (by the process of rank zero: the count is over all processes) and not in Lightning's sanity
-        check, whose few chunks may all lie in the task's warm-up although the full validation pass does not.
+        The warning comes before ModelCheckpoint or EarlyStopping read the NaN (they run at the end of validation;
+        EarlyStopping's ``check_finite`` stops training on it, ModelCheckpoint ranks it last). It is given once (by
+        the process of rank zero: the count is over all processes) and not in Lightning's sanity check, whose few
+        chunks may all lie in the task's warm-up although the full validation pass does not.
         """
         scored = int(self.val_count.compute())  # over all processes (a collective under DDP, once per pass)
         self.val_count.reset()
-        if scored == 0:
-            self.val_loss.reset()
-            self.val_bits.reset()
-            if not self.trainer.sanity_checking:
-                rank_zero_warn(
-                    "OnlineRNNModule: validation scored no entry: the mask of every validation step is false (e.g."
-                    " the validation chunks are shorter than the task's warm-up, such as AddingTaskDataModule's"
-                    " max(t1, t2) steps), so val_loss is not logged for this pass. Give validation more or longer"
-                    " chunks (val_chunks, chunk_length), or do not monitor val_loss."
-                )
-            return
-        self.log("val_loss", self.val_loss, prog_bar=True)
-        if self.loss_name == "cross_entropy":
-            self.log("val_bits", self.val_bits)
+        if scored == 0 and not self.trainer.sanity_checking:
+            rank_zero_warn(
+                "OnlineRNNModule: validation scored no entry: the mask of every validation step is false (e.g. the"
+                " validation chunks are shorter than the task's warm-up, such as AddingTaskDataModule's max(t1, t2)"
+                " steps), so val_loss is NaN for this pass. Give validation more or longer chunks (val_chunks,"
+                " chunk_length), or do not monitor val_loss."
+            )
 
     def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the cell over ``x`` ``(B, T, I)`` from ``h0`` ``(B, H)`` (zeros by default): the readout's outputs
