@@ -24,14 +24,13 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
 from rich.console import Console
 from torch import nn
 
-from lightning_ortho.transforms.b_dla import learn_b_transform
+from lightning_ortho.transforms.b_dla import NARROW_CANDIDATES, WIDE_CANDIDATES, learn_b_transform
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.data_refit import refit_on_data, relative_square_error
 from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - restore_factorized: its old home
@@ -40,7 +39,7 @@ from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - resto
     restore_factorized_on_load,
 )
 from lightning_ortho.transforms.m_dla import learn_m_transform
-from lightning_ortho.transforms.progress import WorkProgress, show_progress
+from lightning_ortho.transforms.progress import Segment, WorkPlan, WorkProgress, estimate_reporter, show_progress
 from lightning_ortho.transforms.s_dla import learn_shear_transform
 
 FAMILIES = ("b", "m", "shear")
@@ -73,6 +72,7 @@ class CompressionReport:
     seconds: float = 0.0
     planned_steps: int = 0
     steps: int | None = None
+    estimated_seconds: float | None = None
 
     @property
     def ops_ratio(self) -> float:
@@ -186,14 +186,34 @@ DEFAULT_ITERATIONS = {"b": 10, "m": 1, "shear": 15}
 SLOW_SECONDS = 60.0
 
 
-def planned_steps(family: str, m: int | None, q: int | None, iterations: int | None) -> tuple[int, str]:
-    """The work of learning the transform, counted in the learner's unit steps, as ``(steps, unit)``: B and
-    shears ``m (1 + iterations)`` block choices (the greedy init and each sweep choose ``m`` blocks; convergence
-    can stop the sweeps earlier), M ``q rounds`` stages (each one maximum-weight perfect matching)."""
+#: The B_m-DLA stopping rule (step 5 of learn_b_transform) looks at sweeps 3 onwards, so sweeps 4, 5, ... may run
+#: with the wide candidate set (15 cores instead of 8): priced at that ratio, an upper bound on a pick's cost.
+_NARROW_SWEEPS, _WIDE_PICK_COST = 3, len(WIDE_CANDIDATES) / len(NARROW_CANDIDATES)
+
+
+def plan_work(family: str, m: int | None, q: int | None, iterations: int | None) -> WorkPlan:
+    """The work of learning the transform, in the learner's unit steps (:class:`WorkPlan`, for the time estimate).
+
+    B and shears: the greedy init (``m`` block choices, kind ``"greedy"``), then ``iterations`` sweeps of ``m``
+    re-picks each (kind ``"sweep"``; convergence may stop them early, so the plan is an upper bound), each sweep
+    after one pass over the data. M: ``rounds`` rounds of ``q`` stages (each a maximum-weight perfect matching),
+    each round after one pass. Two passes (the principal basis, the first codes) come before the first step and two
+    after the last (the final error and codes).
+    """
     sweeps = iterations or DEFAULT_ITERATIONS[family]
     if family == "m":
-        return q * sweeps, "stages"
-    return m * (1 + sweeps), "block choices"
+        return WorkPlan(tuple(Segment("stage", q) for _ in range(sweeps)), "stages", passes_before=2, passes_after=2)
+    wide = _WIDE_PICK_COST if family == "b" else 1.0
+    rounds = tuple(Segment("sweep", m, 1.0 if k < _NARROW_SWEEPS else wide) for k in range(sweeps))
+    early = family != "b" or sweeps > _NARROW_SWEEPS  # the B rule cannot stop before sweep 3 is done
+    return WorkPlan((Segment("greedy", m), *rounds), "block choices", 2, 2, may_stop_early=early)
+
+
+def planned_steps(family: str, m: int | None, q: int | None, iterations: int | None) -> tuple[int, str]:
+    """``(steps, unit)`` of :func:`plan_work`: B and shears ``m (1 + iterations)`` block choices, M ``q rounds``
+    stages."""
+    plan = plan_work(family, m, q, iterations)
+    return plan.total, plan.unit
 
 
 def _learn(family: str, y: torch.Tensor, s: int, m, q, bits, iterations, generator, on_step):
@@ -203,26 +223,6 @@ def _learn(family: str, y: torch.Tensor, s: int, m, q, bits, iterations, generat
     if family == "m":
         return learn_m_transform(y, q, s, rounds=sweeps, generator=generator, on_step=on_step)
     return learn_shear_transform(y, m, s, bits=bits, iterations=sweeps, generator=generator)
-
-
-def _warn_if_slow(shape: str, family: str, steps: int, unit: str) -> Callable[[float, float], None]:
-    def on_estimate(seconds: float, per_step: float) -> None:
-        logger.info("compress_linear: %s, family %r: about %.3g s (%.3g s per step).", shape, family, seconds, per_step)
-        if seconds > SLOW_SECONDS:
-            warnings.warn(
-                f"compress_linear: learning the {family!r} transform of this {shape} layer will take about "
-                f"{_duration(seconds)} ({steps:,} {unit} at {per_step:.3g} s each, timed on the first ones). Lower m "
-                f"(blocks), q (stages) or iterations for a faster, coarser fit.",
-                stacklevel=4,
-            )
-
-    return on_estimate
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def compress_linear(
@@ -257,8 +257,10 @@ def compress_linear(
             none, so its bar only completes): ``None`` (default) on an interactive terminal or notebook only,
             ``True`` always, ``False`` never. console: the rich ``Console`` to draw on (default: standard error).
             Before learning, the planned steps are logged (logger ``lightning_ortho.transforms.compression``, level
-            INFO), and after the first steps the estimated time; ``report.planned_steps`` and ``report.steps`` keep
-            them.
+            INFO), then the estimated time (:class:`~lightning_ortho.transforms.progress.WorkProgress`: each kind of
+            step and the passes over the data timed on their own; provisional once the first kind is timed, final
+            once every kind is, for B after the first sweep's re-picks; an upper bound for B, whose sweeps may stop
+            early). ``report.planned_steps``, ``report.steps`` and ``report.estimated_seconds`` keep them.
 
     Returns:
         A :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and ``report``
@@ -272,8 +274,9 @@ def compress_linear(
 
     Warns:
         UserWarning: ``data`` does not determine the code values of some rows (centred rank below ``s`` on their
-            support); those rows keep the no-data codes in the undetermined directions. Also when the time
-            estimated from the first steps exceeds ``SLOW_SECONDS`` (a minute).
+            support); those rows keep the no-data codes in the undetermined directions. Also, once, when the final
+            time estimate exceeds ``SLOW_SECONDS`` (a minute), or earlier when the work that cannot be skipped (the
+            rest of the current greedy init or sweep) already does.
     """
     start = time.perf_counter()
     if family not in FAMILIES:
@@ -326,13 +329,19 @@ def compress_linear(
 
     w64 = weight.double().cpu()
     b64 = None if bias is None else bias.double().cpu()
-    steps, unit = planned_steps(family, m, q, iterations)
-    shape = f"{out}x{n}"
-    logger.info("compress_linear: %s layer, family %r: up to %d %s.", shape, family, steps, unit)
+    plan, shape = plan_work(family, m, q, iterations), f"{out}x{n}"
+    logger.info("compress_linear: %s layer, family %r: up to %d %s.", shape, family, plan.total, plan.unit)
     show = show_progress(progress, console or Console(stderr=True))
-    description = f"compress {shape} ({family})"
-    on_estimate = _warn_if_slow(shape, family, steps, unit)
-    with WorkProgress(steps, description, unit, show=show, console=console, on_estimate=on_estimate) as work:
+    report = estimate_reporter(
+        "compress_linear",
+        f"{shape}, family {family!r}",
+        f"learning the {family!r} transform of this {shape} layer",
+        plan,
+        slow_seconds=lambda: SLOW_SECONDS,
+        advice="Lower m (blocks), q (stages) or iterations for a faster, coarser fit.",
+        log=logger,
+    )
+    with WorkProgress(plan, f"compress {shape} ({family})", show=show, console=console, on_estimate=report) as work:
         result = _learn(family, w64, s, m, q, bits, iterations, generator, None if family == "shear" else work.advance)
     dictionary = result.transform.to(torch.float64).cpu()
     d = dictionary.matrix()
@@ -383,7 +392,8 @@ def compress_linear(
         code_ops=code_ops,
         learner_errors=[float(e) for e in getattr(result, "errors", [])],
         seconds=time.perf_counter() - start,
-        planned_steps=steps,
+        planned_steps=plan.total,
         steps=None if family == "shear" else work.completed,  # the S-DLA learner reports no steps
+        estimated_seconds=work.estimated_seconds,
     )
     return factorized

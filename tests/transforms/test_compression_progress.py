@@ -3,13 +3,15 @@ shows a rich progress bar only where asked (or on a terminal)."""
 
 import io
 import logging
+import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
 from rich.console import Console
 from torch import nn
 
-from lightning_ortho.transforms import b_dla, compression, m_dla
+from lightning_ortho.transforms import b_dla, compression, m_dla, progress
 from lightning_ortho.transforms.compression import compress_linear
 
 LOGGER = "lightning_ortho.transforms.compression"
@@ -44,9 +46,9 @@ def test_the_planned_block_choices_are_announced_before_learning_and_are_those_m
         module = compress_linear(layer(), s=3, m=10, iterations=2, progress=False)
     assert announced == ["compress_linear: 12x16 layer, family 'b': up to 30 block choices."]
     assert len(picks) == 30 == module.report.planned_steps == module.report.steps  # m (1 greedy + 2 sweeps)
-    (estimate,) = [r.getMessage() for r in caplog.records if "s per step" in r.getMessage()]
-    seconds, per_step = (float(part.split(" s")[0]) for part in estimate.split("about ")[1].split("("))
-    assert 0 < 0.99 * 28 * per_step <= seconds < 60  # set-up and 2 steps timed, 28 more at the measured pace
+    estimates = [r.getMessage() for r in caplog.records if "per data pass" in r.getMessage()]
+    assert len(estimates) == 2 and "provisional" in estimates[0] and "provisional" not in estimates[1]
+    assert "greedy" in estimates[1] and "sweep" in estimates[1] and module.report.estimated_seconds > 0
 
 
 def _after_announcement(function, caplog, announced):
@@ -69,14 +71,14 @@ def test_m_transform_steps_are_its_stages(monkeypatch, caplog):
 
 def test_a_long_estimate_warns(monkeypatch):
     monkeypatch.setattr(compression, "SLOW_SECONDS", 0.0)
-    with pytest.warns(UserWarning, match=r"will take about .*\(30 block choices at .* s each.*Lower m"):
+    with pytest.warns(UserWarning, match=r"will take at least .*\(30 block choices; per step: greedy .*Lower m"):
         compress_linear(layer(), s=3, m=10, iterations=2, progress=False)
 
 
 def test_progress_false_and_auto_off_a_terminal_draw_nothing_and_true_draws_a_bar(capsys):
-    for progress in (False, None):  # None: auto, and a file is no terminal
+    for setting in (False, None):  # None: auto, and a file is no terminal
         buffer = io.StringIO()
-        compress_linear(layer(), s=3, m=10, iterations=2, progress=progress, console=Console(file=buffer))
+        compress_linear(layer(), s=3, m=10, iterations=2, progress=setting, console=Console(file=buffer))
         assert buffer.getvalue() == ""
     buffer = io.StringIO()
     compress_linear(layer(), s=3, m=10, iterations=2, progress=True, console=Console(file=buffer, width=120))
@@ -90,3 +92,123 @@ def test_progress_false_and_auto_off_a_terminal_draw_nothing_and_true_draws_a_ba
 def test_progress_must_be_a_bool_or_none():
     with pytest.raises(TypeError, match="progress must be True, False or None"):
         compress_linear(layer(), s=3, m=4, progress="yes")
+
+
+# ------------------------------------------------------------------------------ the time estimate, on a fake clock
+class FakeClock:
+    """Seconds that pass only when the test says so (no dependence on the machine's speed)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_estimate_times_each_kind_of_step_and_the_passes_on_their_own():
+    clock, seen = FakeClock(), []
+    plan = progress.WorkPlan(
+        (progress.Segment("greedy", 4), *(progress.Segment("sweep", 4, w) for w in (1.0, 1.0, 2.0))),
+        "picks",
+        passes_before=2,
+        passes_after=1,
+        may_stop_early=True,
+    )
+    # set-up 2 s and two 5 s passes, greedy picks of 1 s, a 5 s pass before each sweep, sweep picks of 0.1 s
+    # (twice that in the last, weight 2), a final 5 s pass: 2 + 10 + 4 + 3 * 5 + 0.4 + 0.4 + 0.8 + 5 = 37.6 s.
+    with progress.WorkProgress(plan, "test", show=False, on_estimate=seen.append, clock=clock) as work:
+        clock.now += 12.0
+        for segment in plan.segments:
+            for step in range(segment.steps):
+                clock.now += (5.0 if step == 0 and segment.kind == "sweep" else 0.0) + (
+                    1.0 if segment.kind == "greedy" else 0.1 * segment.weight
+                )
+                work.advance()
+        clock.now += 5.0
+    provisional, final = seen
+    assert not provisional.final and provisional.step_seconds == {"greedy": pytest.approx(1.0)}
+    # after the greedy picks (16 s): sweeps priced as greedy picks, passes as (12 s before the first pick) / 2
+    assert provisional.seconds == pytest.approx(16 + (6 + 4) + (6 + 4) + (6 + 8) + 6)
+    assert final.final and final.upper_bound
+    assert final.step_seconds == {"greedy": pytest.approx(1.0), "sweep": pytest.approx(0.1)}
+    assert final.pass_seconds == pytest.approx(5.0) and final.seconds == pytest.approx(37.6)
+    assert work.estimated_seconds == pytest.approx(37.6) and clock.now == pytest.approx(37.6)
+
+
+def test_a_stall_does_not_set_the_pace():
+    clock, seen = FakeClock(), []
+    with progress.WorkProgress(4, "test", show=False, on_estimate=seen.append, clock=clock) as work:
+        for pause in (1.0, 30.0, 1.0, 1.0):  # the second step waited on something else
+            clock.now += pause
+            work.advance()
+    (estimate,) = seen
+    assert estimate.step_seconds == {"step": 1.0} and estimate.seconds == pytest.approx(33.0)
+
+
+def test_the_b_plan_prices_the_sweeps_that_may_widen_and_says_when_it_may_stop_early():
+    plan = compression.plan_work("b", 10, None, 5)
+    assert [(s.kind, s.steps) for s in plan.segments] == [("greedy", 10)] + [("sweep", 10)] * 5
+    assert [s.weight for s in plan.segments[1:]] == [1.0, 1.0, 1.0, 15 / 8, 15 / 8]  # 15 cores instead of 8
+    assert plan.may_stop_early and not compression.plan_work("b", 10, None, 3).may_stop_early
+    m_plan = compression.plan_work("m", None, 3, 2)
+    assert [(s.kind, s.steps) for s in m_plan.segments] == [("stage", 3)] * 2 and not m_plan.may_stop_early
+
+
+def timed_learner(monkeypatch, greedy_pick, sweep_pick, data_pass):
+    """Make the B learner's work take fake seconds: each greedy pick, sweep re-pick and pass over the data."""
+    clock, phase = FakeClock(), ["greedy"]
+    monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=clock))
+
+    def in_phase(name, function):
+        def wrapper(*args, **kwargs):
+            phase[0] = name
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    def pick(*args, **kwargs):
+        clock.now += greedy_pick if phase[0] == "greedy" else sweep_pick
+        return original_pick(*args, **kwargs)
+
+    def encode(self, data):
+        clock.now += data_pass
+        return original_encode(self, data)
+
+    original_pick, original_encode = b_dla.best_block, b_dla.BTransformLearner.encode
+    monkeypatch.setattr(b_dla, "greedy_init", in_phase("greedy", b_dla.greedy_init))
+    monkeypatch.setattr(b_dla, "sweep", in_phase("sweep", b_dla.sweep))
+    monkeypatch.setattr(b_dla, "best_block", pick)
+    monkeypatch.setattr(b_dla.BTransformLearner, "encode", encode)
+    return clock
+
+
+def compress_and_warnings(**kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = compress_linear(layer(), s=3, m=10, progress=False, **kwargs)
+    return module, [str(w.message) for w in caught if "will take" in str(w.message)]
+
+
+def test_slow_greedy_picks_and_fast_sweeps_do_not_warn(monkeypatch):
+    # 10 greedy picks of 1 s, 20 re-picks of 0.01 s, 5 passes of 0.5 s: 12.7 s, under the 20 s threshold (the
+    # first pick's pace over all 30 picks would say 30 s).
+    clock = timed_learner(monkeypatch, greedy_pick=1.0, sweep_pick=0.01, data_pass=0.5)
+    monkeypatch.setattr(compression, "SLOW_SECONDS", 20.0)
+    module, messages = compress_and_warnings(iterations=2)
+    assert clock.now == pytest.approx(12.7) and not messages
+    # the revised estimate: the work done plus the passes still to come (one more than the fake learner pays)
+    assert clock.now <= module.report.estimated_seconds <= clock.now + 0.5 + 1e-9
+
+
+def test_fast_greedy_picks_and_slow_sweeps_warn_with_an_upper_bound(monkeypatch):
+    # 10 greedy picks of 0.01 s, then sweeps of 10 re-picks of 1 s: at most 5 sweeps, of which 4 and 5 may widen.
+    # Timed 4 re-picks into sweep 1 (2 passes + 0.1 s + a pass + 4 s): 4.7 s, 6 re-picks left, sweeps 2 and 3 at
+    # 0.2 + 10 s, sweeps 4 and 5 at 0.2 + 18.75 s (15 / 8 the pick), 2 passes after: 69.4 s at most.
+    clock = timed_learner(monkeypatch, greedy_pick=0.01, sweep_pick=1.0, data_pass=0.2)
+    monkeypatch.setattr(compression, "SLOW_SECONDS", 20.0)
+    module, messages = compress_and_warnings(iterations=5)
+    (message,) = messages
+    assert "will take up to 69 s" in message and "stops early once converged" in message, message
+    assert "greedy 0.01 s" in message and "sweep 1 s" in message and "per data pass 0.2 s" in message
+    assert module.report.estimated_seconds == pytest.approx(69.4)
+    assert module.report.estimated_seconds >= clock.now  # an upper bound of what it took
