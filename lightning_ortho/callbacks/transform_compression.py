@@ -96,6 +96,8 @@ class TransformCompression(pl.Callback):
         ValueError: invalid arguments (in ``__init__``); at ``fit`` start: a named module does not exist or is not
             compressible (the message lists the model's Linear modules), no module to compress, ``at_epoch`` or
             ``finetune_epochs`` do not fit ``max_epochs``, or fine-tuning under more than one process.
+        RuntimeError: ``metric`` fails on the first validation batch of ``fit`` (it is tried there, usually in the
+            sanity check, rather than first at compression time).
     """
 
     def __init__(
@@ -167,7 +169,7 @@ class TransformCompression(pl.Callback):
         self.done = False
         self.compressed_checkpoint: str | None = None
         self._epoch: int | None = None
-        self._compressed_in_fit = self._saved_since = False
+        self._compressed_in_fit = self._saved_since = self._metric_checked = False
 
     # ------------------------------------------------------------------------------------------------ selection
     @staticmethod
@@ -255,7 +257,7 @@ class TransformCompression(pl.Callback):
         restore_factorized_on_load(pl_module)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._compressed_in_fit, self._saved_since = False, False
+        self._compressed_in_fit = self._saved_since = self._metric_checked = False
         if self.done:
             return
         # Fail (named modules) or warn (automatic selection) now, before training, about what no training changes.
@@ -290,6 +292,26 @@ class TransformCompression(pl.Callback):
                 "process; under DDP use at_epoch=None (compress at the end of fit)."
             )
 
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *args: Any
+    ) -> None:
+        # The metric first runs at compression time, often the end of fit: try it on the first validation batch
+        # (usually the sanity check, before training) so that a metric unfit for these batches fails early.
+        if self._metric_checked or self.done or trainer.state.fn != "fit":
+            return
+        self._metric_checked = True
+        try:
+            with torch.no_grad():
+                total, count = self.metric(pl_module, batch)
+            float(total), float(count)
+        except Exception as error:
+            raise RuntimeError(
+                f"TransformCompression: the metric {self.metric_name!r} failed on a validation batch "
+                f"({type(error).__name__}: {error}); it must return (total, count) for a batch, e.g. the default "
+                f"accuracy_metric needs batches (inputs, labels, ...) and logits from pl_module(inputs). Pass "
+                f"metric=... that fits your batches."
+            ) from error
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.done or self._epoch is None or trainer.current_epoch != self._epoch:
             return
@@ -309,7 +331,8 @@ class TransformCompression(pl.Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
         if self._compressed_in_fit and not self._saved_since and trainer.checkpoint_callbacks:
-            self._save_compressed(trainer)
+            if not trainer.fast_dev_run:  # a smoke run writes no checkpoint
+                self._save_compressed(trainer)
         if self.verbose and self.report:
             self._print_table()
 

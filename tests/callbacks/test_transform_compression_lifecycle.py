@@ -145,3 +145,21 @@ def test_named_layers_that_are_all_zero_when_compressed_stay_dense_with_a_warnin
     with pytest.warns(UserWarning, match="not compressing spare"):
         make_tiny_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(model, train, val)
     assert type(model.spare) is nn.Linear and callback.done and callback.report == []
+
+
+class DictBatches(UserMLP):
+    """Validation batches are dicts: the default accuracy metric cannot read them."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_acc", (self(batch["x"]).argmax(-1) == batch["y"]).float().mean())
+
+
+def test_a_metric_unfit_for_the_validation_batches_fails_before_training(tmp_path):
+    train, _ = make_data()
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    val = torch.utils.data.DataLoader([{"x": a, "y": b} for a, b in zip(x, y, strict=True)], batch_size=8)
+    model = DictBatches()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(RuntimeError, match="metric 'val_acc' failed on a validation batch.*Pass metric="):
+        make_tiny_trainer(tmp_path, max_epochs=2, callbacks=[compression()]).fit(model, train, val)
+    assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())  # no training step ran
