@@ -346,7 +346,7 @@ class TransformCompression(pl.Callback):
         self.compressed_checkpoint = save_compressed_checkpoint(trainer)
         rank_zero_info(
             f"TransformCompression: the layers were compressed after the last checkpoint of this fit was written, so "
-            f"those checkpoints (last.ckpt too) hold them dense; the compressed model is saved to "
+            f"those checkpoints hold them dense (last.ckpt too, if any); the compressed model is saved to "
             f"{self.compressed_checkpoint}."
         )
 
