@@ -3,6 +3,7 @@
 import warnings
 
 from lightning_ortho.models.classification import ClassifierModule
+from lightning_ortho.models.factorized_checkpoint import RestoresFactorizedLayers
 from lightning_ortho.models.fast_transform_module import FastTransformModule
 from lightning_ortho.models.glow_module import GlowModule
 from lightning_ortho.models.online_rnn_module import OnlineRNNModule
@@ -16,6 +17,7 @@ __all__ = [
     "OnlineRNNModule",
     "OrthogonalClassifier",
     "OrthogonalRNNClassifier",
+    "RestoresFactorizedLayers",
 ]
 
 #: Names of version 0.1, kept so that old configs (``class_path: lightning_ortho.models.OrthoClassifier``) and
