@@ -606,9 +606,12 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--skip-logdet", action="store_true")
     parser.add_argument("--output-suffix", default="", help="appended to the result file name (e.g. -quick)")
     args = parser.parse_args(argv)
-    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    logging.getLogger("lightning_fabric").setLevel(logging.ERROR)
+    # Lightning's info lines off for the timed fits; the levels are given back at the end, since tests call main()
+    # in their own process and later tests read those loggers.
+    quiet = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     device = torch.device(args.device)
     default_threads = torch.get_num_threads()
@@ -640,6 +643,8 @@ def main(argv: list[str] | None = None) -> Path:
             }
     finally:
         torch.set_num_threads(default_threads)
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
     extra["total_seconds"] = round(time.perf_counter() - started, 1)
     extra["load_average"] = {
         "start": [round(v, 2) for v in load_before],

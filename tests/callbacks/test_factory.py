@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import os
 import pickle
 import subprocess
@@ -311,20 +312,38 @@ def test_a_setting_a_monitors_constructor_refuses_falls_back_to_its_default_with
 
 
 # ------------------------------------------------------------------------------------------ short fits
-def test_a_fit_too_short_for_a_monitor_from_the_environment_is_said_at_info_level(monkeypatch, tiny_trainer, caplog):
+def test_a_fit_too_short_for_a_monitor_from_the_environment_is_said_at_info_level(monkeypatch, tiny_trainer):
     # GradientVarianceMonitor at its defaults needs 20 steps; this fit has 4. Turned on for every run, it must not
     # warn on each short one; the message is still there, at info level.
     monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_variance")
     trainer = tiny_trainer(max_epochs=1)
-    with warnings.catch_warnings(record=True) as caught, caplog.at_level("INFO"):
-        warnings.simplefilter("always")
-        trainer.fit(Net(), loader())
+    # Lightning's info lines go to the "pytorch_lightning" logger, which does not propagate to the root logger
+    # (caplog's): read them there, at INFO whatever level an earlier test in this process left it at.
+    records = _Records()
+    lightning_logger = logging.getLogger("pytorch_lightning")
+    monkeypatch.setattr(lightning_logger, "level", logging.INFO)
+    lightning_logger.addHandler(records)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(Net(), loader())
+    finally:
+        lightning_logger.removeHandler(records)
     assert trainer.global_step == 4
     assert not [w for w in caught if "in this fit" in str(w.message)]
-    (info,) = [r.getMessage() for r in caplog.records if "measured nothing in this fit" in r.getMessage()]
+    (info,) = [message for message in records.messages if "measured nothing in this fit" in message]
     assert (
         info.startswith("GradientNoiseMonitor measured nothing in this fit (4 steps)") and "train to at least" in info
     )
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 class NaNGradients(Net):
