@@ -33,7 +33,7 @@ def build_estimator(name: str, cell: nn.Module, options: dict[str, Any], seed: i
             ``tbptt`` without ``k``.
     """
     cls = estimator_class(name)
-    taken = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "cell", "generator")]
+    taken = list(_option_defaults(cls, with_required=True))
     unknown = sorted(set(options) - set(taken))
     if "generator" in options:
         raise ValueError(
@@ -67,6 +67,40 @@ def initial_state(
         ids = torch.arange(rank, total, world_size, device=h0.device)
         return estimator.initial_state(h0, stream_ids=ids, total_streams=total)
     return estimator.initial_state(h0)
+
+
+def _option_defaults(cls: type[OnlineGradientEstimator], with_required: bool = False) -> dict[str, Any]:
+    """``{option: default}`` of the estimator class's keyword arguments (``cell`` and ``generator``, which the
+    model gives, left out); options without a default are included (as ``inspect.Parameter.empty``) only with
+    ``with_required``."""
+    found = {}
+    for option in inspect.signature(cls.__init__).parameters.values():
+        if option.name in ("self", "cell", "generator"):
+            continue
+        if with_required or option.default is not inspect.Parameter.empty:
+            found[option.name] = option.default
+    return found
+
+
+def resolved_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the estimator's defaults filled in for those left out: two option dicts that build the same
+    estimator (``{}`` and ``{"projection": "state"}`` for UORO, whose default projection is ``"state"``) resolve to
+    equal dicts. An unknown estimator name gives ``options`` unchanged."""
+    if name not in _CLASSES:
+        return dict(options)
+    return {**_option_defaults(_CLASSES[name]), **options}
+
+
+def differing_options(name: str, saved: dict[str, Any], mine: dict[str, Any]) -> str:
+    """The options whose resolved values (:func:`resolved_options`) differ, as ``"k: 3 saved, 5 now"`` (joined by
+    commas; ``(not set)`` for an option without a default that one side leaves out); ``""`` when both build the same
+    estimator."""
+    a, b = resolved_options(name, saved), resolved_options(name, mine)
+    differ = [
+        key for key in sorted(a.keys() | b.keys()) if key not in a or key not in b or not same_options(a[key], b[key])
+    ]
+    shown = lambda side, key: repr(side[key]) if key in side else "(not set)"  # noqa: E731
+    return ", ".join(f"{key}: {shown(a, key)} saved, {shown(b, key)} now" for key in differ)
 
 
 def same_options(a: Any, b: Any) -> bool:

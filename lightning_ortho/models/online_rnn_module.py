@@ -13,7 +13,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import nn
 
 from lightning_ortho.models.online_carry import OnlineCarry
-from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, initial_state, same_options
+from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, differing_options, initial_state
 from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, explain_nonfinite_grad_h, read_chunk
 from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.online import OnlineState
@@ -55,9 +55,12 @@ class OnlineRNNModule(pl.LightningModule):
     saved in ``on_save_checkpoint`` and restored in ``on_load_checkpoint``: fitting ``N`` chunks equals fitting
     ``k`` and resuming for ``N - k``, bit for bit (the data module restores its own position). Resume with the
     same number of processes and the same estimator (another one is refused, naming both); other
-    ``estimator_options`` are warned (e.g. another truncation ``k``: the saved window is cut to the last ``k``
-    steps or fills up). A resume with a smaller ``update_every`` than the saved window already holds closes that
-    window at its first step (warned).
+    ``estimator_options`` (compared with the estimator's defaults filled in) are warned (e.g. another truncation
+    ``k``: the saved window is cut to the last ``k`` steps or fills up). A resume with a smaller ``update_every``
+    than the saved window already holds closes that window at its first step (warned). These apply to a model
+    built in Python and ``Trainer.fit(ckpt_path=...)``: ``lightning-ortho fit --ckpt_path`` (LightningCLI) reads
+    the checkpoint's hyperparameters after the command line and config, so there the checkpoint's model options
+    (estimator, options, ``update_every``, ``lr``, ...) replace those given, without a warning.
 
     Validation runs the cell forward (no gradient estimate) from a zero state on each pass over the validation
     streams, carrying the state across that pass's chunks. A pass whose masks score no entry logs NaN ``val_*``
@@ -266,13 +269,15 @@ class OnlineRNNModule(pl.LightningModule):
         if trained is None or trained[0] != self.hparams.estimator:
             return  # another estimator is refused by the state's own check
         saved, mine = trained[1], dict(self.hparams.estimator_options or {})
-        if not same_options(saved, mine):
+        # Compared with the estimator's defaults filled in: {} and the defaults spelt out build the same estimator.
+        differ = differing_options(trained[0], saved, mine)
+        if differ:
             rank_zero_warn(
                 f"OnlineRNNModule: the checkpoint was trained with estimator={trained[0]!r} and"
-                f" estimator_options={saved!r}, this model has estimator_options={mine!r}: the saved estimator state"
-                " (e.g. the truncation window, UORO's rescaling) continues under the new options, so the run does"
-                " not continue as the checkpoint's would. Resume with the checkpoint's estimator_options to continue"
-                " exactly."
+                f" estimator_options={saved!r}, this model has estimator_options={mine!r} ({differ}): the saved"
+                " estimator state (e.g. the truncation window, UORO's rescaling) continues under the new options, so"
+                " the run does not continue as the checkpoint's would. Resume with the checkpoint's"
+                " estimator_options to continue exactly."
             )
 
     def _fresh_state(self, streams: int) -> OnlineState:
