@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any
 
@@ -79,7 +80,10 @@ class OnlineState:
         Adapted, with a ``UserWarning``: a window (``windows``) longer than this state's keeps its last
         ``length`` steps, which is what an estimator with the shorter window would hold after the same steps; a
         window shorter than ``min(step, length)`` (saved with a shorter window) is loaded as is and fills up in
-        the next steps. An empty window (a state saved before its first step) loads whatever its other sizes.
+        the next steps. An empty window (a state saved before its first step) loads whatever its other sizes. A
+        window that no estimator saves (empty after ``step >= 1`` steps, or holding more than ``step`` steps) loads
+        as it is, warned that the state was made by hand or is damaged. ``step`` may be an int, a NumPy integer or
+        a one-element integer tensor.
 
         Raises:
             ValueError: ``state`` is not a :meth:`state_dict` (the message names the entry that is not), it does
@@ -203,13 +207,28 @@ class OnlineState:
                 f"{where}: the saved window entries hold {sizes} steps; a window holds the same number of steps in"
                 " every entry: the state is damaged or made by hand."
             )
+        if size == 0 and step > 0:
+            # No estimator saves this: after s >= 1 steps a window of k >= 1 steps holds min(s, k) >= 1 of them.
+            return [
+                f"the saved window is empty after {step} steps, which no window is (after s >= 1 steps a window of k"
+                " steps holds min(s, k) >= 1 of them): the state was made by hand or is damaged. Loaded as it is:"
+                f" the window fills up over the next {length} steps, whose gradients go back fewer than {length}"
+                " steps."
+            ]
+        notes = []
+        if size > step:
+            notes.append(
+                f"the saved window holds {size} steps after only {step} steps, more than were taken: the state was"
+                " made by hand or is damaged (or its 'step' is wrong). Loaded as it is."
+            )
         if size > length:
             for key, (dim, _) in windows.items():
                 saved[key] = saved[key].narrow(dim, size - length, length)
             return [
+                *notes,
                 f"the saved window holds the last {size} steps, this state's estimator keeps {length} (e.g."
                 f" TruncatedBPTT(k={length}) resuming a state of k={size}): loaded its last {length} steps, as that"
-                " estimator would hold them; gradients now go back that many steps."
+                " estimator would hold them; gradients now go back that many steps.",
             ]
         if size < min(step, length):
             return [
@@ -217,13 +236,24 @@ class OnlineState:
                 f" (e.g. TruncatedBPTT(k={size})), this state's estimator keeps {length}; the window fills up over"
                 f" the next {length - size} steps, whose gradients go back fewer than {length} steps."
             ]
-        return []
+        return notes
 
 
 def _saved_step(value: Any, where: str) -> int:
-    """The saved step count: a non-negative int or integer 0-d tensor (as :meth:`OnlineState.state_dict` saves)."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{where}: the saved 'step' must be a non-negative integer (steps taken), got {value!r}.")
-    return value
+    """The saved step count as an int: a non-negative integer given as an int, a NumPy integer or a one-element
+    integer tensor of any integer dtype (:meth:`OnlineState.state_dict` saves a 0-d int64 tensor). A bool, a float
+    (even ``3.0``) or anything else is a ``ValueError``: a step count is never fractional, and a bool is no count."""
+    is_bool = isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool)
+    try:
+        count = None if is_bool else operator.index(value)  # int, NumPy integers, integer tensors of one element
+    except TypeError:
+        count = None
+    if count is None or count < 0:
+        kind = f"{value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value)
+        kind = kind if isinstance(kind, str) else kind.__name__
+        raise ValueError(
+            f"{where}: the saved 'step' must be a non-negative integer (the steps taken: an int, a NumPy integer or a"
+            f" one-element integer tensor), got {value!r} ({kind}); it is the number of steps the state has taken"
+            " since initial_state, as state_dict() saves it."
+        )
+    return count
