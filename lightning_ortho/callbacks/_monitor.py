@@ -31,8 +31,8 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from lightning_ortho.callbacks._eval_mode import eval_mode
 from lightning_ortho.callbacks._monitor_report import plot_history, print_table
+from lightning_ortho.nn.eval_mode import eval_mode
 
 Reduction = Literal["mean", "sum", "min", "max"]
 

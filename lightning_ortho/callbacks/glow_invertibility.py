@@ -8,11 +8,11 @@ import warnings
 import pytorch_lightning as pl
 import torch
 
-from lightning_ortho.callbacks._eval_mode import eval_mode
 from lightning_ortho.callbacks._glow_probe import GlowProbeCallback
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
 from lightning_ortho.flows import AuxiliaryConv1x1
+from lightning_ortho.nn.eval_mode import eval_mode
 
 
 class GlowInvertibilityCheck(GlowProbeCallback):

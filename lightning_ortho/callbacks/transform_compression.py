@@ -15,6 +15,7 @@ from torch import nn
 
 from lightning_ortho.models.factorized_checkpoint import save_compressed_checkpoint
 from lightning_ortho.nn import SVDLinear
+from lightning_ortho.nn.eval_mode import eval_mode
 from lightning_ortho.transforms.compression import (
     FAMILIES,
     FactorizedLinear,
@@ -44,19 +45,29 @@ class TransformCompression(pl.Callback):
     """Replaces dense layers by :class:`~lightning_ortho.transforms.FactorizedLinear` ``C (D^T x) + b`` learned
     with :func:`~lightning_ortho.transforms.compression.compress_linear` (``W ~ C D^T`` in the Frobenius norm).
 
-    When: with ``at_epoch=None, finetune_epochs=0`` (default) at ``on_fit_end``, no fine-tuning. Otherwise at the end
-    of training epoch ``at_epoch`` (0-based), or of epoch ``max_epochs - 1 - finetune_epochs``; the remaining epochs
-    of the same ``fit`` then fine-tune the compressed model: the optimizers and LR schedulers are re-created from
+    When: with ``at_epoch=None, finetune_epochs=0`` (default) at ``on_fit_end``, no fine-tuning. Otherwise after
+    training epoch ``at_epoch`` (0-based), or after epoch ``max_epochs - 1 - finetune_epochs``, so that
+    ``finetune_epochs`` epochs follow: at the start of the next epoch (``on_train_epoch_start``), once the epoch's
+    validation, checkpoints and early-stopping check are done with the dense weights they scored. Every checkpoint
+    then carries the score of the weights it holds: the first one holding the compressed layers is written after the
+    compressed model's own validation. The remaining epochs of the same ``fit`` fine-tune the compressed model, the
+    codes only on their support (see :class:`FactorizedLinear`), the transforms fixed. With ``at_epoch = max_epochs
+    - 1`` the layers are compressed at ``on_fit_end``. Fine-tuning needs one process (DDP registered the old
+    parameters); if ``fit`` stops before the fine-tuning epochs, compression happens at ``on_fit_end`` with a
+    warning. Whenever layers are replaced, the optimizers and LR schedulers are re-created from
     ``configure_optimizers`` (``trainer.strategy.setup_optimizers``, so the new codes are optimised; optimizer state
-    such as Adam moments and schedules restart), the codes train only on their support (see
-    :class:`FactorizedLinear`), and the transforms stay fixed. Fine-tuning needs one process (DDP registered the old
-    parameters); if ``fit`` stops before that epoch, compression happens at ``on_fit_end`` with a warning.
+    such as Adam moments and schedules restart), also at ``on_fit_end``, so that a checkpoint saved then (e.g.
+    ``compressed.ckpt``) holds optimizer state of the compressed parameters, not the dense weights' moments.
 
-    Around the compression the validation dataloaders are run through the model (eval mode, no gradients, the
-    trainer's precision context) with ``metric``; the totals are summed across processes. Logged (``pl_module.log``
-    inside an epoch, the trainer's loggers at ``on_fit_end``): ``compression/<metric_name>_before``, ``.._after``,
+    Around the compression the validation dataloaders are run through the model (eval mode, each submodule's own
+    mode restored afterwards through its ``train(mode)``, no gradients, the trainer's precision context) with
+    ``metric``; the totals are summed across processes. Logged: ``compression/<metric_name>_before``, ``.._after``,
     ``compression/error/<module>`` (percent), ``compression/ops_before`` and ``compression/ops_after`` (additions +
-    multiplications + shifts, bias excluded). ``report`` keeps one dict per layer; a rich table is printed at the end.
+    multiplications + shifts, bias excluded); in ``trainer.callback_metrics`` and the loggers (``pl_module.log`` in
+    the epoch of compression; at ``on_fit_end`` written to both directly). ``report`` keeps one dict per layer (its
+    ``"epoch"``: the last training epoch completed before the compression); a rich table is printed at the end. ``compressed_after_validation`` is ``True`` while the last validation of the
+    run came before the compression (always after compression at ``on_fit_end``): the logged validation metrics,
+    e.g. ``val_acc``, then describe the dense model, and ``compression/<metric_name>_after`` the compressed one.
 
     Checkpoints saved after compression hold each compressed layer's state with a marker (see
     :class:`~lightning_ortho.transforms.FactorizedLinear`), and a freshly built model rebuilds those layers before
@@ -168,6 +179,7 @@ class TransformCompression(pl.Callback):
         self.metric_after: float | None = None
         self.done = False
         self.compressed_checkpoint: str | None = None
+        self.compressed_after_validation = False
         self._epoch: int | None = None
         self._compressed_in_fit = self._saved_since = self._metric_checked = False
 
@@ -312,24 +324,35 @@ class TransformCompression(pl.Callback):
                 f"metric=... that fits your batches."
             ) from error
 
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.done or self._epoch is None or trainer.current_epoch != self._epoch:
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # "After epoch k" is the start of epoch k + 1, not the end of epoch k: by then epoch k's validation and
+        # checkpoints are done with the weights they scored, and the compressed model's first checkpoint comes
+        # after its own validation (at the end of epoch k, a checkpoint of the compressed layers would carry the
+        # dense model's score, and ModelCheckpoint's "best" or EarlyStopping would act on it).
+        if self.done or self._epoch is None or trainer.current_epoch <= self._epoch:
             return
-        metrics = self._compress(trainer, pl_module)
-        trainer.strategy.setup_optimizers(trainer)  # the new codes join the (re-created) optimizers
-        for key, value in metrics.items():
-            pl_module.log(key, value)
+        for key, value in self._compress(trainer, pl_module).items():
+            pl_module.log(key, value)  # reduced and shown at the end of this epoch (callback_metrics, loggers)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.compressed_after_validation = False  # the logged validation metrics describe the compressed model
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.done:
-            if self._epoch is not None:
+            max_epochs = trainer.max_epochs
+            planned_last = max_epochs is not None and max_epochs >= 0 and self._epoch == max_epochs - 1
+            if self._epoch is not None and not (planned_last and trainer.current_epoch > self._epoch):
                 warnings.warn(
-                    f"TransformCompression: fit ended before epoch {self._epoch}; compressing now, without fine-tuning.",
+                    f"TransformCompression: fit ended (in epoch {trainer.current_epoch}) before the fine-tuning "
+                    f"planned after epoch {self._epoch}; compressing now, without fine-tuning.",
                     stacklevel=2,
                 )
             metrics = self._compress(trainer, pl_module)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
+            # pl_module.log is closed at on_fit_end; the figures still go where Trainer users and the CLI read them.
+            trainer.callback_metrics.update({key: torch.tensor(float(value)) for key, value in metrics.items()})
         if self._compressed_in_fit and not self._saved_since and trainer.checkpoint_callbacks:
             if not trainer.fast_dev_run:  # a smoke run writes no checkpoint
                 self._save_compressed(trainer)
@@ -370,10 +393,15 @@ class TransformCompression(pl.Callback):
             parent_name, _, child = name.rpartition(".")
             old = pl_module.get_submodule(name)
             setattr(pl_module.get_submodule(parent_name), child, new)
-            row = {"module": name, "type": type(old).__name__, "epoch": trainer.current_epoch}
+            row = {"module": name, "type": type(old).__name__, "epoch": trainer.current_epoch - 1}  # last one done
             self.report.append({**row, **new.report.as_dict()})
+        # The optimizers are re-created from configure_optimizers for the new parameters (the codes): their state
+        # (Adam moments, schedules) restarts, whether fine-tuning follows in this fit or a later fit resumes from a
+        # checkpoint saved now (the dense weights' moments have the codes' shape and would load into them).
+        trainer.strategy.setup_optimizers(trainer)
         self.metric_after = self.evaluate(trainer, pl_module)
         self.done, self._compressed_in_fit, self._saved_since = True, True, False
+        self.compressed_after_validation = True  # until a validation runs: the logged val_* are the dense model's
         metrics: dict[str, float] = {}
         if self.metric_before is not None and self.metric_after is not None:
             metrics[f"compression/{self.metric_name}_before"] = self.metric_before
@@ -408,19 +436,15 @@ class TransformCompression(pl.Callback):
         if not loaders:
             warnings.warn("TransformCompression: no validation dataloader; the metric is not measured.", stacklevel=2)
             return None
-        modes = {module: module.training for module in pl_module.modules()}
-        pl_module.eval()
         sums = torch.zeros(2, dtype=torch.float64)
-        try:
-            with torch.no_grad(), trainer.precision_plugin.forward_context():
-                for index, loader in enumerate(loaders):
-                    for batch in loader:
-                        batch = trainer.strategy.batch_to_device(batch, dataloader_idx=index)
-                        total, count = self.metric(pl_module, batch)
-                        sums += torch.tensor([float(total), float(count)], dtype=torch.float64)
-        finally:
-            for module, mode in modes.items():
-                module.training = mode
+        # eval_mode gives every submodule its own mode back through its train(mode): a train() override's side
+        # effects (a noise level, a frozen part) are those of training again for the fine-tuning epochs.
+        with eval_mode(pl_module), torch.no_grad(), trainer.precision_plugin.forward_context():
+            for index, loader in enumerate(loaders):
+                for batch in loader:
+                    batch = trainer.strategy.batch_to_device(batch, dataloader_idx=index)
+                    total, count = self.metric(pl_module, batch)
+                    sums += torch.tensor([float(total), float(count)], dtype=torch.float64)
         dtype = torch.float32 if pl_module.device.type == "mps" else torch.float64  # MPS has no float64
         sums = trainer.strategy.reduce(sums.to(device=pl_module.device, dtype=dtype), reduce_op="sum")
         return float(sums[0] / sums[1]) if float(sums[1]) > 0 else None

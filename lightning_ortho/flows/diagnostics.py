@@ -1,7 +1,7 @@
 """Invertibility diagnostics of a :class:`~lightning_ortho.flows.Glow` on a batch: plain numbers, no Lightning.
 
-Each function runs under ``torch.no_grad()`` with the model in eval mode (restored afterwards), so it never
-initialises an ActNorm or advances a power iteration. ``y`` is a batch of dequantised images ``(N, C, S, S)``
+Each function runs under ``torch.no_grad()`` with the model in eval mode (afterwards every submodule gets back its
+own mode), so it never initialises an ActNorm or advances a power iteration. ``y`` is a batch of dequantised images ``(N, C, S, S)``
 in ``[-1/2, 1/2)``, as :meth:`Glow.encode` takes them.
 """
 
@@ -16,6 +16,7 @@ import torch
 
 from lightning_ortho.flows.conv1x1 import AuxiliaryConv1x1, Invertible1x1Conv, InvertibleAuxConv1x1
 from lightning_ortho.flows.glow import Glow
+from lightning_ortho.nn.eval_mode import eval_mode
 from lightning_ortho.nn.newton import NewtonInverseError
 
 
@@ -35,13 +36,9 @@ class Reconstruction:
 
 @contextlib.contextmanager
 def _evaluating(glow: Glow) -> Iterator[None]:
-    was_training = glow.training
-    glow.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        glow.train(was_training)
+    # Each submodule gets its own mode back (eval_mode), so a part the user froze in eval mode stays frozen.
+    with eval_mode(glow), torch.no_grad():
+        yield
 
 
 def conv1x1_layers(glow: Glow) -> list[Invertible1x1Conv]:

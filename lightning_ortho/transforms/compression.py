@@ -30,6 +30,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from lightning_ortho.nn.eval_mode import eval_mode
 from lightning_ortho.transforms.b_dla import NARROW_CANDIDATES, WIDE_CANDIDATES, learn_b_transform
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.data_refit import refit_on_data, relative_square_error
@@ -125,15 +126,11 @@ def affine_parts(
     reference = _first_tensor(module)
     dtype = reference.dtype if reference is not None and reference.is_floating_point() else torch.get_default_dtype()
     device = reference.device if reference is not None else torch.device("cpu")
-    modes = {sub: sub.training for sub in module.modules()}
-    module.eval()
-    try:
-        with torch.no_grad():
-            rows = torch.cat([torch.zeros(1, n), torch.eye(n), torch.randn(probe, n, generator=generator)])
-            out = module(rows.to(device=device, dtype=dtype))
-    finally:
-        for sub, mode in modes.items():
-            sub.training = mode
+    # eval_mode gives each submodule its own mode back through its train(mode), so what eval() changed besides the
+    # flag (a noise level, a frozen part) is undone too.
+    with eval_mode(module), torch.no_grad():
+        rows = torch.cat([torch.zeros(1, n), torch.eye(n), torch.randn(probe, n, generator=generator)])
+        out = module(rows.to(device=device, dtype=dtype))
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != rows.shape[0]:
         raise NotAffineError(f"affine_parts: {type(module).__name__} must map (k, {n}) to (k, out).")
     bias = out[0]

@@ -113,7 +113,7 @@ def test_a_frozen_batchnorm_stays_frozen_across_a_fit_with_each_monitor(name, ti
 
 
 def test_eval_mode_restores_each_submodules_own_mode_also_after_an_exception():
-    from lightning_ortho.callbacks._eval_mode import eval_mode  # here: the old code has no such helper
+    from lightning_ortho.nn.eval_mode import eval_mode  # here: the old code has no such helper
 
     model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2).eval(), nn.Sequential(nn.Dropout(), nn.Linear(2, 2)))
     modes = [m.training for m in model.modules()]
@@ -161,7 +161,7 @@ def state(model: nn.Module) -> list[tuple[bool, float | None]]:
 
 
 def test_eval_mode_gives_each_module_its_mode_back_through_its_own_train_override():
-    from lightning_ortho.callbacks._eval_mode import eval_mode
+    from lightning_ortho.nn.eval_mode import eval_mode
 
     model = nn.Sequential(FreezesItsBackbone(), nn.BatchNorm1d(2), NoisyInTraining(), NoisyInTraining())
     model.train()

@@ -120,15 +120,17 @@ def test_compresses_the_named_layer_at_fit_end(tiny_trainer, capsys):
 def test_fine_tune_after_at_epoch_trains_only_the_support(tiny_trainer):
     train, val = make_data()
     model = UserMLP()
-    before = Recorder("on_train_epoch_end", val)
-    after = Recorder("on_train_epoch_end", val)
+    # after epoch 0: at the start of epoch 1, once epoch 0's validation and checkpoints are done
+    before = Recorder("on_train_epoch_start", val)
+    after = Recorder("on_train_epoch_start", val)
     callback = TransformCompression(modules=["net.2"], s=3, at_epoch=0, verbose=False)
     trainer = tiny_trainer(max_epochs=3, callbacks=[before, callback, after])
     trainer.fit(model, train, val)
 
-    assert trainer.callback_metrics["compression/val_acc_before"].item() == pytest.approx(before.records[0][0])
-    assert trainer.callback_metrics["compression/val_acc_after"].item() == pytest.approx(after.records[0][0])
-    layer, compressed = model.net[2], after.records[0][1][2]
+    assert trainer.callback_metrics["compression/val_acc_before"].item() == pytest.approx(before.records[1][0])
+    assert trainer.callback_metrics["compression/val_acc_after"].item() == pytest.approx(after.records[1][0])
+    assert isinstance(after.records[0][1][2], nn.Linear)  # not before epoch 0 was done
+    layer, compressed = model.net[2], after.records[1][1][2]
     assert isinstance(compressed, FactorizedLinear) and callback.report[0]["epoch"] == 0
     mask = layer.mask
     assert torch.equal(mask, compressed.mask) and bool((layer.codes[~mask] == 0).all())

@@ -67,7 +67,7 @@ def test_compression_after_the_last_checkpoint_is_saved_next_to_it_and_never_ove
 
 def test_no_extra_checkpoint_when_one_was_saved_after_compression_or_none_is_kept(tmp_path):
     train, val = make_data()
-    # epoch 0 compressed at its end, epoch 1 fine-tuned and checkpointed: that checkpoint holds the compressed model
+    # compressed after epoch 0, epoch 1 fine-tuned and checkpointed: that checkpoint holds the compressed model
     callback, folder = compression(finetune_epochs=1), tmp_path / "checkpoints"
     trainer = make_tiny_trainer(
         tmp_path, max_epochs=2, callbacks=[callback, ModelCheckpoint(dirpath=folder)], enable_checkpointing=True
@@ -82,8 +82,8 @@ def test_no_extra_checkpoint_when_one_was_saved_after_compression_or_none_is_kep
 class Snapshot(pl.Callback):
     """The codes of ``net.0`` right after compression (placed after the callback)."""
 
-    def on_train_epoch_end(self, trainer, pl_module):
-        if trainer.current_epoch == 0:
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == 1:
             self.codes = pl_module.net[0].codes.detach().clone()
 
 

@@ -1,4 +1,4 @@
-"""Evaluation mode for the length of a measurement, then every submodule back in its own mode."""
+"""Evaluation mode for the length of a measurement, then every submodule back in its own mode (pure PyTorch)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ def eval_mode(module: nn.Module) -> Iterator[None]:
     flag (a noise level, a frozen part) would stay in place while training goes on. ``train`` recurses into the
     children, so in pre-order each submodule's last call is its own (every ancestor's comes first), and an override
     that sets a child's mode is corrected by the child's own call after it.
+
+    Args:
+        module: any ``nn.Module``; gradients are not touched (combine with ``torch.no_grad()`` as needed).
     """
     modes = [(submodule, submodule.training) for submodule in module.modules()]
     module.eval()
