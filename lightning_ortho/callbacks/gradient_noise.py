@@ -28,9 +28,11 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_ortho.callbacks._monitor import Measurement, Monitor
+from lightning_ortho.callbacks._watched_parameters import WatchedParameters, some
 
 
 class GradientNoiseMonitor(Monitor):
@@ -59,7 +61,11 @@ class GradientNoiseMonitor(Monitor):
     its statistics are logged at the end of the batch in which it closes (if two close in one batch, the later one);
     a partial window at the end of fit is kept, not measured. A step whose gradient holds inf or NaN (a step the
     mixed-precision scaler skips) is left out, with one warning, and its window is dropped: it cannot complete in
-    its interval, and is never continued in the next one (that would mix gradients an interval apart).
+    its interval, and is never continued in the next one (that would mix gradients an interval apart). When the
+    model's trainable parameters change in a fit (layers replaced, e.g. by TransformCompression; parameters frozen
+    or unfrozen), the groups are rebuilt from the parameters then, the window in progress is dropped, and one info
+    line says so; checked at every epoch start and when a window step's optimizer holds an unknown trainable
+    parameter (no cost on other steps).
 
     DDP: the gradients read are the all-reduced ones, so every process holds the same statistics and the logged
     values equal those of one process on the same global batch (tested). The batch size is
@@ -128,8 +134,7 @@ class GradientNoiseMonitor(Monitor):
         self.interval = interval
         self.batch_size = batch_size
         self.smoothing = float(smoothing)
-        self._names: dict[int, str] = {}  # id(parameter) -> its name in the LightningModule
-        self._groups: dict[str, list[str]] = {}  # group -> parameter names
+        self._watch = WatchedParameters()  # the parameter groups, followed when the model's parameters change
         self._ema: dict[str, tuple[float, float]] = {}  # group -> (tr(Sigma), |G|^2) moving averages
         self._window_cycle: int | None = None  # global_step // interval of the window's steps (None: none read yet)
         self._fit_skipped = 0  # steps left out for inf/NaN gradients in this fit
@@ -169,11 +174,50 @@ class GradientNoiseMonitor(Monitor):
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        self._names = {id(p): n for n, p in pl_module.named_parameters() if p.requires_grad}
-        self._groups = {
-            group: [self._names[id(p)] for p in module.parameters() if id(p) in self._names]
-            for group, module in self._watched.items()
-        }
+        self._watch.build(pl_module, self._watched)
+
+    @property
+    def _groups(self) -> dict[str, list[str]]:
+        return self._watch.groups
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        self._watch.release()  # the parameters are not kept alive past the fit (the next setup builds them again)
+
+    def _follow_parameter_changes(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        """Rebuild the groups when the model's trainable parameters changed since they were built (layers replaced,
+        e.g. by TransformCompression, or parameters frozen or unfrozen), drop the window in progress (its means
+        belong to the old parameters) and say so; return whether they changed. One pass over the parameters."""
+        if not self._watch.changed(pl_module):
+            return False
+        old_groups, dropped = list(self._groups), self._steps
+        new, gone = self._regroup(pl_module)
+        self._reset_window()
+        groups = ", ".join(f"{g or 'the whole model'!r}: {len(names)} tensors" for g, names in self._groups.items())
+        lost = [repr(g) for g in old_groups if g not in self._groups]
+        message = (
+            f"{type(self).__name__}: the model's trainable parameters changed at step {trainer.global_step} (new:"
+            f" {some(new)}; gone: {some(gone)}), e.g. layers replaced by TransformCompression: the parameter groups"
+            f" are rebuilt from the parameters now ({groups or 'none left to measure'}"
+            + (f"; no trainable parameters left in {', '.join(lost)}" if lost else "")
+            + ")"
+            + (
+                f"; the window in progress ({dropped} step{'s' * (dropped > 1)}, of the old parameters) is dropped"
+                if dropped
+                else ""
+            )
+        )
+        (rank_zero_info if self._groups else rank_zero_warn)(message + ".")
+        return True
+
+    def _regroup(self, pl_module: pl.LightningModule) -> tuple[list[str], list[str]]:
+        """Find the watched modules again and rebuild the groups; the names of the parameters new and gone."""
+        if self.modules is None:  # the automatic choice, made again (a top-level child may have gained or lost all)
+            self._watched = dict(self.candidates(pl_module))
+        else:  # the named modules, found again by name (a replaced layer is the one now under its name)
+            modules = dict(pl_module.named_modules())
+            self._watched = {n: modules[n] for n in self._watched if n in modules and _trainable(modules[n])}
+        return self._watch.build(pl_module, self._watched)
 
     # ------------------------------------------------------------------------------------------ the window
     def _reset_window(self) -> None:
@@ -207,13 +251,12 @@ class GradientNoiseMonitor(Monitor):
             # restored window): drop it rather than finish it with gradients an interval later.
             self._reset_window()
         self._window_cycle = cycle
-        names, grads = [], []
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                name = self._names.get(id(p))
-                if name is not None:
-                    names.append(name)
-                    grads.append(_dense_gradient(p))
+        names, grads, suspect = self._watch.read(optimizer)
+        if suspect:  # the model's parameters may have changed (e.g. a re-created optimizer holds new ones)
+            if self._follow_parameter_changes(trainer, pl_module):
+                names, grads, _ = self._watch.read(optimizer)
+            else:
+                self._watch.accept(optimizer)
         if not names:
             return
         self._accumulate(names, grads)
@@ -293,6 +336,13 @@ class GradientNoiseMonitor(Monitor):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._fit_skipped = 0
+        if self._watch.changed(pl_module):
+            # Restoring a checkpoint (after setup) may rebuild layers (e.g. compressed ones): the groups follow,
+            # quietly, and the restored window stays, since it was measured on the parameters restored with it.
+            self._regroup(pl_module)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._follow_parameter_changes(trainer, pl_module)  # changes between epochs: once per epoch, one pass
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pass  # values come from complete windows only; a partial one at the end of fit is kept, not measured
@@ -387,13 +437,6 @@ class GradientNoiseMonitor(Monitor):
         # The interval the window's steps belong to (None from an older checkpoint: taken as the one resumed in).
         self._window_cycle = None if window is None else window.get("cycle")
         self._ema = dict(state_dict.get("ema", {}))
-
-
-def _dense_gradient(p: torch.Tensor) -> torch.Tensor:
-    """``p.grad`` (zeros where there is none; sparse gradients made dense)."""
-    if p.grad is None:
-        return torch.zeros_like(p)
-    return p.grad.detach().to_dense() if p.grad.is_sparse else p.grad.detach()
 
 
 def _trainable(module: nn.Module) -> bool:
