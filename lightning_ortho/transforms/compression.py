@@ -14,8 +14,9 @@ learners' own objective. It bounds the output error for every input, ``||(W - C 
 still come from the Frobenius fit, and then the nonzero values of ``C`` and the bias are refit by least squares on
 the layer's outputs over those inputs (:func:`~lightning_ortho.transforms.data_refit.refit_on_data`: one small
 ``s x s`` system per output row; where the inputs do not determine it, e.g. fewer than ``s + 1`` distinct rows, only
-the determined directions move, with a warning). A transform learned on whitened data would not be a fast
-transform of ``x`` any more, so the data only moves the code values.
+the determined directions move, with a warning; with fewer than ``2 (s + 1)`` rows, two per unknown of a row, the
+refit nearly interpolates them and a warning says that ``report.output_error`` is in-sample). A transform learned
+on whitened data would not be a fast transform of ``x`` any more, so the data only moves the code values.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch import nn
 from lightning_ortho.nn.eval_mode import eval_mode
 from lightning_ortho.transforms.b_dla import NARROW_CANDIDATES, WIDE_CANDIDATES, learn_b_transform
 from lightning_ortho.transforms.costs import OpCount
-from lightning_ortho.transforms.data_refit import refit_on_data, relative_square_error
+from lightning_ortho.transforms.data_refit import refit_on_data, refit_warning, relative_square_error
 from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - restore_factorized: its old home
     FactorizedLinear,
     restore_factorized,
@@ -53,7 +54,14 @@ class NotAffineError(ValueError):
 
 @dataclass
 class CompressionReport:
-    """What :func:`compress_linear` did to one layer (op counts exclude the bias, see :class:`FactorizedLinear`)."""
+    """What :func:`compress_linear` did to one layer (op counts exclude the bias, see :class:`FactorizedLinear`).
+
+    With ``data``: ``output_error`` is ``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` on the ``data_rows`` inputs the codes
+    were refit on, an in-sample figure (with fewer than ``2 (s + 1)`` rows the refit nearly interpolates them and it
+    says nothing about other inputs: :func:`compress_linear` warns then); ``data_rank`` is the rank of the centred
+    inputs and ``support_rank`` the smallest rank they have on one output row's support (below ``s``: some rows are
+    not determined by the data, also warned). All four are ``None`` without data.
+    """
 
     family: str
     in_features: int
@@ -74,6 +82,8 @@ class CompressionReport:
     planned_steps: int = 0
     steps: int | None = None
     estimated_seconds: float | None = None
+    support_rank: int | None = None
+    data_rows: int | None = None
 
     @property
     def ops_ratio(self) -> float:
@@ -247,9 +257,11 @@ def compress_linear(
         s: nonzeros per code row (``1 <= s <= in``); m: blocks (``b``, ``shear``); q: stages (``m``); defaults from
             :func:`default_hyperparameters`.
         iterations: sweeps of the learner (``b``: 10, ``shear``: 15) or outer rounds (``m``: 1) when ``None``.
-        generator: passed to the learner. data: optional ``(N, in)`` inputs of the layer for the data-aware refit;
-            ``report.output_error`` is then ``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` on them and ``report.data_rank``
-            the rank of the centred inputs.
+        generator: passed to the learner. data: optional ``(N, in)`` inputs of the layer for the data-aware refit,
+            in any floating dtype (the stored values are the data; they are refit in float64);
+            ``report.output_error`` is then ``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` on them (in-sample), and
+            ``report.data_rank`` / ``report.support_rank`` the rank of the centred inputs / its smallest value on one
+            row's support (:class:`CompressionReport`).
         progress: a rich progress bar of the learner's steps (:func:`planned_steps`; the S-DLA learner reports
             none, so its bar only completes): ``None`` (default) on an interactive terminal or notebook only,
             ``True`` always, ``False`` never. console: the rich ``Console`` to draw on (default: standard error).
@@ -271,7 +283,9 @@ def compress_linear(
 
     Warns:
         UserWarning: ``data`` does not determine the code values of some rows (centred rank below ``s`` on their
-            support); those rows keep the no-data codes in the undetermined directions. Also, once, when the final
+            support); those rows keep the no-data codes in the undetermined directions. ``data`` has fewer than
+            ``2 (s + 1)`` rows (two per unknown of an output row): ``output_error`` is in-sample on too few rows
+            (:data:`~lightning_ortho.transforms.data_refit.ROWS_PER_UNKNOWN`). Also, once, when the final
             time estimate exceeds ``SLOW_SECONDS`` (a minute), or earlier when the work that cannot be skipped (the
             rest of the current greedy init or sweep) already does.
     """
@@ -346,23 +360,16 @@ def compress_linear(
     support = codes.abs().topk(s, dim=1).indices  # exactly s entries per row: the learner's nonzeros, topped up
     mask = torch.zeros_like(codes, dtype=torch.bool).scatter_(1, support, True)
     codes = codes.masked_fill(~mask, 0)
-    output_error, data_rank = None, None
+    output_error, data_rank, support_rank = None, None, None
     if data is not None:
         x = data.detach().double().cpu()
-        refit = refit_on_data(x, w64, b64, d, codes, support, input_eps=torch.finfo(data.dtype).eps)
-        codes, b64, data_rank = refit.codes, refit.bias, refit.data_rank
+        refit = refit_on_data(x, w64, b64, d, codes, support)  # the stored values are the data, in any dtype
+        codes, b64, data_rank, support_rank = refit.codes, refit.bias, refit.data_rank, refit.support_rank
         target = x @ w64.T + (0 if bias is None else bias.double().cpu())
         output_error = relative_square_error(target, (x @ d) @ codes.T + b64)
-        if refit.undetermined_rows:
-            warnings.warn(
-                f"compress_linear: data has {x.shape[0]} rows of centred rank {refit.data_rank}, which do not "
-                f"determine the s={s} code values of {refit.undetermined_rows} of the {out} output rows (each needs "
-                f"centred rank {s} on its support: at least {s + 1} distinct rows in general position). Those rows "
-                f"were refit only in the directions the data determine, the rest keep the no-data codes; "
-                f"output_error={output_error:.3g}% is measured on these rows and says little about other inputs. "
-                f"Pass more distinct inputs (hundreds) or data=None.",
-                stacklevel=2,
-            )
+        message = refit_warning(refit, x.shape[0], s, out, output_error)
+        if message is not None:
+            warnings.warn(message, stacklevel=2)
     factorized = FactorizedLinear.from_dictionary(dictionary, codes, b64, mask=mask)
     factorized.error = factorized.relative_error(w64)
     terms = bits if family == "shear" else None
@@ -392,5 +399,7 @@ def compress_linear(
         planned_steps=plan.total,
         steps=None if family == "shear" else work.completed,  # the S-DLA learner reports no steps
         estimated_seconds=work.estimated_seconds,
+        support_rank=support_rank,
+        data_rows=None if data is None else data.shape[0],
     )
     return factorized

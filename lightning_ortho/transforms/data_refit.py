@@ -25,20 +25,27 @@ So directions the data determine are fitted exactly, and the undetermined ones c
 fit requires (none at all when the data say nothing about them). With data of full centred rank this is the plain
 least-squares refit.
 
-Numerics. The data are first scaled by an exact power of two (largest entry in ``[0.5, 1)``), so squares neither
-overflow nor underflow for inputs of any magnitude; the codes do not depend on it and the bias is scaled back
-exactly. They are centred in two passes (subtract the mean, then the mean of what is left): each stored ``x_ij``
-is within ``eps_x |x_ij|`` of what it stood for (``eps_x`` of the data's dtype, one rounding with a factor 2 to
-spare), and a large common offset would otherwise leave the first mean's rounding, ``~eps |offset|``, in every
-centred row. So the computed ``T_c[:, S]`` is the exact one plus ``E`` with
-``||E||_2^2 <= eps_x^2 ||X||_F^2 ||D[:, S]||_F^2`` (Cauchy-Schwarz, row by row, on ``E = dX D[:, S]``). In a
-direction ``v`` that the exact data do not determine (``T_c[:, S] v = 0``) the computed ``v^T G v`` is then at most
-``||E v||^2 + (rounding of the Gram product) <= eps_x^2 ||X||_F^2 ||D[:, S]||_F^2 + max(N, s) eps trace(G)``,
-which is the tolerance: an eigen-direction of ``G`` with eigenvalue at most that is undetermined, and one above it
-carries more than rounding. (The centred values themselves are accurate to ``eps`` of their own size, so an offset
-far above the spread does not make full-rank data look degenerate: ``N(0, 1)`` inputs plus ``10^12`` still have
-``10^-4``-accurate centred values and determine all codes; inputs on an affine subspace plus ``10^8`` do not
-determine the codes off it, however the offset's rounding scatters them.)
+Numerics. The inputs as stored are the data: converted to float64 they are exact, whatever dtype they came in
+(float16 inputs near 300 are multiples of 0.25 that vary by about 1, and that variation determines the codes like
+any other), so the tolerance models only the float64 arithmetic of the refit, not the inputs' dtype. The data are
+first scaled by an exact power of two (largest entry in ``[0.5, 1)``), so squares neither overflow nor underflow for
+inputs of any magnitude; the codes do not depend on it and the bias is scaled back exactly. They are centred in two
+passes (subtract the mean, then the mean of what is left), so a large common offset does not leave the first mean's
+rounding in every centred row: with unit roundoff ``eps`` (float64) and the naive summation bound for the means, the
+computed centred data are the exact ``X_c`` plus ``E`` with
+
+    ||E||_F <= eps ((N + 3) ||X_c||_F + eps N (N + 2) sqrt(N n) max|x_ij|)
+
+(the second term: the rounding of the subtracted first mean, itself at most ``N eps max|x_ij|``), and the product
+``X_c D`` adds at most ``n eps ||X_c||_F ||D||_F``. In a direction ``v`` that the exact data do not determine
+(``T_c v = 0``) the computed ``v^T G v`` is then at most ``||(E D + dT) v||^2 + (rounding of the Gram product) <=
+(||E||_F + n eps ||X_c||_F)^2 ||D||_F^2 + max(N, n) eps trace(G)``, which is the tolerance: an eigen-direction
+with eigenvalue at most that is undetermined, and one above it carries more than rounding. One tolerance serves the
+whole data (``data_rank``, the rank of ``X_c``) and every row's ``s x s`` block ``G[S, S]``: a principal submatrix's
+``k``-th eigenvalue is at most ``G``'s (Cauchy interlacing), so no row counts more determined directions than
+``data_rank``. ``N(0, 1)`` inputs plus ``10^12`` have centred values exact to ``eps`` of their own size and
+determine all codes; inputs on a 3-dimensional affine subspace plus ``10^8``, stored in float64, lie off it by
+their rounding (``~10^-8``), whose Gram eigenvalues are below what float64 Gram products resolve: rank 3.
 """
 
 from __future__ import annotations
@@ -57,13 +64,48 @@ class Refit:
         codes: ``(out, n)`` refit codes (zero off the support).
         bias: ``(out,)`` refit bias.
         undetermined_rows: number of output rows whose ``s`` code values the data do not determine.
-        data_rank: rank of the centred data ``X - mean(X)`` (same tolerance as for the rows).
+        data_rank: rank of the centred data ``X - mean(X)`` (the same tolerance as for the rows).
+        support_rank: the smallest rank of the centred data on one row's support, ``T_c[:, S]`` (at most
+            ``min(s, data_rank)``; below ``s`` exactly when some row is undetermined).
     """
 
     codes: torch.Tensor
     bias: torch.Tensor
     undetermined_rows: int
     data_rank: int
+    support_rank: int
+
+
+#: Rows per unknown of an output row (its ``s`` code values and the bias) below which the refit is warned about: with
+#: fewer than ``2 (s + 1)`` rows a least-squares fit of ``s + 1`` unknowns (nearly) interpolates them, so its error on
+#: them (``output_error``) is near zero whatever it does to other inputs.
+ROWS_PER_UNKNOWN = 2
+
+
+def refit_warning(refit: Refit, rows: int, s: int, out: int, output_error: float) -> str | None:
+    """The warning a refit on ``rows`` inputs deserves, or ``None``: some output rows undetermined (centred rank
+    below ``s`` on their support; they keep the no-data codes in the other directions), or fewer than
+    ``ROWS_PER_UNKNOWN (s + 1)`` rows. Either way ``output_error`` (percent, on these rows) is in-sample on too
+    few rows and says little about other inputs, which the message says with the figure."""
+    advice = "Pass more distinct inputs (hundreds) or data=None."
+    if refit.undetermined_rows:
+        return (
+            f"compress_linear: data has {rows} row{'s' * (rows != 1)} of centred rank {refit.data_rank} (as low as "
+            f"{refit.support_rank} on an output row's support), which do not determine the s={s} code values of {refit.undetermined_rows} of "
+            f"the {out} output rows (each needs centred rank {s} on its support: at least {s + 1} distinct rows in "
+            f"general position). Those rows were refit only in the directions the data determine, the rest keep the "
+            f"no-data codes; output_error={output_error:.3g}% is in-sample on these rows and says little about "
+            f"other inputs. {advice}"
+        )
+    if rows < ROWS_PER_UNKNOWN * (s + 1):
+        return (
+            f"compress_linear: data has {rows} rows for the s + 1 = {s + 1} unknowns of each output row (s code "
+            f"values and the bias); with fewer than {ROWS_PER_UNKNOWN * (s + 1)} rows ({ROWS_PER_UNKNOWN} per "
+            f"unknown) the least-squares refit (nearly) interpolates them, so output_error={output_error:.3g}% is "
+            f"in-sample on too few rows and says nothing about other inputs (their error may be far above the "
+            f"no-data fit's). {advice}"
+        )
+    return None
 
 
 def times_power_of_two(tensor: torch.Tensor, exponent: int) -> torch.Tensor:
@@ -94,8 +136,6 @@ def refit_on_data(
     dictionary: torch.Tensor,
     codes: torch.Tensor,
     support: torch.Tensor,
-    *,
-    input_eps: float | None = None,
 ) -> Refit:
     """Least-squares codes and bias on ``data``, closest to the no-data fit where under-determined (module docstring).
 
@@ -103,8 +143,6 @@ def refit_on_data(
         data: ``(N, n)`` inputs of the layer (float64, finite). weight: ``(out, n)`` ``W``. bias: ``(out,)`` ``b0``
             or ``None`` (zero). dictionary: ``(n, n)`` dense ``D`` (invertible). codes: ``(out, n)`` no-data codes
             ``c0`` (zero off the support). support: ``(out, s)`` int64 column indices of each row's support.
-        input_eps: relative rounding of the stored inputs, ``eps_x`` of the module docstring (the machine epsilon of
-            the dtype the inputs came in; default: float64's).
 
     Returns:
         :class:`Refit`. The refit layer is ``x -> codes (D^T x) + bias``.
@@ -112,7 +150,6 @@ def refit_on_data(
     count, n = data.shape
     s = support.shape[1]
     eps = torch.finfo(torch.float64).eps
-    input_eps = eps if input_eps is None else float(input_eps)
     # An exact power-of-two scale 2^-e (largest entry in [0.5, 1)): squares stay in range for any magnitude; the
     # codes are invariant, the bias terms are scaled back by 2^e at the end.
     largest = float(data.abs().max())
@@ -129,14 +166,15 @@ def refit_on_data(
     cross = t_c.T @ (centered @ residual.T)  # (n, out): centred T^T (R x_i), per output row
     mean_residual = residual @ mean  # (out,): the mean output error of the no-data fit (scaled by 2^-e)
 
-    # Below the tolerance an eigenvalue is rounding: the inputs' own (eps_x |x_ij|, mapped through D[:, S]) plus
-    # that of the Gram product (module docstring).
-    input_noise = input_eps**2 * float(x.square().sum())
-    column_norms = dictionary.square().sum(0)  # (n,): ||D[:, j]||^2
-    tolerance = input_noise * column_norms[support].sum(1) + max(count, s) * eps * gram.diagonal()[support].sum(1)
+    # Below the tolerance an eigenvalue is rounding of the refit's own float64 arithmetic (module docstring): the
+    # centring and the product by D, mapped through D, plus the Gram product's. The stored inputs are exact data.
+    centred_norm = math.sqrt(float(centered.square().sum()))
+    offset_rounding = eps * count * (count + 2) * math.sqrt(count * n) * float(x.abs().max())
+    centring_error = eps * ((count + n + 3) * centred_norm + offset_rounding)
+    tolerance = centring_error**2 * float(dictionary.square().sum()) + max(count, n) * eps * float(gram.trace())
     g_ss = gram[support[:, :, None], support[:, None, :]]  # (out, s, s)
     values, vectors = torch.linalg.eigh(g_ss)  # ascending eigenvalues (out, s), eigenvectors (out, s, s)
-    determined = values > tolerance[:, None]
+    determined = values > tolerance
     g_rows = cross.T.gather(1, support)  # (out, s)
     projected = (vectors.transpose(1, 2) @ g_rows[..., None])[..., 0]
     w_known = torch.where(determined, projected / torch.where(determined, values, 1.0), 0.0)
@@ -169,7 +207,6 @@ def refit_on_data(
     new_codes = codes.clone()
     new_codes.scatter_(1, support, codes.gather(1, support) + delta_codes)
     new_bias = (bias if bias is not None else torch.zeros_like(mean_residual)) + delta_bias
-    data_values = torch.linalg.eigvalsh(gram)
-    data_tolerance = input_noise * float(column_norms.sum()) + max(count, n) * eps * float(gram.diagonal().sum())
-    data_rank = int((data_values > data_tolerance).sum())
-    return Refit(new_codes, new_bias, int(free.any(1).sum()), data_rank)
+    data_rank = int((torch.linalg.eigvalsh(gram) > tolerance).sum())
+    support_rank = int(determined.sum(1).min()) if determined.numel() else 0
+    return Refit(new_codes, new_bias, int(free.any(1).sum()), data_rank, support_rank)
