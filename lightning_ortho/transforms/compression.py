@@ -32,7 +32,7 @@ from rich.console import Console
 from torch import nn
 
 from lightning_ortho.nn.eval_mode import eval_mode
-from lightning_ortho.transforms.b_dla import NARROW_CANDIDATES, WIDE_CANDIDATES, learn_b_transform
+from lightning_ortho.transforms.b_dla import learn_b_transform
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.data_refit import refit_on_data, refit_warning, relative_square_error
 from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - restore_factorized: its old home
@@ -41,7 +41,14 @@ from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - resto
     restore_factorized_on_load,
 )
 from lightning_ortho.transforms.m_dla import learn_m_transform
-from lightning_ortho.transforms.progress import Segment, WorkPlan, WorkProgress, estimate_reporter, show_progress
+from lightning_ortho.transforms.progress import (  # noqa: F401 - plan_work, planned_steps: also read from here
+    DEFAULT_ITERATIONS,
+    WorkProgress,
+    estimate_reporter,
+    plan_work,
+    planned_steps,
+    show_progress,
+)
 from lightning_ortho.transforms.s_dla import learn_shear_transform
 
 FAMILIES = ("b", "m", "shear")
@@ -187,40 +194,8 @@ def _check_int(value: object, name: str, low: int, high: int | None = None, hint
         raise ValueError(f"compress_linear: {name} must be an int {bound}{hint}, got {value!r}.")
 
 
-#: Sweeps (b, shear) or rounds (m) of each learner when ``iterations`` is not given.
-DEFAULT_ITERATIONS = {"b": 10, "m": 1, "shear": 15}
 #: A compression estimated to take longer than this (seconds) warns, so a long wait is never a silent one.
 SLOW_SECONDS = 60.0
-
-
-#: The B_m-DLA stopping rule (step 5 of learn_b_transform) looks at sweeps 3 onwards, so sweeps 4, 5, ... may run
-#: with the wide candidate set (15 cores instead of 8): priced at that ratio, an upper bound on a pick's cost.
-_NARROW_SWEEPS, _WIDE_PICK_COST = 3, len(WIDE_CANDIDATES) / len(NARROW_CANDIDATES)
-
-
-def plan_work(family: str, m: int | None, q: int | None, iterations: int | None) -> WorkPlan:
-    """The work of learning the transform, in the learner's unit steps (:class:`WorkPlan`, for the time estimate).
-
-    B and shears: the greedy init (``m`` block choices, kind ``"greedy"``), then ``iterations`` sweeps of ``m``
-    re-picks each (kind ``"sweep"``; convergence may stop them early, so the plan is an upper bound), each sweep
-    after one pass over the data. M: ``rounds`` rounds of ``q`` stages (each a maximum-weight perfect matching),
-    each round after one pass. Two passes (the principal basis, the first codes) come before the first step and two
-    after the last (the final error and codes).
-    """
-    sweeps = iterations or DEFAULT_ITERATIONS[family]
-    if family == "m":
-        return WorkPlan(tuple(Segment("stage", q) for _ in range(sweeps)), "stages", passes_before=2, passes_after=2)
-    wide = _WIDE_PICK_COST if family == "b" else 1.0
-    rounds = tuple(Segment("sweep", m, 1.0 if k < _NARROW_SWEEPS else wide) for k in range(sweeps))
-    early = family != "b" or sweeps > _NARROW_SWEEPS  # the B rule cannot stop before sweep 3 is done
-    return WorkPlan((Segment("greedy", m), *rounds), "block choices", 2, 2, may_stop_early=early)
-
-
-def planned_steps(family: str, m: int | None, q: int | None, iterations: int | None) -> tuple[int, str]:
-    """``(steps, unit)`` of :func:`plan_work`: B and shears ``m (1 + iterations)`` block choices, M ``q rounds``
-    stages."""
-    plan = plan_work(family, m, q, iterations)
-    return plan.total, plan.unit
 
 
 def _learn(family: str, y: torch.Tensor, s: int, m, q, bits, iterations, generator, on_step):
@@ -229,7 +204,7 @@ def _learn(family: str, y: torch.Tensor, s: int, m, q, bits, iterations, generat
         return learn_b_transform(y, m, s, iterations=sweeps, generator=generator, on_step=on_step)
     if family == "m":
         return learn_m_transform(y, q, s, rounds=sweeps, generator=generator, on_step=on_step)
-    return learn_shear_transform(y, m, s, bits=bits, iterations=sweeps, generator=generator)
+    return learn_shear_transform(y, m, s, bits=bits, iterations=sweeps, generator=generator, on_step=on_step)
 
 
 def compress_linear(
@@ -262,14 +237,14 @@ def compress_linear(
             ``report.output_error`` is then ``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` on them (in-sample), and
             ``report.data_rank`` / ``report.support_rank`` the rank of the centred inputs / its smallest value on one
             row's support (:class:`CompressionReport`).
-        progress: a rich progress bar of the learner's steps (:func:`planned_steps`; the S-DLA learner reports
-            none, so its bar only completes): ``None`` (default) on an interactive terminal or notebook only,
+        progress: a rich progress bar of the learner's steps (:func:`planned_steps`: block choices of B and
+            shears, stages of M): ``None`` (default) on an interactive terminal or notebook only,
             ``True`` always, ``False`` never. console: the rich ``Console`` to draw on (default: standard error).
             Before learning, the planned steps are logged (logger ``lightning_ortho.transforms.compression``, level
             INFO), then the estimated time (:class:`~lightning_ortho.transforms.progress.WorkProgress`: each kind of
             step and the passes over the data timed on their own; provisional once the first kind is timed, final
-            once every kind is, for B after the first sweep's re-picks; an upper bound for B, whose sweeps may stop
-            early). ``report.planned_steps``, ``report.steps`` and ``report.estimated_seconds`` keep them.
+            once every kind is, for B and shears after the first sweep's re-picks; an upper bound for B, whose sweeps
+            may stop early). ``report.planned_steps``, ``report.steps`` and ``report.estimated_seconds`` keep them.
 
     Returns:
         A :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and ``report``
@@ -353,7 +328,7 @@ def compress_linear(
         log=logger,
     )
     with WorkProgress(plan, f"compress {shape} ({family})", show=show, console=console, on_estimate=report) as work:
-        result = _learn(family, w64, s, m, q, bits, iterations, generator, None if family == "shear" else work.advance)
+        result = _learn(family, w64, s, m, q, bits, iterations, generator, work.advance)
     dictionary = result.transform.to(torch.float64).cpu()
     d = dictionary.matrix()
     codes = result.codes.double().cpu()
@@ -397,7 +372,7 @@ def compress_linear(
         learner_errors=[float(e) for e in getattr(result, "errors", [])],
         seconds=time.perf_counter() - start,
         planned_steps=plan.total,
-        steps=None if family == "shear" else work.completed,  # the S-DLA learner reports no steps
+        steps=work.completed,
         estimated_seconds=work.estimated_seconds,
         support_rank=support_rank,
         data_rows=None if data is None else data.shape[0],

@@ -35,6 +35,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from lightning_ortho.transforms.b_dla import NARROW_CANDIDATES, WIDE_CANDIDATES
+
 #: Within-segment intervals of a kind that make it timed (fewer when its segments are shorter), and the most kept.
 TIMING_STEPS, KEPT_STEPS = 3, 31
 
@@ -304,3 +306,40 @@ def estimate_reporter(
         )
 
     return on_estimate
+
+
+# ------------------------------------------------------------------------------------------------ the learners' plans
+#: Sweeps (b, shear) or rounds (m) of each learner when ``iterations`` is not given.
+DEFAULT_ITERATIONS = {"b": 10, "m": 1, "shear": 15}
+
+#: The B_m-DLA stopping rule (step 5 of learn_b_transform) looks at sweeps 3 onwards, so sweeps 4, 5, ... may run
+#: with the wide candidate set (15 cores instead of 8): priced at that ratio, an upper bound on a pick's cost.
+_NARROW_SWEEPS, _WIDE_PICK_COST = 3, len(WIDE_CANDIDATES) / len(NARROW_CANDIDATES)
+
+
+def plan_work(family: str, m: int | None, q: int | None, iterations: int | None) -> WorkPlan:
+    """The work of learning a transform of ``family`` (``"b"``, ``"m"`` or ``"shear"``) in the learner's unit steps,
+    as each learner reports them through its ``on_step`` (for the time estimate of :class:`WorkProgress`).
+
+    B and shears: the greedy init (``m`` block choices, kind ``"greedy"``), then ``iterations`` sweeps of ``m``
+    re-picks each (kind ``"sweep"``), each sweep after one pass over the data (for S-DLA the pass also builds the
+    sweep's suffix products). B's convergence rule may stop its sweeps early (the plan is then an upper bound); S-DLA
+    without a ``tol`` (as :func:`~lightning_ortho.transforms.compression.compress_linear` runs it) always runs
+    them all. M: ``rounds`` rounds of ``q`` stages (each a maximum-weight perfect matching), each round after one
+    pass. Two passes (the principal basis, the first codes) come before the first step and two after the last (the
+    final error and codes).
+    """
+    sweeps = iterations or DEFAULT_ITERATIONS[family]
+    if family == "m":
+        return WorkPlan(tuple(Segment("stage", q) for _ in range(sweeps)), "stages", passes_before=2, passes_after=2)
+    wide = _WIDE_PICK_COST if family == "b" else 1.0
+    rounds = tuple(Segment("sweep", m, 1.0 if k < _NARROW_SWEEPS else wide) for k in range(sweeps))
+    early = family == "b" and sweeps > _NARROW_SWEEPS  # the B rule cannot stop before sweep 3 is done
+    return WorkPlan((Segment("greedy", m), *rounds), "block choices", 2, 2, may_stop_early=early)
+
+
+def planned_steps(family: str, m: int | None, q: int | None, iterations: int | None) -> tuple[int, str]:
+    """``(steps, unit)`` of :func:`plan_work`: B and shears ``m (1 + iterations)`` block choices, M ``q rounds``
+    stages."""
+    plan = plan_work(family, m, q, iterations)
+    return plan.total, plan.unit

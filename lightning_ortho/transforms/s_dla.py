@@ -18,6 +18,7 @@ Blocks: a shear or scaling is a core of a :class:`~lightning_ortho.transforms.bl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -122,7 +123,9 @@ def _pick(
     return a, b, su.round_entry(a, b, values[a, b], bits)
 
 
-def shear_greedy_init(z: torch.Tensor, w: torch.Tensor, m: int, bits: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def shear_greedy_init(
+    z: torch.Tensor, w: torch.Tensor, m: int, bits: int | None, on_step: Callable[[], object] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy init of S-DLA (spec section 10, eqs. 18-20), from the identity, from the statistics alone.
 
     ``m`` times: score every ordered pair's shear by its unrounded minimum (``-(Z_ji - W_ij)^2 / W_ii`` for the
@@ -137,6 +140,7 @@ def shear_greedy_init(z: torch.Tensor, w: torch.Tensor, m: int, bits: int | None
     Args:
         z: ``(n, n)`` ``Y^T X``. w: ``(n, n)`` ``X^T X`` (computed in float64; not modified).
         m: number of blocks (``>= 1``). bits: SOPOT terms per shear, or ``None`` for exact values.
+        on_step: called with no argument after each pick (progress reporting).
 
     Returns:
         ``pairs`` ``(m, 2)`` int64 and ``cores`` ``(m, 2, 2)`` float64 (on ``z``'s device), block 0 acting first.
@@ -158,6 +162,8 @@ def shear_greedy_init(z: torch.Tensor, w: torch.Tensor, m: int, bits: int | None
         su.right_transposed(z, *entry)
         su.left(w, *entry)
         su.right_transposed(w, *entry)
+        if on_step is not None:
+            on_step()
     return su.blocks_of_entries(entries, n, z.device)
 
 
@@ -168,6 +174,7 @@ def shear_sweep(
     pairs: torch.Tensor,
     cores: torch.Tensor,
     bits: int | None,
+    on_step: Callable[[], object] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One update sweep of S-DLA (spec eqs. 21-23) with the codes fixed, from the statistics alone.
 
@@ -187,6 +194,7 @@ def shear_sweep(
         data_energy: ``||Y||_F^2`` (validated; the choices do not depend on it).
         pairs, cores: ``(m, 2)`` and ``(m, 2, 2)``, the current shears/scalings (as returned by this module).
         bits: SOPOT terms per shear, or ``None``.
+        on_step: called with no argument after each re-pick (progress reporting).
 
     Returns:
         New ``pairs`` ``(m, 2)`` int64 and ``cores`` ``(m, 2, 2)`` float64 on ``z``'s device.
@@ -221,6 +229,8 @@ def shear_sweep(
         su.right_transposed(z, *entry)
         su.left(w, *entry)
         su.right_transposed(w, *entry)
+        if on_step is not None:
+            on_step()
     return su.blocks_of_entries(entries, n, z.device)
 
 
@@ -251,6 +261,7 @@ def learn_shear_transform(
     iterations: int = 15,
     tol: float | None = None,
     generator: torch.Generator | None = None,
+    on_step: Callable[[], object] | None = None,
 ) -> ShearTransformResult:
     """S-DLA (spec section 10): ``m`` shears/scalings ``D = S_m ... S_1`` and ``s``-sparse OMP codes.
 
@@ -273,6 +284,8 @@ def learn_shear_transform(
         iterations: sweeps (``>= 1``). tol: optional early-stop threshold (finite, ``>= 0``).
         generator: unused (the algorithm is deterministic; ties, up to a relative ``TIE_RTOL``, go to the
             old block in a sweep, else to the lowest row-major entry ``(a, b)``, whatever the CPU or BLAS).
+        on_step: called with no argument after each block choice, for progress reporting: ``m`` in the greedy
+            init, then ``m`` per sweep (``m (1 + iterations)`` in all unless ``tol`` stops the sweeps early).
 
     Returns:
         :class:`ShearTransformResult`.
@@ -289,7 +302,7 @@ def learn_shear_transform(
     _check_int(iterations, "iterations (sweeps)", where, 1)
     if tol is not None and (not isinstance(tol, (int, float)) or isinstance(tol, bool) or not 0 <= tol < math.inf):
         raise ValueError(f"{where}: tol must be None or a finite number >= 0 (percent), got {tol!r}.")
-    learner = ShearTransformLearner(n, m, s, bits=bits, iterations=iterations, tol=tol)
+    learner = ShearTransformLearner(n, m, s, bits=bits, iterations=iterations, tol=tol, on_step=on_step)
     y = Y.detach().to(torch.float64)
     fit_in_memory(learner, y)
     codes = learner.code(y)
@@ -303,14 +316,23 @@ class ShearTransformLearner(PassLearner):
     Passes: (0) the Gram matrix gives the principal basis ``V`` (codes ``T_s(Y)``: the error of no transform); (1) codes ``T_s(Y V)`` give ``z, w`` for
     :func:`shear_greedy_init`; (2, 3, ...) OMP codes under the current ``D`` give its error (the first one is
     ``initial_error``) and ``z, w, ||Y||^2`` for one :func:`shear_sweep`, until ``iterations`` sweeps (or the
-    ``tol`` rule). The last pass only measures.
+    ``tol`` rule). The last pass only measures. ``on_step`` (no argument) is called after each block choice of the
+    greedy init and of the sweeps (progress reporting only, not part of the state).
 
     Raises:
         ValueError: ``m``, ``s``, ``bits``, ``iterations`` or ``tol`` out of range.
     """
 
     def __init__(
-        self, n: int, m: int, s: int, *, bits: int | None = None, iterations: int = 15, tol: float | None = None
+        self,
+        n: int,
+        m: int,
+        s: int,
+        *,
+        bits: int | None = None,
+        iterations: int = 15,
+        tol: float | None = None,
+        on_step: Callable[[], object] | None = None,
     ) -> None:
         where = "learn_shear_transform"
         _check_int(n, "n (features)", where, 2)
@@ -323,6 +345,7 @@ class ShearTransformLearner(PassLearner):
             raise ValueError(f"{where}: tol must be None or a finite number >= 0 (percent), got {tol!r}.")
         super().__init__(n, s)
         self.m, self.bits, self.iterations, self.tol = m, bits, iterations, tol
+        self.on_step = on_step  # progress reporting only: not part of the state
         self.pairs: torch.Tensor | None = None
         self.cores: torch.Tensor | None = None
         self.initial_error = math.nan
@@ -363,7 +386,7 @@ class ShearTransformLearner(PassLearner):
         z, w = statistics.cross.cpu(), statistics.code_gram.cpu()
         if self.pairs is None:
             error = statistics.error(self.basis)
-            self.pairs, self.cores = shear_greedy_init(z, w, self.m, self.bits)
+            self.pairs, self.cores = shear_greedy_init(z, w, self.m, self.bits, self.on_step)
             self._changed()
             return error
         error = statistics.error(self.dictionary())
@@ -378,7 +401,9 @@ class ShearTransformLearner(PassLearner):
                 self.finished = True
                 return error
         assert self.cores is not None
-        self.pairs, self.cores = shear_sweep(z, w, statistics.data_energy, self.pairs, self.cores, self.bits)
+        self.pairs, self.cores = shear_sweep(
+            z, w, statistics.data_energy, self.pairs, self.cores, self.bits, self.on_step
+        )
         self._changed()
         return error
 
