@@ -1,4 +1,4 @@
-"""S-DLA (spec section 10): learn ``D = S_m ... S_1``, a product of shears and scalings with SOPOT (power-of-two)
+"""S-DLA (Rusu, arXiv 1812.03412): learn ``D = S_m ... S_1``, a product of shears and scalings with SOPOT (power-of-two)
 coefficients, and ``s``-sparse codes minimising ``||Y - X D^T||_F^2``.
 
 Orientation as in :mod:`~lightning_ortho.transforms.b_dla`: batch-first data ``Y`` and codes ``X`` ``(N, n)``,
@@ -126,7 +126,7 @@ def _pick(
 def shear_greedy_init(
     z: torch.Tensor, w: torch.Tensor, m: int, bits: int | None, on_step: Callable[[], object] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy init of S-DLA (spec section 10, eqs. 18-20), from the identity, from the statistics alone.
+    """Greedy init of S-DLA (Rusu, eqs. 18-20), from the identity, from the statistics alone.
 
     ``m`` times: score every ordered pair's shear by its unrounded minimum (``-(Z_ji - W_ij)^2 / W_ii`` for the
     lower shear on ``(i, j)``, ``-(Z_ij - W_ji)^2 / W_jj`` for the upper one) and every scaling by its decrease at
@@ -176,7 +176,7 @@ def shear_sweep(
     bits: int | None,
     on_step: Callable[[], object] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One update sweep of S-DLA (spec eqs. 21-23) with the codes fixed, from the statistics alone.
+    """One update sweep of S-DLA (Rusu, eqs. 21-23) with the codes fixed, from the statistics alone.
 
     For ``k = 1..m`` (in product order): ``A_k = S_m ... S_{k+1}`` (old blocks), ``X_k = S_{k-1} ... S_1 X``
     (blocks already re-chosen), ``Z_k = Z P_k^T`` and ``W_k = P_k W P_k^T`` for ``P_k = S_{k-1} ... S_1``. Block
@@ -263,16 +263,16 @@ def learn_shear_transform(
     generator: torch.Generator | None = None,
     on_step: Callable[[], object] | None = None,
 ) -> ShearTransformResult:
-    """S-DLA (spec section 10): ``m`` shears/scalings ``D = S_m ... S_1`` and ``s``-sparse OMP codes.
+    """S-DLA (Rusu, arXiv 1812.03412): ``m`` shears/scalings ``D = S_m ... S_1`` and ``s``-sparse OMP codes.
 
     Steps (each alternation only through ``z = Y^T X``, ``w = X^T X``, ``||Y||^2``, as a stream would do it):
 
     1. SVD init, as the author's ``s_dla.m``: ``X <- T_s(Y V)`` with ``V`` the principal basis of ``Y^T Y``
        (:func:`~lightning_ortho.transforms.statistics.principal_basis`, deterministic signs).
     2. :func:`shear_greedy_init` on ``(z, w)`` of these codes; ``X <- omp_codes(Y, D, s)``; ``initial_error``.
-    3. ``iterations`` times (the spec's ``K = 15``): :func:`shear_sweep` on ``(z, w, ||Y||^2)`` of the current
+    3. ``iterations`` times (the paper's ``K = 15``): :func:`shear_sweep` on ``(z, w, ||Y||^2)`` of the current
        codes, ``X <- omp_codes(Y, D, s)``, record :func:`shear_error`. With ``tol`` given, stop early once two
-       consecutive errors differ by at most ``tol`` (percent); the spec has no early stop (``tol=None``).
+       consecutive errors differ by at most ``tol`` (percent); the paper has no early stop (``tol=None``).
 
     OMP is not an exact sparse coder, so the errors need not decrease; each sweep alone does not increase the
     error for its codes when ``bits=None``.
