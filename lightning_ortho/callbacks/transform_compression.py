@@ -65,9 +65,10 @@ class TransformCompression(pl.Callback):
     ``compression/error/<module>`` (percent), ``compression/ops_before`` and ``compression/ops_after`` (additions +
     multiplications + shifts, bias excluded); in ``trainer.callback_metrics`` and the loggers (``pl_module.log`` in
     the epoch of compression; at ``on_fit_end`` written to both directly). ``report`` keeps one dict per layer (its
-    ``"epoch"``: the last training epoch completed before the compression); a rich table is printed at the end. ``compressed_after_validation`` is ``True`` while the last validation of the
-    run came before the compression (always after compression at ``on_fit_end``): the logged validation metrics,
-    e.g. ``val_acc``, then describe the dense model, and ``compression/<metric_name>_after`` the compressed one.
+    ``"epoch"``: the last training epoch completed before the compression); a rich table is printed at the end.
+    ``compressed_after_validation`` is ``True`` while the last validation of the run came before the compression
+    (always after compression at ``on_fit_end``): the logged validation metrics, e.g. ``val_acc``, then describe
+    the dense model, and ``compression/<metric_name>_after`` the compressed one.
 
     Checkpoints saved after compression hold each compressed layer's state with a marker (see
     :class:`~lightning_ortho.transforms.FactorizedLinear`), and a freshly built model rebuilds those layers before

@@ -1,8 +1,8 @@
 """Invertibility diagnostics of a :class:`~lightning_ortho.flows.Glow` on a batch: plain numbers, no Lightning.
 
 Each function runs under ``torch.no_grad()`` with the model in eval mode (afterwards every submodule gets back its
-own mode), so it never initialises an ActNorm or advances a power iteration. ``y`` is a batch of dequantised images ``(N, C, S, S)``
-in ``[-1/2, 1/2)``, as :meth:`Glow.encode` takes them.
+own mode), so it never initialises an ActNorm or advances a power iteration. ``y`` is a batch of dequantised images
+``(N, C, S, S)`` in ``[-1/2, 1/2)``, as :meth:`Glow.encode` takes them.
 """
 
 from __future__ import annotations

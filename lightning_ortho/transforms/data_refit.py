@@ -91,11 +91,11 @@ def refit_warning(refit: Refit, rows: int, s: int, out: int, output_error: float
     if refit.undetermined_rows:
         return (
             f"compress_linear: data has {rows} row{'s' * (rows != 1)} of centred rank {refit.data_rank} (as low as "
-            f"{refit.support_rank} on an output row's support), which do not determine the s={s} code values of {refit.undetermined_rows} of "
-            f"the {out} output rows (each needs centred rank {s} on its support: at least {s + 1} distinct rows in "
-            f"general position). Those rows were refit only in the directions the data determine, the rest keep the "
-            f"no-data codes; output_error={output_error:.3g}% is in-sample on these rows and says little about "
-            f"other inputs. {advice}"
+            f"{refit.support_rank} on an output row's support), which do not determine the s={s} code values of "
+            f"{refit.undetermined_rows} of the {out} output rows (each needs centred rank {s} on its support: at "
+            f"least {s + 1} distinct rows in general position). Those rows were refit only in the directions the "
+            f"data determine, the rest keep the no-data codes; output_error={output_error:.3g}% is in-sample on "
+            f"these rows and says little about other inputs. {advice}"
         )
     if rows < ROWS_PER_UNKNOWN * (s + 1):
         return (
