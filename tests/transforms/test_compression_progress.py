@@ -1,5 +1,5 @@
 """compress_linear announces its work before learning (planned block choices / stages, then a time estimate) and
-shows a rich progress bar only where asked (or on a terminal)."""
+shows a rich progress bar only where asked (or on a terminal). Every learner (B, M and S-DLA) reports its steps."""
 
 import io
 import logging
@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from lightning_ortho.transforms import b_dla, compression, m_dla, progress
+from lightning_ortho.transforms import b_dla, compression, m_dla, progress, s_dla
 from lightning_ortho.transforms.compression import compress_linear
 
 LOGGER = "lightning_ortho.transforms.compression"
@@ -154,8 +154,12 @@ def test_the_b_plan_prices_the_sweeps_that_may_widen_and_says_when_it_may_stop_e
     assert [(s.kind, s.steps) for s in m_plan.segments] == [("stage", 3)] * 2 and not m_plan.may_stop_early
 
 
-def timed_learner(monkeypatch, greedy_pick, sweep_pick, data_pass):
-    """Make the B learner's work take fake seconds: each greedy pick, sweep re-pick and pass over the data."""
+def timed_learner(monkeypatch, greedy_pick, sweep_pick, data_pass, family="b"):
+    """Make a learner's work take fake seconds: each greedy pick, sweep re-pick and pass over the data."""
+    learner, (init, sweep, pick_name), learner_class = {
+        "b": (b_dla, ("greedy_init", "sweep", "best_block"), b_dla.BTransformLearner),
+        "shear": (s_dla, ("shear_greedy_init", "shear_sweep", "_pick"), s_dla.ShearTransformLearner),
+    }[family]
     clock, phase = FakeClock(), ["greedy"]
     monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=clock))
 
@@ -174,11 +178,11 @@ def timed_learner(monkeypatch, greedy_pick, sweep_pick, data_pass):
         clock.now += data_pass
         return original_encode(self, data)
 
-    original_pick, original_encode = b_dla.best_block, b_dla.BTransformLearner.encode
-    monkeypatch.setattr(b_dla, "greedy_init", in_phase("greedy", b_dla.greedy_init))
-    monkeypatch.setattr(b_dla, "sweep", in_phase("sweep", b_dla.sweep))
-    monkeypatch.setattr(b_dla, "best_block", pick)
-    monkeypatch.setattr(b_dla.BTransformLearner, "encode", encode)
+    original_pick, original_encode = getattr(learner, pick_name), learner_class.encode
+    monkeypatch.setattr(learner, init, in_phase("greedy", getattr(learner, init)))
+    monkeypatch.setattr(learner, sweep, in_phase("sweep", getattr(learner, sweep)))
+    monkeypatch.setattr(learner, pick_name, pick)
+    monkeypatch.setattr(learner_class, "encode", encode)
     return clock
 
 
@@ -212,3 +216,37 @@ def test_fast_greedy_picks_and_slow_sweeps_warn_with_an_upper_bound(monkeypatch)
     assert "greedy 0.01 s" in message and "sweep 1 s" in message and "per data pass 0.2 s" in message
     assert module.report.estimated_seconds == pytest.approx(69.4)
     assert module.report.estimated_seconds >= clock.now  # an upper bound of what it took
+
+
+# ------------------------------------------------------------------ the shear learner reports its choices too
+def test_shear_steps_are_its_block_choices_and_its_time_is_estimated(monkeypatch, caplog):
+    picks = counting(monkeypatch, s_dla, "_pick")  # one call per greedy pick and per sweep re-pick
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        module = compress_linear(layer(), "shear", s=3, m=6, iterations=2, progress=False)
+    assert len(picks) == 18 == module.report.planned_steps == module.report.steps  # m (1 greedy + 2 sweeps)
+    estimates = [r.getMessage() for r in caplog.records if "per data pass" in r.getMessage()]
+    assert len(estimates) == 2 and "provisional" in estimates[0] and "provisional" not in estimates[1]
+    assert "greedy" in estimates[1] and "sweep" in estimates[1] and module.report.estimated_seconds > 0
+    assert "about" in estimates[1] and "at most" not in estimates[1]  # S-DLA without tol runs every sweep
+
+
+def test_the_shear_plan_runs_every_sweep():
+    plan = compression.plan_work("shear", 10, None, 5)
+    assert [(s.kind, s.steps, s.weight) for s in plan.segments] == [("greedy", 10, 1.0)] + [("sweep", 10, 1.0)] * 5
+    assert not plan.may_stop_early
+
+
+def test_slow_shear_sweeps_warn_with_the_time_they_take(monkeypatch):
+    # 10 greedy picks of 0.01 s, then 5 sweeps of 10 re-picks of 1 s, a 0.2 s pass before each. Timed 4 re-picks
+    # into sweep 1 (2 passes + 0.1 s + a pass + 4 s = 4.7 s): 6 re-picks left, 4 sweeps of 0.2 + 10 s, 2 passes
+    # after: 51.9 s (every sweep runs: no "up to").
+    clock = timed_learner(monkeypatch, greedy_pick=0.01, sweep_pick=1.0, data_pass=0.2, family="shear")
+    monkeypatch.setattr(compression, "SLOW_SECONDS", 20.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = compress_linear(layer(), "shear", s=3, m=10, iterations=5, progress=False)
+    (message,) = [str(w.message) for w in caught if "will take" in str(w.message)]
+    assert "learning the 'shear' transform" in message and "will take about 52 s" in message, message
+    assert "greedy 0.01 s" in message and "sweep 1 s" in message and "stops early" not in message
+    assert module.report.estimated_seconds == pytest.approx(51.9)
+    assert clock.now == pytest.approx(51.7)  # one pass fewer than planned: the final codes are not a timed pass
