@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import RichProgressBar
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities import rank_zero_info
 from torch import nn
 
+from lightning_ortho.callbacks._compression_report import Metric, accuracy_metric, evaluate_metric, print_report
 from lightning_ortho.models.factorized_checkpoint import save_compressed_checkpoint
 from lightning_ortho.nn import SVDLinear
-from lightning_ortho.nn.eval_mode import eval_mode
 from lightning_ortho.transforms.compression import (
     FAMILIES,
     FactorizedLinear,
@@ -24,16 +23,6 @@ from lightning_ortho.transforms.compression import (
     compress_linear,
 )
 from lightning_ortho.transforms.factorized_linear import keep_training_state, restore_factorized_on_load
-
-Metric = Callable[[pl.LightningModule, Any], tuple[torch.Tensor | float, int]]
-
-
-def accuracy_metric(pl_module: pl.LightningModule, batch: Any) -> tuple[torch.Tensor, int]:
-    """Default metric: batch ``(inputs, labels, ...)``, ``pl_module(inputs)`` logits ``(N, C)``; returns
-    ``(correct, N)`` (the micro accuracy that ``ClassifierModule`` logs as ``val_acc``)."""
-    inputs, labels = batch[0], batch[1]
-    logits = pl_module(inputs)
-    return (logits.argmax(dim=-1) == labels).sum(), labels.numel()
 
 
 def _check_optional_int(value: object, name: str, low: int) -> None:
@@ -415,68 +404,12 @@ class TransformCompression(pl.Callback):
         metrics["compression/ops_after"] = float(sum(total(r, "factorized_ops") for r in new_rows))
         return metrics
 
-    @staticmethod
-    def _val_loaders(trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Any]:
-        loaders = trainer.val_dataloaders
-        if loaders is None:
-            source = trainer.datamodule if trainer.datamodule is not None else pl_module
-            try:
-                loaders = source.val_dataloader()
-            except (AttributeError, NotImplementedError, MisconfigurationException):
-                loaders = None
-        if loaders is None:
-            return []
-        if isinstance(loaders, dict):
-            return list(loaders.values())
-        return list(loaders) if isinstance(loaders, list | tuple) else [loaders]
-
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float | None:
-        """``sum(total) / sum(count)`` of ``metric`` over the validation dataloaders (summed across processes),
-        or ``None`` (with a warning) when there is no validation data."""
-        loaders = self._val_loaders(trainer, pl_module)
-        if not loaders:
-            warnings.warn("TransformCompression: no validation dataloader; the metric is not measured.", stacklevel=2)
-            return None
-        sums = torch.zeros(2, dtype=torch.float64)
-        # eval_mode gives every submodule its own mode back through its train(mode): a train() override's side
-        # effects (a noise level, a frozen part) are those of training again for the fine-tuning epochs.
-        with eval_mode(pl_module), torch.no_grad(), trainer.precision_plugin.forward_context():
-            for index, loader in enumerate(loaders):
-                for batch in loader:
-                    batch = trainer.strategy.batch_to_device(batch, dataloader_idx=index)
-                    total, count = self.metric(pl_module, batch)
-                    sums += torch.tensor([float(total), float(count)], dtype=torch.float64)
-        dtype = torch.float32 if pl_module.device.type == "mps" else torch.float64  # MPS has no float64
-        sums = trainer.strategy.reduce(sums.to(device=pl_module.device, dtype=dtype), reduce_op="sum")
-        return float(sums[0] / sums[1]) if float(sums[1]) > 0 else None
+        """``metric`` over the validation data (:func:`evaluate_metric`), or ``None`` with a warning."""
+        return evaluate_metric(trainer, pl_module, self.metric)
 
-    @rank_zero_only
     def _print_table(self) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        def fmt(value: float | None) -> str:
-            return "-" if value is None else f"{value:.4f}"
-
-        table = Table(
-            title=f"TransformCompression ({self.metric_name}: {fmt(self.metric_before)} -> {fmt(self.metric_after)})"
-        )
-        for column in ("module", "type", "in -> out", "s", "blocks", "error %", "ops before", "ops after", "ratio"):
-            table.add_column(column, justify="left" if column in ("module", "type") else "right")
-        for row in self.report:
-            ops = lambda k: row[f"{k}_additions"] + row[f"{k}_multiplications"] + row[f"{k}_shifts"]  # noqa: E731
-            table.add_row(
-                row["module"],
-                row["type"],
-                f"{row['in_features']} -> {row['out_features']}",
-                str(row["s"]),
-                str(row["blocks"]),
-                f"{row['error']:.2f}",
-                str(ops("dense_ops")),
-                str(ops("factorized_ops")),
-                f"{row['ops_ratio']:.3f}",
-            )
-        Console().print(table)
+        print_report(self.report, self.metric_name, self.metric_before, self.metric_after)
 
     # ------------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
