@@ -1,4 +1,4 @@
-"""Closed forms of S-DLA (spec section 10, eqs. 17-23): the best single shear or scaling, its rounding, and its
+"""Closed forms of S-DLA (Rusu, arXiv 1812.03412, eqs. 17-23): the best single shear or scaling, its rounding, and its
 place in a :class:`~lightning_ortho.transforms.blocks.BlockProduct`.
 
 Entry form. Every shear or scaling is ``S = I + L`` with ``L`` one entry: ``L = v e_a e_b^T``. An off-diagonal
