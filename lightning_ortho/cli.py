@@ -6,17 +6,22 @@ lightning-ortho fit --config recipes/fcnn_digits.yaml --model.init_args.orthogon
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
-
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ProgressBar, RichModelSummary, RichProgressBar
-from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
-from pytorch_lightning.utilities import rank_zero_only
 
 # Importing registers the subclasses that `class_path: ...` may name by their short names too.
 import lightning_ortho.callbacks  # noqa: F401
 import lightning_ortho.datamodules  # noqa: F401
 import lightning_ortho.models  # noqa: F401
+from lightning_ortho._lightning import pl, rank_zero_only
+
+_cli = importlib.import_module(f"{pl.__name__}.cli")
+LightningArgumentParser, LightningCLI = _cli.LightningArgumentParser, _cli.LightningCLI
+ProgressBar, RichModelSummary, RichProgressBar = (
+    pl.callbacks.ProgressBar,
+    pl.callbacks.RichModelSummary,
+    pl.callbacks.RichProgressBar,
+)
 
 
 class LightningOrthoCLI(LightningCLI):

@@ -6,11 +6,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_only
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
+from lightning_ortho._lightning import MisconfigurationException, pl, rank_zero_only
 from lightning_ortho.nn.eval_mode import eval_mode
 
 #: ``metric(pl_module, batch) -> (total, count)``: summed over batches and processes, the metric is total / count.

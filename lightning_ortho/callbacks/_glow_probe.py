@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.hooks import RemovableHandle
 
+from lightning_ortho._lightning import Callback, pl, rank_zero_warn
 from lightning_ortho.flows import Glow
 
 
@@ -67,7 +66,7 @@ class ValidationProbe:
             self.images, self._armed = args[0][: self.num_images].detach().clone(), False
 
 
-class GlowProbeCallback(pl.Callback):
+class GlowProbeCallback(Callback):
     """Base of the Glow callbacks: finds the model's Glow at setup and keeps a :class:`ValidationProbe` of the
     first ``num_images`` inputs it sees in each validation epoch (``num_images = 0``: no probe)."""
 

@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from lightning_ortho._lightning import Callback, pl, rank_zero_info, rank_zero_warn
 from lightning_ortho.callbacks._monitor_report import plot_history, print_table
 from lightning_ortho.nn.eval_mode import eval_mode
 
@@ -90,7 +89,7 @@ def _check_positive_int(value: object, name: str, owner: str) -> int:
     return value
 
 
-class Monitor(pl.Callback):
+class Monitor(Callback):
     """Base class of the monitors (see the module docstring).
 
     Args:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytorch_lightning.utilities import rank_zero_only
+from lightning_ortho._lightning import rank_zero_only
 
 
 @rank_zero_only

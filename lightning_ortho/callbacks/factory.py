@@ -54,8 +54,7 @@ import os
 import warnings
 from typing import Any
 
-import pytorch_lightning as pl
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
+from lightning_ortho._lightning import pl, rank_zero_info, rank_zero_warn
 
 #: Monitor name -> ``"module:Class"``; imported only when named in ``LIGHTNING_ORTHO_MONITORS``.
 MONITORS: dict[str, str] = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pytorch_lightning as pl
 import torch
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._glow_probe import GlowProbeCallback
 from lightning_ortho.nn import NewtonInverseError
 

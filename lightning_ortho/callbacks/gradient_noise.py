@@ -26,11 +26,10 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from lightning_ortho._lightning import pl, rank_zero_info, rank_zero_warn
 from lightning_ortho.callbacks._monitor import Measurement, Monitor
 from lightning_ortho.callbacks._watched_parameters import WatchedParameters, some
 

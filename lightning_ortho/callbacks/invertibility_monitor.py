@@ -8,10 +8,10 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._monitor import Measurement, Monitor, outermost_modules
 from lightning_ortho.callbacks.jacobian_monitor import is_flow_output, module_device
 from lightning_ortho.nn.newton import NewtonInverseError

@@ -7,10 +7,10 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._monitor import Measurement, Monitor, _check_positive_int, outermost_modules
 from lightning_ortho.flows import FlowLayer
 

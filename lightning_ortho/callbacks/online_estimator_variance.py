@@ -31,11 +31,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.func import functional_call
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._monitor import Measurement, Monitor, last_batch_of_fit
 from lightning_ortho.online import OnlineGradientEstimator
 from lightning_ortho.online.losses import masked_loss_sum

@@ -22,11 +22,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._monitor import Measurement, Monitor
 from lightning_ortho.nn import AuxiliaryReflection, OrthogonalMap, SVDLinear
 

@@ -6,12 +6,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import RichProgressBar
-from pytorch_lightning.utilities import rank_zero_info
 from torch import nn
 
+from lightning_ortho._lightning import Callback, pl, rank_zero_info
 from lightning_ortho.callbacks._compression_report import Metric, accuracy_metric, evaluate_metric, print_report
 from lightning_ortho.models.factorized_checkpoint import save_compressed_checkpoint
 from lightning_ortho.nn import SVDLinear
@@ -24,13 +22,15 @@ from lightning_ortho.transforms.compression import (
 )
 from lightning_ortho.transforms.factorized_linear import keep_training_state, restore_factorized_on_load
 
+RichProgressBar = pl.callbacks.RichProgressBar
+
 
 def _check_optional_int(value: object, name: str, low: int) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
         raise ValueError(f"TransformCompression: {name} must be None or an int >= {low}, got {value!r}.")
 
 
-class TransformCompression(pl.Callback):
+class TransformCompression(Callback):
     """Replaces dense layers by :class:`~lightning_ortho.transforms.FactorizedLinear` ``C (D^T x) + b`` learned
     with :func:`~lightning_ortho.transforms.compression.compress_linear` (``W ~ C D^T`` in the Frobenius norm).
 

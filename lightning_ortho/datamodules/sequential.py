@@ -5,10 +5,10 @@ from __future__ import annotations
 import inspect
 from typing import Literal
 
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import Dataset
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules.splits import SplitDataModule
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
 
 

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from lightning_ortho._lightning import pl
 
 #: The splits a stream data module serves. Each has its own streams: validation never sees training data.
 SPLITS = ("train", "val")

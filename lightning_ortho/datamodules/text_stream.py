@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.utilities import rank_zero_warn
 
+from lightning_ortho._lightning import rank_zero_warn
 from lightning_ortho.datamodules.images import DatasetNotFoundError
 from lightning_ortho.datamodules.streams import StreamDataModule, check_positive_int
 

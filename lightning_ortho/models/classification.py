@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-import pytorch_lightning as pl
 import torch
 import torchmetrics
 from torch import nn
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.models.factorized_checkpoint import RestoresFactorizedLayers
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-import pytorch_lightning as pl
-from lightning_fabric.utilities.cloud_io import get_filesystem
-
+from lightning_ortho._lightning import fabric, pl
 from lightning_ortho.transforms.factorized_linear import restore_factorized
 
 
@@ -45,7 +43,7 @@ def save_compressed_checkpoint(trainer: pl.Trainer, name: str = "compressed") ->
     folder = str(getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.log_dir or trainer.default_root_dir)
     path = None
     if trainer.is_global_zero:
-        filesystem, version = get_filesystem(folder), 0
+        filesystem, version = fabric.utilities.cloud_io.get_filesystem(folder), 0
         path = posixpath.join(folder, f"{name}.ckpt")
         while filesystem.exists(path):
             version += 1

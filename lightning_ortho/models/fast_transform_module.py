@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-import pytorch_lightning as pl
 import torch
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.transforms.blocks import BlockProduct
 from lightning_ortho.transforms.patches import image_patches
 from lightning_ortho.transforms.statistics import TransformLearner, TransformStatistics

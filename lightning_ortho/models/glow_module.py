@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.flows import Glow
 from lightning_ortho.flows.conv1x1 import Conv1x1Kind
 from lightning_ortho.models.optimizers import build_optimizer

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
+from lightning_ortho._lightning import rank_zero_warn
 from lightning_ortho.online import OnlineState
 
 

@@ -6,12 +6,11 @@ import math
 import warnings
 from typing import Any, Literal
 
-import pytorch_lightning as pl
 import torch
 import torchmetrics
-from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import nn
 
+from lightning_ortho._lightning import pl, rank_zero_warn
 from lightning_ortho.models.online_carry import OnlineCarry
 from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, differing_options, initial_state
 from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, explain_nonfinite_grad_h, read_chunk
