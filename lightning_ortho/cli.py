@@ -2,6 +2,8 @@
 
 lightning-ortho fit --config recipes/fcnn_digits.yaml
 lightning-ortho fit --config recipes/fcnn_digits.yaml --model.init_args.orthogonal=cayley
+lightning-ortho fit --config recipes/fcnn_digits.yaml --trainer.callbacks+=OrthogonalityMonitor
+lightning-ortho predict --config recipes/fcnn_digits.yaml --ckpt_path=PATH   (writes predictions.pt, see PredictionWriter)
 """
 
 from __future__ import annotations
@@ -9,11 +11,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Importing registers the subclasses that `class_path: ...` may name by their short names too.
-import lightning_ortho.callbacks  # noqa: F401
+# Importing registers the subclasses that `class_path: ...` may name by their short names too. The callbacks
+# package is lazy (Lightning imports it on every Trainer), so its modules are imported explicitly: jsonargparse
+# resolves `--trainer.callbacks+=OrthogonalityMonitor` only among the Callback subclasses already imported.
+import lightning_ortho.callbacks
 import lightning_ortho.datamodules  # noqa: F401
 import lightning_ortho.models  # noqa: F401
 from lightning_ortho._lightning import pl, rank_zero_only
+from lightning_ortho.callbacks.prediction_writer import PredictionWriter
+
+lightning_ortho.callbacks.import_all()
 
 _cli = importlib.import_module(f"{pl.__name__}.cli")
 LightningArgumentParser, LightningCLI = _cli.LightningArgumentParser, _cli.LightningCLI
@@ -25,7 +32,9 @@ ProgressBar, RichModelSummary, RichProgressBar = (
 
 
 class LightningOrthoCLI(LightningCLI):
-    """LightningCLI with the data module's sizes linked into the model and a closing summary."""
+    """LightningCLI with the data module's sizes linked into the model and a closing summary; ``predict`` writes
+    its outputs with a :class:`~lightning_ortho.callbacks.PredictionWriter` (added unless the configuration has a
+    ``BasePredictionWriter`` already)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_features", "model.init_args.in_features", apply_on="instantiate")
@@ -40,6 +49,12 @@ class LightningOrthoCLI(LightningCLI):
         if config.get("trainer", {}).get("enable_progress_bar") is False:
             callbacks = [c for c in self.trainer_defaults.get("callbacks", []) if not isinstance(c, ProgressBar)]
             self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
+        if self.subcommand == "predict":
+            given = config.get("trainer", {}).get("callbacks") or []
+            given = given if isinstance(given, list) else [given]
+            if not any(isinstance(c, pl.callbacks.BasePredictionWriter) for c in given):
+                callbacks = [*self.trainer_defaults.get("callbacks", []), PredictionWriter()]
+                self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
         return super().instantiate_trainer(**kwargs)
 
     def after_fit(self) -> None:

@@ -1,8 +1,10 @@
 """Lightning callbacks for any project: monitors of Jacobian determinants, invertibility, gradient noise and
-orthogonality, layer compression, and the Glow callbacks.
+orthogonality, layer compression, the Glow callbacks, and the writer of ``predict``'s outputs.
 
 Imported lazily: Lightning imports this package on every ``Trainer`` through the ``callbacks_factory`` entry point
 (:mod:`lightning_ortho.callbacks.factory`), so importing it costs nothing until a callback is used.
+:func:`import_all` imports every callback module at once (the ``lightning-ortho`` command does, so that a short
+name such as ``--trainer.callbacks+=OrthogonalityMonitor`` resolves).
 """
 
 from __future__ import annotations
@@ -22,11 +24,25 @@ _SUBMODULE = {
     "Monitor": "_monitor",
     "OnlineEstimatorVarianceMonitor": "gradient_variance",
     "OrthogonalityMonitor": "orthogonality_monitor",
+    "PredictionWriter": "prediction_writer",
     "TransformCompression": "transform_compression",
     "measure_estimator": "gradient_variance",
 }
 
-__all__ = sorted(_SUBMODULE)
+__all__ = sorted([*_SUBMODULE, "import_all"])
+
+
+def import_all() -> list[type]:
+    """Import every callback module; return the public callback classes (those of ``__all__``), sorted by name.
+
+    jsonargparse (LightningCLI) resolves a short class name (``--trainer.callbacks+=OrthogonalityMonitor``) only
+    among the subclasses of ``Callback`` that are already imported, which the lazy attributes of this package hide
+    until first use; the ``lightning-ortho`` command calls this before it parses its arguments.
+    """
+    from lightning_ortho._lightning import Callback
+
+    found = {getattr(importlib.import_module(f"{__name__}.{module}"), name) for name, module in _SUBMODULE.items()}
+    return sorted((v for v in found if isinstance(v, type) and issubclass(v, Callback)), key=lambda v: v.__name__)
 
 
 def __getattr__(name: str) -> Any:

@@ -52,6 +52,25 @@ class ClassifierModule(RestoresFactorizedLayers, pl.LightningModule):
         inputs = batch[0] if isinstance(batch, list | tuple) else batch
         return self(inputs)
 
+    def prediction_record(self, outputs: list[torch.Tensor], targets: list[torch.Tensor | None]) -> dict:
+        """What ``lightning-ortho predict`` saves (:class:`~lightning_ortho.callbacks.PredictionWriter`):
+        ``logits`` ``(N, num_classes)``, ``predicted`` ``(N,)`` (the arg-max class) and, when every batch has
+        labels, ``targets`` ``(N,)``."""
+        logits = torch.cat(outputs)
+        record = {"logits": logits, "predicted": logits.argmax(1)}
+        if targets and all(t is not None for t in targets):
+            record["targets"] = torch.cat(targets)  # type: ignore[arg-type]
+        return record
+
+    def prediction_summary(self, record: dict[str, torch.Tensor], reduce) -> str:
+        """The accuracy of ``predicted`` against ``targets`` over all processes, or the count without labels."""
+        predicted, targets = record["predicted"], record.get("targets")
+        correct = float((predicted == targets).sum()) if targets is not None else 0.0
+        correct, count = reduce(torch.tensor([correct, float(len(predicted))], dtype=torch.float64)).tolist()
+        if targets is None:
+            return f"{int(count)} samples predicted (the data has no labels: no accuracy)"
+        return f"accuracy {correct / count:.4f} ({int(correct)} of {int(count)} labelled samples)"
+
     def on_train_epoch_start(self) -> None:
         self._epoch_start = time.perf_counter()
 

@@ -245,6 +245,37 @@ class FastTransformModule(pl.LightningModule):
         error = _relative_error(self.trainer.strategy.reduce(sums, reduce_op="sum"))
         self.log("val_error", error, prog_bar=True, sync_dist=False)
 
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        """The error of the held transform on the test batches: ``test_error`` (percent, as ``val_error``)."""
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self) -> None:
+        if self._validation is not None:
+            sums, self._validation = self._validation, None
+            error = _relative_error(self.trainer.strategy.reduce(sums, reduce_op="sum"))
+            self.log("test_error", error, sync_dist=False)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
+        """For the batch's feature rows ``Y`` ``(P, n)`` (:meth:`features`): ``codes`` ``X`` ``(P, n)`` (the best
+        ``s``-sparse codes under the held ``D``), ``squared_error`` ``||y - D x||^2`` and ``squared_norm``
+        ``||y||^2`` ``(P,)``, in float64."""
+        y = self.features(batch)
+        learner = self._ensure_learner(y.shape[1])
+        codes = learner.code(y)
+        y64 = y.detach().to(device=codes.device, dtype=torch.float64)
+        residual = y64 - codes @ learner.dictionary().to(codes.device).T
+        return {"codes": codes, "squared_error": residual.square().sum(1), "squared_norm": y64.square().sum(1)}
+
+    def prediction_record(self, outputs: list[dict[str, torch.Tensor]], targets: list) -> dict[str, torch.Tensor]:
+        """What ``lightning-ortho predict`` saves: the rows of every batch's :meth:`predict_step`, joined."""
+        return {key: torch.cat([o[key] for o in outputs]) for key in outputs[0]}
+
+    def prediction_summary(self, record: dict[str, torch.Tensor], reduce) -> str:
+        """``100 sum ||y - D x||^2 / sum ||y||^2`` (percent, as ``val_error``) over every row of every process."""
+        sums = torch.stack([record["squared_error"].sum(), record["squared_norm"].sum()]).double()
+        error, rows = _relative_error(reduce(sums)), int(reduce(torch.tensor([float(len(record["codes"]))]).double()))
+        return f"error {error:.2f} % (100 ||Y - X D^T||^2 / ||Y||^2) over {rows} rows"
+
     # ------------------------------------------------------------------------------------------------- results
     def transform(self, dtype: torch.dtype = torch.float32) -> BlockProduct:
         """The learned transform ``D`` (identity before the first update).

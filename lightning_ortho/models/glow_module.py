@@ -74,6 +74,20 @@ class GlowModule(pl.LightningModule):
         images = batch[0] if isinstance(batch, list | tuple) else batch
         return self.glow.bits_per_dim(images, self.hparams.num_levels)
 
+    def prediction_record(self, outputs: list[torch.Tensor], targets: list[torch.Tensor | None]) -> dict:
+        """What ``lightning-ortho predict`` saves: ``bits_per_dim`` ``(N,)`` of each image and, when every batch
+        has them, the images' ``labels`` ``(N,)``."""
+        record = {"bits_per_dim": torch.cat(outputs)}
+        if targets and all(t is not None for t in targets):
+            record["labels"] = torch.cat(targets)  # type: ignore[arg-type]
+        return record
+
+    def prediction_summary(self, record: dict[str, torch.Tensor], reduce) -> str:
+        """The mean bits/dim over every image of every process."""
+        bits = record["bits_per_dim"].double()
+        total, count = reduce(torch.stack([bits.sum(), torch.tensor(float(len(bits)), dtype=torch.float64)]))
+        return f"mean bits/dim {float(total / count):.4f} over {int(count)} images"
+
     def configure_optimizers(self):
         optimizer = build_optimizer(type(self).__name__, torch.optim.Adam, self.parameters(), lr=self.hparams.lr)
         warmup = max(1, self.hparams.warmup_steps)

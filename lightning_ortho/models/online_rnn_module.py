@@ -7,12 +7,12 @@ import warnings
 from typing import Any, Literal
 
 import torch
-import torchmetrics
 from torch import nn
 
 from lightning_ortho._lightning import pl, rank_zero_warn
 from lightning_ortho.models.online_carry import OnlineCarry
 from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, differing_options, initial_state
+from lightning_ortho.models.online_evaluation import OnlineEvaluation
 from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, explain_nonfinite_grad_h, read_chunk
 from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.online import OnlineState
@@ -22,7 +22,7 @@ OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 _CHECKPOINT_KEY = "online_rnn_module"
 
 
-class OnlineRNNModule(pl.LightningModule):
+class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
     """A recurrent cell trained online on ordered chunks of parallel streams (design.md, "Online training").
 
     Every training chunk ``(b streams, T steps)`` continues the streams of the previous one. For each step ``t``
@@ -61,9 +61,12 @@ class OnlineRNNModule(pl.LightningModule):
     the checkpoint's hyperparameters after the command line and config, so there the checkpoint's model options
     (estimator, options, ``update_every``, ``lr``, ...) replace those given, without a warning.
 
-    Validation runs the cell forward (no gradient estimate) from a zero state on each pass over the validation
-    streams, carrying the state across that pass's chunks. A pass whose masks score no entry logs NaN ``val_*``
-    (a mean over nothing) and warns first.
+    Validation and test run the cell forward (no gradient estimate, no update) from a zero state on each pass over
+    the validation or test streams, carrying the state across that pass's chunks, and log ``val_loss`` /
+    ``test_loss`` (and ``*_bits``); a pass whose masks score no entry logs NaN (a mean over nothing) and warns
+    first. ``predict`` runs the same way over the predict streams and returns each chunk's ``outputs``,
+    ``targets`` and ``mask`` (``lightning-ortho predict`` saves them joined along time; see
+    :class:`~lightning_ortho.models.online_evaluation.OnlineEvaluation`).
 
     Args:
         cell: a recurrent cell ``cell(x (b, I), h (b, H)) -> (b, H)`` with a ``hidden_size`` attribute (and
@@ -115,11 +118,8 @@ class OnlineRNNModule(pl.LightningModule):
         self.readout = Readout(readout, cell.hidden_size, output_size)
         self.output_size, self.loss_name, self.update_every = output_size, loss, update_every
         self.estimator = build_estimator(estimator, cell, dict(estimator_options or {}), seed)
-        self.val_loss, self.val_bits = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
-        self.val_count = torchmetrics.SumMetric()  # masked entries scored in a pass, over all processes
+        self._init_evaluation()  # val_* and test_* metrics, the state carried across an evaluation pass
         self.carry = OnlineCarry()  # estimator state, chunk order, update window: between steps and in checkpoints
-        self._val_h: torch.Tensor | None = None
-        self._val_next = 0
         self._trained_with: tuple[str, dict[str, Any]] | None = None  # a loaded checkpoint's estimator and options
 
     # -- setup -----------------------------------------------------------------------------------------------
@@ -290,55 +290,6 @@ class OnlineRNNModule(pl.LightningModule):
         if self._trainer is None:
             return 0, 1
         return int(self.trainer.global_rank), int(self.trainer.world_size)
-
-    # -- validation ------------------------------------------------------------------------------------------
-    def on_validation_epoch_start(self) -> None:
-        self._val_h, self._val_next = None, 0
-
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        """The cell forward from a zero state at the pass's first chunk; the loss per masked entry."""
-        chunk = self._read(batch)
-        if self._val_h is not None and chunk.index not in (0, self._val_next):
-            raise ValueError(
-                f"OnlineRNNModule: validation chunk {chunk.index} arrived where chunk {self._val_next} was expected;"
-                " the validation loader must yield its chunks in order."
-            )
-        if self._val_h is None or chunk.index == 0:
-            self._val_h = self._zero_state(chunk.streams)
-        self._val_next = chunk.index + 1
-        h0 = torch.where(chunk.reset[:, None], torch.zeros_like(self._val_h), self._val_h)
-        outputs, self._val_h = self(chunk.x, h0)
-        loss_sum = sum(
-            masked_loss_sum(outputs[:, t], chunk.y[:, t], chunk.mask[:, t], self.loss_name) for t in range(chunk.steps)
-        )
-        count = int(chunk.mask.sum())
-        self.val_loss.update(loss_sum / max(count, 1), weight=count)
-        self.val_count.update(count)
-        # Logged from the step (every step, every process: the same keys everywhere under DDP), so Lightning
-        # reduces them before any on_validation_epoch_end hook: a callback reading callback_metrics there sees this
-        # pass's value, as for any metric logged in validation_step.
-        self.log("val_loss", self.val_loss, prog_bar=True, on_epoch=True, batch_size=chunk.streams)
-        if self.loss_name == "cross_entropy":
-            self.val_bits.update(loss_sum / max(count, 1) / math.log(2), weight=count)
-            self.log("val_bits", self.val_bits, on_epoch=True, batch_size=chunk.streams)
-
-    def on_validation_epoch_end(self) -> None:
-        """Warn when the pass scored no entry: its ``val_loss`` (and ``val_bits``) is then NaN, a mean over nothing.
-
-        The warning comes before ModelCheckpoint or EarlyStopping read the NaN (they run at the end of validation;
-        EarlyStopping's ``check_finite`` stops training on it, ModelCheckpoint ranks it last). It is given once (by
-        the process of rank zero: the count is over all processes) and not in Lightning's sanity check, whose few
-        chunks may all lie in the task's warm-up although the full validation pass does not.
-        """
-        scored = int(self.val_count.compute())  # over all processes (a collective under DDP, once per pass)
-        self.val_count.reset()
-        if scored == 0 and not self.trainer.sanity_checking:
-            rank_zero_warn(
-                "OnlineRNNModule: validation scored no entry: the mask of every validation step is false (e.g. the"
-                " validation chunks are shorter than the task's warm-up, such as AddingTaskDataModule's max(t1, t2)"
-                " steps), so val_loss is NaN for this pass. Give validation more or longer chunks (val_chunks,"
-                " chunk_length), or do not monitor val_loss."
-            )
 
     def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the cell over ``x`` ``(B, T, I)`` from ``h0`` ``(B, H)`` (zeros by default): the readout's outputs
