@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
+import torchmetrics
 from torch import nn
 
 from lightning_ortho._lightning import Callback, pl, rank_zero_info
-from lightning_ortho.callbacks._compression_report import Metric, accuracy_metric, evaluate_metric, print_report
+from lightning_ortho.callbacks._compression_metric import (
+    BatchKeys,
+    choose_metric,
+    evaluate,
+    validation_loaders,
+)
+from lightning_ortho.callbacks._compression_report import print_report
+from lightning_ortho.callbacks._compression_selection import linear_modules, select_layers
 from lightning_ortho.models.factorized_checkpoint import save_compressed_checkpoint
-from lightning_ortho.nn import SVDLinear
 from lightning_ortho.transforms.compression import (
     FAMILIES,
-    FactorizedLinear,
-    NotAffineError,
-    affine_parts,
     compress_linear,
 )
 from lightning_ortho.transforms.factorized_linear import keep_training_state, restore_factorized_on_load
@@ -49,15 +53,19 @@ class TransformCompression(Callback):
     ``compressed.ckpt``) holds optimizer state of the compressed parameters, not the dense weights' moments.
 
     Around the compression the validation dataloaders are run through the model (eval mode, each submodule's own
-    mode restored afterwards through its ``train(mode)``, no gradients, the trainer's precision context) with
-    ``metric``; the totals are summed across processes. Logged: ``compression/<metric_name>_before``, ``.._after``,
-    ``compression/error/<module>`` (percent), ``compression/ops_before`` and ``compression/ops_after`` (additions +
-    multiplications + shifts, bias excluded); in ``trainer.callback_metrics`` and the loggers (``pl_module.log`` in
-    the epoch of compression; at ``on_fit_end`` written to both directly). ``report`` keeps one dict per layer (its
-    ``"epoch"``: the last training epoch completed before the compression); a rich table is printed at the end.
-    ``compressed_after_validation`` is ``True`` while the last validation of the run came before the compression
-    (always after compression at ``on_fit_end``): the logged validation metrics, e.g. ``val_acc``, then describe
-    the dense model, and ``compression/<metric_name>_after`` the compressed one.
+    mode restored afterwards through its ``train(mode)``, no gradients, the trainer's precision context) and scored
+    with ``metric``, a ``torchmetrics.Metric`` updated with ``(pl_module(inputs), target)`` of every batch and
+    reduced across processes by torchmetrics. At the start of ``fit``, before training, it is tried on one
+    validation batch, so that a metric unfit for the model fails then, not after the whole run. Logged:
+    ``compression/<metric_name>_before``, ``.._after`` (when there is a metric), ``compression/error/<module>``
+    (percent), ``compression/ops_before`` and ``compression/ops_after`` (additions + multiplications + shifts, bias
+    excluded); in ``trainer.callback_metrics`` and the loggers (``pl_module.log`` in the epoch of compression; at
+    ``on_fit_end`` written to both directly). ``report`` keeps one dict per layer (its ``"epoch"``: the last
+    training epoch completed before the compression); a rich table is printed at the end, its title the metric of
+    the model before and after compression. ``compressed_after_validation`` is ``True`` while the last validation
+    of the run came before the compression (always after compression at ``on_fit_end``): the logged validation
+    metrics, e.g. ``val_acc``, then describe the dense model, and ``compression/<metric_name>_after`` the
+    compressed one.
 
     Checkpoints saved after compression hold each compressed layer's state with a marker (see
     :class:`~lightning_ortho.transforms.FactorizedLinear`), and a freshly built model rebuilds those layers before
@@ -84,8 +92,17 @@ class TransformCompression(Callback):
             or not finite when its turn comes stays dense, with a warning.
         family, s, m, q, bits, iterations: as :func:`compress_linear` (defaults per layer).
         at_epoch, finetune_epochs: when to compress (above); give at most one.
-        metric: ``metric(pl_module, batch) -> (total, count)``; the logged value is ``sum(total) / sum(count)``.
-            Default :func:`accuracy_metric`. metric_name: its name in the logs (default ``"val_acc"``).
+        metric: a ``torchmetrics.Metric`` with a scalar ``compute()`` (cloned, never changed, so one instance may
+            serve several callbacks); ``None``: no metric, the report gives the compression error and operations
+            only. ``"auto"`` (default), chosen at the start of ``fit``: a copy of the module's own validation
+            metric (its one ``torchmetrics.Metric`` attribute named ``val*``, e.g. the package's classifiers'
+            ``val_acc``); else ``MulticlassAccuracy(num_classes, average="micro")`` when the module has a
+            ``num_classes`` attribute or hyperparameter; else none (one info line says why). An automatic choice
+            that cannot score the model's validation batches is dropped with a warning.
+        metric_name: its name in the logs; default: the module attribute's name for the module's own metric,
+            ``"val_acc"`` for an accuracy, else ``"val_"`` and the metric's class in snake case.
+        batch_keys: where ``(inputs, target)`` sit in a validation batch: ``(0, 1)`` for ``(inputs, target, ...)``
+            tuples, ``("x", "y")`` for dicts.
         verbose: print the rich table at the end of ``fit`` (rank zero).
         progress: :func:`compress_linear`'s progress bar of each layer: ``None`` (auto) draws it on an interactive
             terminal unless the Trainer shows a ``RichProgressBar`` (two live displays would garble each other;
@@ -94,11 +111,11 @@ class TransformCompression(Callback):
     Under ``fast_dev_run`` the layers are compressed at the end of fit, without fine-tuning (with a warning).
 
     Raises:
-        ValueError: invalid arguments (in ``__init__``); at ``fit`` start: a named module does not exist or is not
-            compressible (the message lists the model's Linear modules), no module to compress, ``at_epoch`` or
-            ``finetune_epochs`` do not fit ``max_epochs``, or fine-tuning under more than one process.
-        RuntimeError: ``metric`` fails on the first validation batch of ``fit`` (it is tried there, usually in the
-            sanity check, rather than first at compression time).
+        ValueError: invalid arguments (in ``__init__``); at ``fit`` start, before training: a named module does
+            not exist or is not compressible (the message lists the model's Linear modules), no module to compress,
+            ``at_epoch`` or ``finetune_epochs`` do not fit ``max_epochs``, fine-tuning under more than one process,
+            or a given ``metric`` cannot score the module's output on a validation batch (or there is no validation
+            data for it).
     """
 
     def __init__(
@@ -112,8 +129,9 @@ class TransformCompression(Callback):
         at_epoch: int | None = None,
         finetune_epochs: int = 0,
         iterations: int | None = None,
-        metric: Metric | None = None,
-        metric_name: str = "val_acc",
+        metric: torchmetrics.Metric | Literal["auto"] | None = "auto",
+        metric_name: str | None = None,
+        batch_keys: BatchKeys = (0, 1),
         verbose: bool = True,
         progress: bool | None = None,
     ) -> None:
@@ -153,17 +171,32 @@ class TransformCompression(Callback):
                 "TransformCompression: give at_epoch (compress after that epoch) or finetune_epochs (compress before "
                 "the last N epochs), not both."
             )
-        if metric is not None and not callable(metric):
-            raise ValueError("TransformCompression: metric must be callable as metric(pl_module, batch).")
-        if not isinstance(metric_name, str) or not metric_name:
+        if not (
+            metric is None or isinstance(metric, torchmetrics.Metric) or (isinstance(metric, str) and metric == "auto")
+        ):
+            raise ValueError(
+                "TransformCompression: metric must be a torchmetrics.Metric (e.g. torchmetrics.classification."
+                f"MulticlassAccuracy(num_classes=10), torchmetrics.MeanSquaredError()), 'auto' or None, got {metric!r}."
+            )
+        if metric_name is not None and (not isinstance(metric_name, str) or not metric_name):
             raise ValueError(f"TransformCompression: metric_name must be a non-empty string, got {metric_name!r}.")
+        keys_ok = isinstance(batch_keys, Sequence) and not isinstance(batch_keys, str) and len(batch_keys) == 2
+        if not keys_ok or not all(isinstance(k, int | str) and not isinstance(k, bool) for k in batch_keys):
+            raise ValueError(
+                "TransformCompression: batch_keys must be (inputs, target): two ints for tuple batches, such as (0, "
+                f"1), or two keys for dict batches, such as ('x', 'y'); got {batch_keys!r}."
+            )
         if progress is not None and not isinstance(progress, bool):
             raise ValueError(f"TransformCompression: progress must be True, False or None (auto), got {progress!r}.")
         self.progress = progress
         self.modules = None if modules is None else list(modules)
         self.family, self.at_epoch, self.finetune_epochs, self.verbose = family, at_epoch, finetune_epochs, verbose
         self.options = {"s": s, "m": m, "q": q, "bits": bits, "iterations": iterations}
-        self.metric, self.metric_name = metric or accuracy_metric, metric_name
+        self.metric, self.batch_keys = metric, tuple(batch_keys)
+        self._given_name = metric_name
+        #: The metric's name in the logs, settled at the start of fit (``None``: no metric).
+        self.metric_name: str | None = metric_name
+        self._metric: torchmetrics.Metric | None = None  # the copy scored at compression (chosen at fit start)
         self.report: list[dict[str, Any]] = []
         self.metric_before: float | None = None
         self.metric_after: float | None = None
@@ -171,87 +204,19 @@ class TransformCompression(Callback):
         self.compressed_checkpoint: str | None = None
         self.compressed_after_validation = False
         self._epoch: int | None = None
-        self._compressed_in_fit = self._saved_since = self._metric_checked = False
+        self._compressed_in_fit = self._saved_since = False
 
     # ------------------------------------------------------------------------------------------------ selection
     @staticmethod
     def linear_modules(model: nn.Module) -> list[str]:
         """Names of the outermost ``nn.Linear`` / ``SVDLinear`` / ``FactorizedLinear`` modules of ``model``."""
-        names: list[str] = []
-        for name, module in model.named_modules():
-            if isinstance(module, nn.Linear | SVDLinear | FactorizedLinear) and name:
-                if not any(name.startswith(f"{outer}.") for outer in names):
-                    names.append(name)
-        return names
-
-    def _problem(self, module: nn.Module, parent: nn.Module | None, weights: bool) -> tuple[str | None, str | None]:
-        """``(structural, weights)``: why ``module`` cannot be compressed whatever its values (known before
-        training), and, with ``weights``, why its current values cannot be (all zero, NaN/inf); ``None`` when fine."""
-        if isinstance(parent, nn.MultiheadAttention):
-            return "it belongs to nn.MultiheadAttention, which reads its weight directly instead of calling it", None
-        try:
-            weight, bias = affine_parts(module)
-        except (TypeError, NotAffineError) as error:
-            return str(error), None
-        n = weight.shape[1]
-        if n < 2 or (self.family == "m" and n % 2):
-            need = ">= 2, even" if self.family == "m" else ">= 2"
-            return f"its {n} input features do not suit family {self.family!r} (needs {need})", None
-        if self.options["s"] is not None and self.options["s"] > n:
-            return f"s={self.options['s']} exceeds its {n} input features", None
-        if not weights:
-            return None, None
-        if not bool(torch.isfinite(weight).all()) or (bias is not None and not bool(torch.isfinite(bias).all())):
-            return None, "its weight or bias holds NaN or inf"
-        if not bool((weight != 0).any()):
-            return None, "its weight is all zeros (an unused or zero-initialised layer: nothing to compress)"
-        return None, None
+        return linear_modules(model)
 
     def select(self, model: nn.Module, *, warn: bool = True, weights: bool = True) -> list[str]:
-        """Names of the modules this callback will replace in ``model`` (see ``modules``).
-
-        Args:
-            model: the model as it is now.
-            warn: warn about the layers that automatic selection (``modules=None``) skips because of their kind or
-                shape (at the start of ``fit``: known before training).
-            weights: also skip, always with a warning, the layers whose current weights cannot be compressed (all
-                zero, NaN/inf): they stay dense. At compression time only, since training changes them.
-
-        Raises:
-            ValueError: a named module is missing or not compressible whatever its weights, or nothing is left to
-                compress (unless only the weights' values left nothing).
-        """
-        available = self.linear_modules(model)
-        chosen, skipped, kept_dense = [], [], []
-        for name in self.modules if self.modules is not None else available:
-            try:
-                module = model.get_submodule(name)
-            except AttributeError:
-                raise ValueError(
-                    f"TransformCompression: the model has no submodule {name!r}. Its Linear modules are: {available}."
-                ) from None
-            if isinstance(module, FactorizedLinear):
-                continue  # already compressed (a resumed run)
-            parent = model.get_submodule(name.rpartition(".")[0])
-            problem, values = self._problem(module, parent, weights)
-            if problem is None and values is None:
-                chosen.append(name)
-            elif problem is None:
-                kept_dense.append(f"{name} ({values})")
-            elif self.modules is not None:
-                raise ValueError(f"TransformCompression: cannot compress {name!r}: {problem}.")
-            else:
-                skipped.append(f"{name} ({problem})")
-        if skipped and warn:
-            warnings.warn(f"TransformCompression: skipping {'; '.join(skipped)}.", stacklevel=2)
-        if kept_dense:
-            warnings.warn(
-                f"TransformCompression: not compressing {'; '.join(kept_dense)}; these layers stay dense.", stacklevel=2
-            )
-        compressed = any(isinstance(model.get_submodule(n), FactorizedLinear) for n in available)
-        if not chosen and not kept_dense and not compressed:
-            raise ValueError(f"TransformCompression: no module to compress. The model's Linear modules: {available}.")
-        return chosen
+        """Names of the modules this callback will replace in ``model`` (see ``modules``); ``warn`` and ``weights``
+        as in :func:`~lightning_ortho.callbacks._compression_selection.select_layers`, which raises ``ValueError``
+        for a named module that is missing or not compressible, or when nothing is left to compress."""
+        return select_layers(model, self.modules, self.family, self.options["s"], warn=warn, weights=weights)
 
     # ------------------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -259,11 +224,16 @@ class TransformCompression(Callback):
         restore_factorized_on_load(pl_module)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._compressed_in_fit = self._saved_since = self._metric_checked = False
+        self._compressed_in_fit = self._saved_since = False
         if self.done:
             return
         # Fail (named modules) or warn (automatic selection) now, before training, about what no training changes.
         self.select(pl_module, warn=True, weights=False)
+        # Tried on one validation batch now: at compression time (often the end of fit) a failure would come after
+        # the whole training run.
+        self._metric, self.metric_name = choose_metric(
+            trainer, pl_module, self.metric, self._given_name, self.batch_keys
+        )
         max_epochs = trainer.max_epochs
         if trainer.fast_dev_run and (self.finetune_epochs or self.at_epoch is not None):
             # A smoke run of one batch cannot hold the fine-tuning epochs; compress at its end instead of failing.
@@ -293,26 +263,6 @@ class TransformCompression(Callback):
                 "TransformCompression: fine-tuning after compression (at_epoch / finetune_epochs) needs a single "
                 "process; under DDP use at_epoch=None (compress at the end of fit)."
             )
-
-    def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *args: Any
-    ) -> None:
-        # The metric first runs at compression time, often the end of fit: try it on the first validation batch
-        # (usually the sanity check, before training) so that a metric unfit for these batches fails early.
-        if self._metric_checked or self.done or trainer.state.fn != "fit":
-            return
-        self._metric_checked = True
-        try:
-            with torch.no_grad():
-                total, count = self.metric(pl_module, batch)
-            float(total), float(count)
-        except Exception as error:
-            raise RuntimeError(
-                f"TransformCompression: the metric {self.metric_name!r} failed on a validation batch "
-                f"({type(error).__name__}: {error}); it must return (total, count) for a batch, e.g. the default "
-                f"accuracy_metric needs batches (inputs, labels, ...) and logits from pl_module(inputs). Pass "
-                f"metric=... that fits your batches."
-            ) from error
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # "After epoch k" is the start of epoch k + 1, not the end of epoch k: by then epoch k's validation and
@@ -405,8 +355,14 @@ class TransformCompression(Callback):
         return metrics
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float | None:
-        """``metric`` over the validation data (:func:`evaluate_metric`), or ``None`` with a warning."""
-        return evaluate_metric(trainer, pl_module, self.metric)
+        """The metric over the validation data, ``None`` when there is no metric or no validation data."""
+        if self._metric is None or self.metric_name is None:
+            return None
+        loaders = validation_loaders(trainer, pl_module)
+        if not loaders:
+            warnings.warn("TransformCompression: no validation dataloader; the metric is not measured.", stacklevel=3)
+            return None
+        return evaluate(trainer, pl_module, self._metric, self.metric_name, self.batch_keys, loaders)
 
     def _print_table(self) -> None:
         print_report(self.report, self.metric_name, self.metric_before, self.metric_after)
@@ -418,6 +374,7 @@ class TransformCompression(Callback):
             "report": self.report,
             "metric_before": self.metric_before,
             "metric_after": self.metric_after,
+            "metric_name": self.metric_name,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -425,3 +382,5 @@ class TransformCompression(Callback):
         self.report = list(state_dict.get("report", []))
         self.metric_before = state_dict.get("metric_before")
         self.metric_after = state_dict.get("metric_after")
+        if self.done:  # the report's figures were named in the run that compressed
+            self.metric_name = state_dict.get("metric_name", self.metric_name)

@@ -7,6 +7,7 @@ from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.loggers.logger import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_ortho.callbacks.transform_compression import TransformCompression
 from lightning_ortho.nn import SVDLinear
@@ -14,11 +15,13 @@ from lightning_ortho.transforms.compression import FactorizedLinear, restore_fac
 
 
 class UserMLP(pl.LightningModule):
-    """A plain user-style module: nothing from this library in it."""
+    """A plain user-style module: nothing from this library in it; its validation accuracy is a torchmetrics metric,
+    as Lightning's docs write it (TransformCompression scores with a copy of it by default)."""
 
     def __init__(self):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.val_acc = MulticlassAccuracy(num_classes=4, average="micro")
 
     def forward(self, x):
         return self.net(x)
@@ -27,7 +30,8 @@ class UserMLP(pl.LightningModule):
         return nn.functional.cross_entropy(self(batch[0]), batch[1])
 
     def validation_step(self, batch, batch_idx):
-        self.log("val_acc", (self(batch[0]).argmax(-1) == batch[1]).float().mean())
+        self.val_acc(self(batch[0]), batch[1])
+        self.log("val_acc", self.val_acc)
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
@@ -199,7 +203,12 @@ def test_default_selection_takes_affine_linear_layers_and_says_what_it_skips():
         ({"family": "m", "m": 4}, "takes q"),
         ({"q": 2}, "takes m"),
         ({"bits": 2}, "family 'shear' only"),
-        ({"metric": 3}, "metric must be callable"),
+        ({"metric": 3}, "metric must be a torchmetrics.Metric"),
+        ({"metric": lambda module, batch: (1, 1)}, "metric must be a torchmetrics.Metric"),
+        ({"metric": "accuracy"}, "metric must be a torchmetrics.Metric"),
+        ({"metric_name": ""}, "metric_name must be a non-empty string"),
+        ({"batch_keys": "xy"}, "batch_keys must be"),
+        ({"batch_keys": (0, 1, 2)}, "batch_keys must be"),
     ],
 )
 def test_bad_arguments_are_refused_in_init(kwargs, match):

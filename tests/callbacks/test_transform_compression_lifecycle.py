@@ -9,6 +9,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_ortho.callbacks.transform_compression import TransformCompression
 from lightning_ortho.transforms import FactorizedLinear
@@ -148,18 +149,28 @@ def test_named_layers_that_are_all_zero_when_compressed_stay_dense_with_a_warnin
 
 
 class DictBatches(UserMLP):
-    """Validation batches are dicts: the default accuracy metric cannot read them."""
+    """Validation batches are dicts: inputs and labels are not at (0, 1)."""
 
     def validation_step(self, batch, batch_idx):
-        self.log("val_acc", (self(batch["x"]).argmax(-1) == batch["y"]).float().mean())
+        self.val_acc(self(batch["x"]), batch["y"])
+        self.log("val_acc", self.val_acc)
 
 
-def test_a_metric_unfit_for_the_validation_batches_fails_before_training(tmp_path):
-    train, _ = make_data()
+def dict_batches():
     x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
-    val = torch.utils.data.DataLoader([{"x": a, "y": b} for a, b in zip(x, y, strict=True)], batch_size=8)
+    return torch.utils.data.DataLoader([{"x": a, "y": b} for a, b in zip(x, y, strict=True)], batch_size=8)
+
+
+def test_batches_the_metric_cannot_read_fail_before_training_and_batch_keys_reads_them(tmp_path):
+    train, _ = make_data()
     model = DictBatches()
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(RuntimeError, match="metric 'val_acc' failed on a validation batch.*Pass metric="):
-        make_tiny_trainer(tmp_path, max_epochs=2, callbacks=[compression()]).fit(model, train, val)
+    given = compression(metric=MulticlassAccuracy(num_classes=4, average="micro"))
+    trainer = make_tiny_trainer(tmp_path, max_epochs=2, num_sanity_val_steps=0, callbacks=[given])
+    with pytest.raises(ValueError, match=r"a dict with keys \['x', 'y'\].*batch_keys=\(0, 1\).*pass batch_keys="):
+        trainer.fit(model, train, dict_batches())
     assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())  # no training step ran
+
+    callback = compression(batch_keys=("x", "y"))  # the module's own val_acc, reading the dicts
+    make_tiny_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(model, train, dict_batches())
+    assert callback.metric_name == "val_acc" and callback.metric_after is not None

@@ -1,0 +1,104 @@
+"""Which layers TransformCompression replaces: the model's outermost Linear/SVDLinear layers, those that suit the
+compression (checked before training) and those whose current weights it can compress (checked when it runs)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from lightning_ortho.nn import SVDLinear
+from lightning_ortho.transforms.compression import FactorizedLinear, NotAffineError, affine_parts
+
+
+def linear_modules(model: nn.Module) -> list[str]:
+    """Names of the outermost ``nn.Linear`` / ``SVDLinear`` / ``FactorizedLinear`` modules of ``model``."""
+    names: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear | SVDLinear | FactorizedLinear) and name:
+            if not any(name.startswith(f"{outer}.") for outer in names):
+                names.append(name)
+    return names
+
+
+def layer_problem(
+    module: nn.Module, parent: nn.Module | None, family: str, s: int | None, weights: bool
+) -> tuple[str | None, str | None]:
+    """``(structural, weights)``: why ``module`` cannot be compressed whatever its values (known before
+    training), and, with ``weights``, why its current values cannot be (all zero, NaN/inf); ``None`` when fine."""
+    if isinstance(parent, nn.MultiheadAttention):
+        return "it belongs to nn.MultiheadAttention, which reads its weight directly instead of calling it", None
+    try:
+        weight, bias = affine_parts(module)
+    except (TypeError, NotAffineError) as error:
+        return str(error), None
+    n = weight.shape[1]
+    if n < 2 or (family == "m" and n % 2):
+        need = ">= 2, even" if family == "m" else ">= 2"
+        return f"its {n} input features do not suit family {family!r} (needs {need})", None
+    if s is not None and s > n:
+        return f"s={s} exceeds its {n} input features", None
+    if not weights:
+        return None, None
+    if not bool(torch.isfinite(weight).all()) or (bias is not None and not bool(torch.isfinite(bias).all())):
+        return None, "its weight or bias holds NaN or inf"
+    if not bool((weight != 0).any()):
+        return None, "its weight is all zeros (an unused or zero-initialised layer: nothing to compress)"
+    return None, None
+
+
+def select_layers(
+    model: nn.Module,
+    modules: list[str] | None,
+    family: str,
+    s: int | None,
+    *,
+    warn: bool = True,
+    weights: bool = True,
+) -> list[str]:
+    """Names of the modules TransformCompression will replace in ``model``: ``modules`` (names), or ``None`` for
+    every outermost Linear/SVDLinear that suits ``family`` and ``s``.
+
+    Args:
+        model: the model as it is now.
+        warn: warn about the layers that automatic selection (``modules=None``) skips because of their kind or
+            shape (at the start of ``fit``: known before training).
+        weights: also skip, always with a warning, the layers whose current weights cannot be compressed (all
+            zero, NaN/inf): they stay dense. At compression time only, since training changes them.
+
+    Raises:
+        ValueError: a named module is missing or not compressible whatever its weights, or nothing is left to
+            compress (unless only the weights' values left nothing).
+    """
+    available = linear_modules(model)
+    chosen, skipped, kept_dense = [], [], []
+    for name in modules if modules is not None else available:
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            raise ValueError(
+                f"TransformCompression: the model has no submodule {name!r}. Its Linear modules are: {available}."
+            ) from None
+        if isinstance(module, FactorizedLinear):
+            continue  # already compressed (a resumed run)
+        parent = model.get_submodule(name.rpartition(".")[0])
+        problem, values = layer_problem(module, parent, family, s, weights)
+        if problem is None and values is None:
+            chosen.append(name)
+        elif problem is None:
+            kept_dense.append(f"{name} ({values})")
+        elif modules is not None:
+            raise ValueError(f"TransformCompression: cannot compress {name!r}: {problem}.")
+        else:
+            skipped.append(f"{name} ({problem})")
+    if skipped and warn:
+        warnings.warn(f"TransformCompression: skipping {'; '.join(skipped)}.", stacklevel=2)
+    if kept_dense:
+        warnings.warn(
+            f"TransformCompression: not compressing {'; '.join(kept_dense)}; these layers stay dense.", stacklevel=2
+        )
+    compressed = any(isinstance(model.get_submodule(n), FactorizedLinear) for n in available)
+    if not chosen and not kept_dense and not compressed:
+        raise ValueError(f"TransformCompression: no module to compress. The model's Linear modules: {available}.")
+    return chosen
