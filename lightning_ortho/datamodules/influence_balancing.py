@@ -21,7 +21,7 @@ class InfluenceBalancingDataModule(StreamDataModule):
 
     Batches: ``x`` float32 zeros ``(b, T, 1)`` (the recurrence has no input); ``y`` float32 ones ``(b, T, 1)``
     (the target of the first unit); ``mask`` all true; ``reset`` true at chunk 0 only; ``loss = "mse"``. Every
-    stream, training or validation, is the same: the task is deterministic and ``seed`` changes nothing.
+    stream, training, validation or test, is the same: the task is deterministic and ``seed`` changes nothing.
 
     Args:
         streams, chunk_length, chunks_per_epoch, val_streams, val_chunks, seed, num_workers: see

@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_ortho._lightning import pl
 
-#: The splits a stream data module serves. Each has its own streams: validation never sees training data.
-SPLITS = ("train", "val")
-_SPLIT_KEYS = {"train": 0, "val": 1}
+#: The splits a stream data module serves. Each has its own streams: validation and test never see training data.
+SPLITS = ("train", "val", "test")
+_SPLIT_KEYS = {"train": 0, "val": 1, "test": 2}
 #: The losses a model may be asked to use (``StreamDataModule.loss``).
 LOSSES = ("cross_entropy", "mse")
 
@@ -65,10 +65,10 @@ def counter_random(*keys: Any) -> np.ndarray:
 
 
 def split_key(split: str) -> int:
-    """The integer that keys a split's random numbers (``train`` 0, ``val`` 1).
+    """The integer that keys a split's random numbers (``train`` 0, ``val`` 1, ``test`` 2).
 
     Raises:
-        ValueError: ``split`` is not ``"train"`` or ``"val"``.
+        ValueError: ``split`` is not ``"train"``, ``"val"`` or ``"test"``.
     """
     if split not in _SPLIT_KEYS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
@@ -105,10 +105,11 @@ class TrainingChunks(IterableDataset):
 
 
 class ValidationChunks(IterableDataset):
-    """Chunks ``0 .. val_chunks - 1`` of this process's validation ``streams``, the same on every pass."""
+    """Chunks ``0 .. val_chunks - 1`` of this process's ``streams`` of ``split`` (``"val"``, or ``"test"``: held-out
+    streams of their own), the same on every pass."""
 
-    def __init__(self, module: StreamDataModule, streams: torch.Tensor) -> None:
-        self.module, self.streams = module, streams
+    def __init__(self, module: StreamDataModule, streams: torch.Tensor, split: str = "val") -> None:
+        self.module, self.streams, self.split = module, streams, split
 
     def __len__(self) -> int:
         return self.module.val_chunks
@@ -116,7 +117,7 @@ class ValidationChunks(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         _refuse_worker_processes()
         for chunk in range(len(self)):
-            yield self.module.batch("val", chunk, self.streams)
+            yield self.module.batch(self.split, chunk, self.streams)
 
 
 class StreamLoader(DataLoader):
@@ -128,7 +129,9 @@ class StreamLoader(DataLoader):
     position also when the loader is passed to ``Trainer.fit`` directly instead of through the data module.
     """
 
-    def __init__(self, dataset: TrainingChunks | ValidationChunks) -> None:
+    def __init__(self, dataset: TrainingChunks | ValidationChunks, **lightning_arguments: Any) -> None:
+        # Lightning re-creates every predict loader with the loader's attributes (and sampler=None,
+        # batch_sampler=None): what it passes here is what this loader fixed, so it is not read.
         super().__init__(dataset, batch_size=None, num_workers=0)
 
     def state_dict(self) -> dict[str, int]:
@@ -184,7 +187,9 @@ class StreamDataModule(pl.LightningDataModule):
 
     **Validation** uses ``val_streams`` fixed, held-out streams (their own random numbers, or held-out text), in
     the same format; each pass runs chunks ``0 .. val_chunks - 1``, chunk 0 with ``reset`` true everywhere: the
-    model runs them from a fresh state and does not learn.
+    model runs them from a fresh state and does not learn. **Test** and **predict** read the ``"test"`` split the
+    same way: ``val_streams`` streams of ``val_chunks`` chunks with random numbers of their own (a subclass whose
+    data has no third part says what it reads instead: the text module reads its validation text).
 
     Subclasses set ``input_size``, ``output_size`` and ``loss`` (class attributes or instance attributes) and
     implement :meth:`make_chunk`.
@@ -257,7 +262,7 @@ class StreamDataModule(pl.LightningDataModule):
     # Chunks, streams and processes
 
     def num_streams(self, split: str) -> int:
-        """Streams of a split over all processes: ``streams`` (train) or ``val_streams`` (val).
+        """Streams of a split over all processes: ``streams`` (train) or ``val_streams`` (val, test).
 
         Raises:
             ValueError: unknown ``split``.
@@ -303,7 +308,7 @@ class StreamDataModule(pl.LightningDataModule):
         count = self.num_streams(split)
         rank, world = self.rank_and_world_size()
         if count % world:
-            name = "streams" if split == "train" else "val_streams"
+            name = "streams" if split == "train" else "val_streams"  # test reads val_streams streams too
             raise ValueError(
                 f"{type(self).__name__}: {name}={count} is not divisible by the world size {world}; every process "
                 f"must carry the same number of streams. Set {name} to a multiple of {world} "
@@ -321,6 +326,14 @@ class StreamDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> StreamLoader:
         """Chunks ``0 .. val_chunks - 1`` of this process's validation streams (the same every pass)."""
         return StreamLoader(ValidationChunks(self, self.process_streams("val")))
+
+    def test_dataloader(self) -> StreamLoader:
+        """Chunks ``0 .. val_chunks - 1`` of this process's test streams (``val_streams`` of them, held out)."""
+        return StreamLoader(ValidationChunks(self, self.process_streams("test"), "test"))
+
+    def predict_dataloader(self) -> StreamLoader:
+        """The test chunks (what ``lightning-ortho predict`` and ``Trainer.predict`` read)."""
+        return self.test_dataloader()
 
     def state_dict(self) -> dict[str, Any]:
         """``{"next_chunk": k}``: the first training chunk not yet handed to the model."""

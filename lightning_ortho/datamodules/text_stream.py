@@ -57,7 +57,8 @@ class CharacterStreamDataModule(StreamDataModule):
     ``P = len(train_text) // streams`` characters (the remainder is dropped); stream ``j`` reads piece ``j``,
     input ``piece[t]``, target ``piece[t + 1]``, ``P - 1`` steps, in chunks of ``T`` steps. The last chunk of a
     piece is padded (zero input, target 0, ``mask`` false); the stream then starts its piece again with ``reset``
-    true. The validation text is cut into ``val_streams`` pieces likewise.
+    true. The validation text is cut into ``val_streams`` pieces likewise; test and predict read the same
+    pieces (the corpus has no third part).
 
     * ``x``: float32 one-hot ``(b, T, len(vocab))``; ``y``: int64 ``(b, T)`` next-character indices;
       ``loss = "cross_entropy"``: nats per character; **bits per character = loss / ln 2**.
@@ -112,6 +113,7 @@ class CharacterStreamDataModule(StreamDataModule):
             "train": _pieces(owner, ids[:boundary], streams, "training", "streams"),
             "val": _pieces(owner, ids[boundary:], val_streams, "validation", "val_streams"),
         }
+        self._pieces["test"] = self._pieces["val"]  # the text has two parts: test and predict read the held-out one
         self._cycle = {split: math.ceil((pieces.shape[1] - 1) / chunk_length) for split, pieces in self._pieces.items()}
         super().__init__(
             streams,

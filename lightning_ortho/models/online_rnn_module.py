@@ -14,6 +14,7 @@ from lightning_ortho.models.online_carry import OnlineCarry
 from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, differing_options, initial_state
 from lightning_ortho.models.online_evaluation import OnlineEvaluation
 from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, explain_nonfinite_grad_h, read_chunk
+from lightning_ortho.models.online_threads import StageThreads, check_num_threads
 from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.online import OnlineState
 from lightning_ortho.online.losses import masked_loss_sum
@@ -83,6 +84,11 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         optimizer: ``"sgd"`` or ``"adam"``; lr: its learning rate.
         seed: seed of the estimator's noise (UORO), independent of the global seed.
         clip_gradient_norm: clip the norm of each update's gradient to this value (``None``: no clipping).
+        num_threads: CPU threads (``torch.set_num_threads``) while the Trainer runs this module (fit, validate,
+            test, predict; given back at the end, also after an error): ``"auto"`` runs on one thread for cells
+            with ``hidden_size <= 256`` on the CPU, whose tiny per-step operations a thread pool slows down (10x on
+            a busy 2-core machine; :mod:`~lightning_ortho.models.online_threads`) and leaves torch's count
+            otherwise; an ``int`` sets that many; ``None`` leaves torch's count.
 
     Raises:
         ValueError: an argument is invalid (the message says what to set); when fitting, the data module's
@@ -102,6 +108,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         lr: float = 1e-3,
         seed: int = 0,
         clip_gradient_norm: float | None = None,
+        num_threads: int | Literal["auto"] | None = "auto",
     ) -> None:
         super().__init__()
         _check_arguments(
@@ -114,6 +121,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             del self.hparams["cell"]
             self._hparams_initial.pop("cell", None)
         self.automatic_optimization = False
+        self.num_threads = check_num_threads(num_threads)
         self.cell = cell
         self.readout = Readout(readout, cell.hidden_size, output_size)
         self.output_size, self.loss_name, self.update_every = output_size, loss, update_every
@@ -145,6 +153,10 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
                 f"OnlineRNNModule: {type(data).__name__} is trained with loss={found['loss']!r} but the model has"
                 f" loss={self.loss_name!r}; set --model.init_args.loss={found['loss']}."
             )
+
+    def configure_callbacks(self) -> list:
+        """The thread count of the run (``num_threads``), set at the stage's setup and given back at its end."""
+        return [StageThreads(self.num_threads, self.cell.hidden_size)]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         optimizer = OPTIMIZERS[self.hparams.optimizer]

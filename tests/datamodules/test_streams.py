@@ -168,7 +168,7 @@ def test_bad_base_arguments_are_refused(make, match):
 def test_batch_refuses_unknown_splits_chunks_and_streams():
     dm = CopyTaskDataModule(streams=4)
     with pytest.raises(ValueError, match="split must be one of"):
-        dm.batch("test", 0)
+        dm.batch("holdout", 0)  # "test" is a split now (test and predict read it)
     with pytest.raises(ValueError, match="chunk must be a non-negative integer"):
         dm.batch("train", -1)
     with pytest.raises(ValueError, match=r"indices in 0\.\.3"):
