@@ -23,7 +23,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "lightning_ortho"
 PACKAGE = "lightning_ortho"
 LIGHTNING = frozenset({"pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics"})
 MATH_PACKAGES = ("nn", "flows", "online", "transforms")
-LIGHTNING_SIDE = ("models", "callbacks", "datamodules", "cli")
+LIGHTNING_SIDE = ("_lightning", "models", "callbacks", "datamodules", "cli")
 #: Layer of every subpackage (or top-level module) of lightning_ortho: an import may go to the same or a lower layer.
 #: The top-level ``__init__`` runs on ``import lightning_ortho.nn``, so it sits with the math packages.
 LAYERS = {
@@ -32,6 +32,7 @@ LAYERS = {
     "flows": 0,
     "online": 0,
     "transforms": 0,
+    "_lightning": 1,
     "models": 1,
     "callbacks": 1,
     "datamodules": 1,
@@ -199,9 +200,13 @@ def test_no_import_cycles_between_modules():
     assert cycles(GRAPH.edges) == []
 
 
-def test_single_lightning_namespace():
-    offenders = [m for m, roots in GRAPH.external.items() if "lightning" in roots]
-    assert offenders == [], f"{offenders} import `lightning`; use `import pytorch_lightning as pl`"
+def test_lightning_is_imported_in_one_place():
+    # lightning_ortho._lightning chooses between `lightning.pytorch` and `pytorch_lightning` (by importlib, so it has
+    # no static import of either); every other module takes `pl` from it, so the choice holds everywhere.
+    packages = {"pytorch_lightning", "lightning", "lightning_fabric"}
+    offenders = sorted(m for m, roots in GRAPH.external.items() if roots & packages)
+    assert offenders == [], f"{offenders} import Lightning by name; use `from lightning_ortho._lightning import pl`"
+    assert any(f"{PACKAGE}._lightning" in targets for targets in GRAPH.edges.values())
 
 
 def test_math_packages_import_without_lightning():

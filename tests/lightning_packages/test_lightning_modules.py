@@ -1,0 +1,82 @@
+"""lightning-ortho's LightningModules, data modules and CLI under the ``lightning`` package (``import lightning as
+L``), and the rule that picks the package. Trainer runs go to fresh processes: the package is chosen once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_ortho._lightning import PACKAGE_VARIABLE, choose_package
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(code: str, tmp_path: Path, **environment: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_ORTHO_")}
+    env.update(environment, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+
+
+def test_the_package_the_program_imported_first_is_used():
+    assert choose_package({}, {"lightning.pytorch": object()}) == "lightning"
+    assert choose_package({}, {"pytorch_lightning": object()}) == "pytorch_lightning"
+    assert choose_package({}, {"pytorch_lightning": object(), "lightning.pytorch": object()}) == "lightning"
+    assert choose_package({}, {}) == "pytorch_lightning"  # lightning-ortho's own dependency
+
+
+def test_the_environment_variable_wins():
+    imported = {"pytorch_lightning": object()}
+    assert choose_package({PACKAGE_VARIABLE: "lightning"}, imported) == "lightning"
+    assert choose_package({PACKAGE_VARIABLE: "pytorch-lightning"}, {"lightning.pytorch": 1}) == "pytorch_lightning"
+    with pytest.raises(ValueError, match="use 'lightning' or 'pytorch_lightning'"):
+        choose_package({PACKAGE_VARIABLE: "torch"}, imported)
+
+
+MODULES_UNDER_LIGHTNING = """
+import lightning as L
+import torch
+from lightning_ortho._lightning import pl
+from lightning_ortho.callbacks import OrthogonalityMonitor
+from lightning_ortho.datamodules import AddingTaskDataModule, DigitsDataModule
+from lightning_ortho.models import OnlineRNNModule, OrthogonalClassifier
+from lightning_ortho.online import TanhRNNCell
+
+assert pl is L.pytorch
+data = DigitsDataModule(batch_size=32)
+model = OrthogonalClassifier(in_features=64, num_classes=10, depth=1, orthogonal="aux")
+assert isinstance(model, L.LightningModule) and isinstance(data, L.LightningDataModule)
+trainer = L.Trainer(fast_dev_run=2, accelerator="cpu", callbacks=[OrthogonalityMonitor(every_n_steps=1)])
+trainer.fit(model, data)
+online = OnlineRNNModule(cell=TanhRNNCell(1, 8), output_size=2, loss="cross_entropy", estimator="uoro")
+L.Trainer(fast_dev_run=2, accelerator="cpu").fit(online, AddingTaskDataModule(streams=4, chunk_length=8, chunks_per_epoch=4, val_streams=2, val_chunks=2))
+print("trained", trainer.global_step)
+"""
+
+
+def test_models_and_data_modules_train_under_lightning(tmp_path: Path):
+    result = run(MODULES_UNDER_LIGHTNING, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trained 2" in result.stdout
+
+
+@pytest.mark.parametrize("recipe", ["fcnn_digits", "online_adding"])
+def test_the_command_runs_a_recipe_under_lightning(recipe: str, tmp_path: Path):
+    code = (
+        "import lightning as L\n"
+        "from lightning_ortho.cli import run_cli\n"
+        f"cli = run_cli(['fit', '--config', {str(ROOT / 'recipes' / recipe)!r} + '.yaml', '--trainer.fast_dev_run=2',"
+        " '--trainer.enable_progress_bar=false'])\n"
+        "assert isinstance(cli.trainer, L.Trainer) and isinstance(cli.model, L.LightningModule)\n"
+        "assert cli.trainer.global_step >= 2\n"
+        "print('ok')"
+    )
+    result = run(code, tmp_path, **{PACKAGE_VARIABLE: "lightning"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
