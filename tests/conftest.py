@@ -3,8 +3,9 @@ import socket
 from collections.abc import Callable
 
 import pytest
-import pytorch_lightning as pl
 import torch
+
+from lightning_ortho._lightning import pl
 
 
 @pytest.fixture(autouse=True)

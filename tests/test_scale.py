@@ -1,11 +1,10 @@
 """Multi-process training (DDP, spawned on CPU), exact checkpoint/resume, and bf16 mixed precision."""
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, DistributedSampler
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules import DigitsDataModule, SequentialImageDataModule
 from lightning_ortho.models import OrthogonalClassifier, OrthogonalRNNClassifier
 from tests.conftest import free_port, make_tiny_trainer
@@ -88,7 +87,7 @@ def test_checkpoint_resume_reproduces_uninterrupted_training_exactly(name, tmp_p
 
     pl.seed_everything(0)
     first_model, first_data = BUILDERS[name](32)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     trainer(
         tmp_path / "first", max_epochs=1, limit_train_batches=5, enable_checkpointing=True, callbacks=[checkpoint]
     ).fit(first_model, first_data)

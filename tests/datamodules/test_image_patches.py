@@ -193,7 +193,7 @@ def test_invalid_arguments(kwargs, match):
 
 
 def test_plain_typed_arguments_parse_like_lightning_cli(tmp_path):
-    from pytorch_lightning.cli import LightningArgumentParser
+    from lightning_ortho.cli import LightningArgumentParser
 
     write_folder(tmp_path)
     parser = LightningArgumentParser(exit_on_error=False)

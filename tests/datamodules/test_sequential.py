@@ -74,7 +74,7 @@ def test_batches_and_shuffling_are_epoch_seeded():
 
 
 def test_wrapping_a_non_image_module_is_a_clear_error():
-    import pytorch_lightning as pl
+    from lightning_ortho._lightning import pl
 
     with pytest.raises(TypeError, match="image data module"):
         SequentialImageDataModule(pl.LightningDataModule())

@@ -3,11 +3,10 @@
 from types import SimpleNamespace
 
 import pytest
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.callbacks import ModelCheckpoint
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules import (
     AddingTaskDataModule,
     CharacterStreamDataModule,
@@ -234,7 +233,7 @@ def test_lightning_checkpoint_resumes_the_stream_exactly(tmp_path, tiny_trainer)
     tiny_trainer(max_steps=7, limit_val_batches=0).fit(straight, datamodule=MODULES["adding"]())
 
     first, dm = readout_for(MODULES["adding"]()), MODULES["adding"]()
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
     tiny_trainer(max_steps=4, limit_val_batches=0, enable_checkpointing=True, callbacks=[checkpoint]).fit(
         first, datamodule=dm
     )

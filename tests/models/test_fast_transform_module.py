@@ -4,11 +4,10 @@ process, under DDP and across a checkpoint resume."""
 from __future__ import annotations
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.models.fast_transform_module import FastTransformModule
 from lightning_ortho.transforms import learn_b_transform, learn_m_transform, learn_shear_transform
 from lightning_ortho.transforms.patches import image_patches
@@ -130,7 +129,7 @@ def test_checkpoint_resume_learns_what_the_uninterrupted_run_learns(tmp_path, mo
 
     straight = module()
     _fit(tmp_path / "straight", straight, Vectors(data, shuffle=False))
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1)  # plain per-epoch checkpoints
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1)  # plain per-epoch checkpoints
     first = module()
     _fit(
         tmp_path / "first",

@@ -2,10 +2,10 @@ import math
 
 import numpy as np
 import pytest
-import pytorch_lightning as pl
 import torch
 from PIL import Image
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks import GlowImageGrids, GlowInvertibilityCheck
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor

@@ -1,7 +1,7 @@
 import pytest
-import pytorch_lightning as pl
 import torch
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules import DigitsDataModule, SequentialImageDataModule
 from lightning_ortho.models import OrthogonalRNNClassifier
 
@@ -66,14 +66,13 @@ def test_training_learns_and_clips(transition, tiny_trainer):
 
 def test_max_steps_counts_batches_and_old_two_optimizer_checkpoints_resume(tiny_trainer, tmp_path):
     # Issue 9.10: two Lightning optimizers made max_steps=4 train 2 batches and name the checkpoint step=4.
-    from pytorch_lightning.callbacks import ModelCheckpoint
 
     pl.seed_everything(0)
     dm = SequentialImageDataModule(DigitsDataModule(flatten=False, batch_size=16), mode="row")
     model = OrthogonalRNNClassifier(in_features=8, hidden_size=12)
     seen = []
     model.on_train_batch_start = lambda batch, batch_idx: seen.append(batch_idx)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=False)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=False)
     trainer = tiny_trainer(max_steps=4, callbacks=[checkpoint], enable_checkpointing=True)
     trainer.fit(model, dm)
     assert seen == [0, 1, 2, 3] and trainer.global_step == 4
