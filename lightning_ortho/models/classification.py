@@ -1,8 +1,6 @@
-"""What every classifier of the package shares: cross-entropy, torchmetrics accuracy, epoch wall time."""
+"""What every classifier of the package shares: cross-entropy, torchmetrics accuracy."""
 
 from __future__ import annotations
-
-import time
 
 import torch
 import torchmetrics
@@ -18,14 +16,14 @@ class ClassifierModule(RestoresFactorizedLayers, pl.LightningModule):
     :class:`RestoresFactorizedLayers`).
 
     Logs ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``, ``test_loss``, ``test_acc`` (torchmetrics,
-    reduced across processes under DDP) and ``epoch_time``, the wall time of each training epoch in seconds.
+    reduced across processes under DDP). For wall time add Lightning's ``Timer`` callback
+    (``timer.time_elapsed("train")``); the loggers also stamp every record with its wall time.
     """
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()
         metric = lambda: torchmetrics.classification.MulticlassAccuracy(num_classes=num_classes, average="micro")  # noqa: E731
         self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
-        self._epoch_start = 0.0
 
     def shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
         inputs, labels = batch
@@ -70,9 +68,3 @@ class ClassifierModule(RestoresFactorizedLayers, pl.LightningModule):
         if targets is None:
             return f"{int(count)} samples predicted (the data has no labels: no accuracy)"
         return f"accuracy {correct / count:.4f} ({int(correct)} of {int(count)} labelled samples)"
-
-    def on_train_epoch_start(self) -> None:
-        self._epoch_start = time.perf_counter()
-
-    def on_train_epoch_end(self) -> None:
-        self.log("epoch_time", time.perf_counter() - self._epoch_start, sync_dist=True)
