@@ -22,7 +22,7 @@ class OrthogonalClassifier(ClassifierModule):
             (``d`` reflections, compact WY), ``"cayley"``, ``"matrix_exp"`` or ``"torch_householder"``.
         lr: Adam learning rate (PyTorch defaults otherwise, as in the paper).
 
-    Logs ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``, ``test_acc`` and ``epoch_time`` (seconds).
+    Logs ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``, ``test_loss`` and ``test_acc``.
     """
 
     def __init__(

@@ -1,9 +1,9 @@
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules import DigitsDataModule
 from lightning_ortho.models import OrthogonalClassifier
 from lightning_ortho.nn import AuxiliaryReflection, SVDLinear
@@ -25,7 +25,7 @@ def test_short_training_learns_digits(orthogonal, tiny_trainer):
     trainer = tiny_trainer(max_epochs=2)
     trainer.fit(model, dm)
     assert float(trainer.callback_metrics["val_acc"]) > 0.5  # chance is 0.1
-    assert float(trainer.callback_metrics["epoch_time"]) > 0
+    assert "epoch_time" not in trainer.callback_metrics  # wall time is Lightning's Timer callback's job
 
 
 def test_names_of_version_0_1_still_resolve_with_a_warning(tmp_path):
