@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import keep_freed_memory, median, time_forward_backward, write_result  # noqa: E402
 
-from lightning_ortho.flows import CONV1X1_KINDS, Invertible1x1Conv  # noqa: E402
+from lightning_ortho.flows import CONV1X1_KINDS, Invertible1x1Conv, invertible_1x1_conv  # noqa: E402
 from lightning_ortho.flows.conv1x1 import to_rows  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def measure(channels_list, batch: int, side: int, rounds: int, min_time: float) 
     for channels in channels_list:
         torch.manual_seed(0)
         x = torch.randn(batch, channels, side, side, requires_grad=True)
-        layers = {kind: perturbed(Invertible1x1Conv(channels, kind), 0.1) for kind in CONV1X1_KINDS}
+        layers = {kind: perturbed(invertible_1x1_conv(channels, kind), 0.1) for kind in CONV1X1_KINDS}
         modules = dict(layers)
         modules["aux (per-pixel slogdet)"] = PerPixelSlogdet(layers["aux"])
         times = {name: {"forward": [], "backward": [], "inverse": []} for name in modules}

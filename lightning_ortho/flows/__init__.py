@@ -17,6 +17,7 @@ from lightning_ortho.flows.conv1x1 import (
     LinearConv1x1,
     LUConv1x1,
     PlainConv1x1,
+    invertible_1x1_conv,
 )
 from lightning_ortho.flows.coupling import AffineCoupling, ZeroConv2d
 from lightning_ortho.flows.glow import Encoding, Glow
@@ -46,4 +47,5 @@ __all__ = [
     "bits_per_dim",
     "dequantize",
     "gaussian_log_prob",
+    "invertible_1x1_conv",
 ]

@@ -10,7 +10,7 @@ from torch import nn
 from lightning_ortho.flows.actnorm import ActNorm
 from lightning_ortho.flows.base import FlowSequence, check_images
 from lightning_ortho.flows.bits import bits_per_dim, dequantize
-from lightning_ortho.flows.conv1x1 import Conv1x1Kind, Invertible1x1Conv
+from lightning_ortho.flows.conv1x1 import Conv1x1Kind, invertible_1x1_conv
 from lightning_ortho.flows.coupling import AffineCoupling
 from lightning_ortho.flows.split import Split, gaussian_log_prob
 from lightning_ortho.flows.squeeze import Squeeze
@@ -38,7 +38,7 @@ class Glow(nn.Module):
         in_channels: image channels (1 for digits/MNIST, 3 for CIFAR-10).
         image_size: image side (needed to sample; must be divisible by ``2 ** levels``).
         levels: number of scales ``L``; steps: flow steps per scale ``K``; hidden_channels: coupling width ``C``.
-        conv1x1: kind of the invertible 1x1 convolutions (see :class:`Invertible1x1Conv`).
+        conv1x1: kind of the invertible 1x1 convolutions (see :func:`~lightning_ortho.flows.invertible_1x1_conv`).
 
     ``log_prob(y)`` is the exact log-density of dequantised images ``y`` (``(N,)`` nats);
     ``bits_per_dim(x, num_levels)`` dequantises ``x`` in [0, 1] and converts; ``sample(n, temperature)`` and
@@ -69,7 +69,7 @@ class Glow(nn.Module):
             channels *= 4
             steps_ = [
                 FlowSequence(
-                    ActNorm(channels), Invertible1x1Conv(channels, conv1x1), AffineCoupling(channels, hidden_channels)
+                    ActNorm(channels), invertible_1x1_conv(channels, conv1x1), AffineCoupling(channels, hidden_channels)
                 )
                 for _ in range(steps)
             ]

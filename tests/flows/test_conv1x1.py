@@ -18,6 +18,7 @@ from lightning_ortho.flows import (
     Invertible1x1Conv,
     InvertibleAuxConv1x1,
     LinearConv1x1,
+    invertible_1x1_conv,
 )
 from lightning_ortho.flows.conv1x1 import Conv1x1Kind
 from lightning_ortho.nn import NewtonInverseError
@@ -39,7 +40,7 @@ STATE_DICT_KEYS = {
 
 def generic(kind: str, channels: int = 4) -> Invertible1x1Conv:
     """A float64 layer of ``kind`` moved off its initial value (small steps keep the aux kind invertible)."""
-    layer = Invertible1x1Conv(channels, kind).to(DTYPE)
+    layer = invertible_1x1_conv(channels, kind).to(DTYPE)
     with torch.no_grad():
         for p in layer.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -47,7 +48,7 @@ def generic(kind: str, channels: int = 4) -> Invertible1x1Conv:
 
 
 def test_aux_invertible_loads_a_checkpoint_of_version_0_1():
-    layer = Invertible1x1Conv(4, "aux_invertible").to(DTYPE)
+    layer = invertible_1x1_conv(4, "aux_invertible").to(DTYPE)
     state = {k.replace("constraint.", ""): v + 0.25 for k, v in generic("aux_invertible").state_dict().items()}
     state["reflection.power_vector"] = torch.ones(4, dtype=DTYPE) / 2
     assert "reflection.factor" in state
@@ -61,11 +62,11 @@ def test_the_table_has_exactly_the_kinds_of_the_literal_in_its_order():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_invertible1x1conv_builds_the_class_of_the_kind(kind):
-    layer = Invertible1x1Conv(5, kind)
+def test_invertible_1x1_conv_builds_the_class_of_the_kind(kind):
+    layer = invertible_1x1_conv(5, kind)
     assert type(layer) is CONV1X1[kind] and isinstance(layer, Invertible1x1Conv)
     assert layer.kind == kind and layer.channels == 5 and f"kind={kind!r}" in repr(layer)
-    assert type(Invertible1x1Conv(5, kind=kind)) is CONV1X1[kind]
+    assert type(invertible_1x1_conv(5, kind=kind)) is CONV1X1[kind]
     direct = CONV1X1[kind](5)
     assert type(direct) is CONV1X1[kind] and sorted(direct.state_dict()) == STATE_DICT_KEYS[kind]
     assert isinstance(layer, LinearConv1x1) == (kind in ("plain", "lu", "householder"))
@@ -73,7 +74,7 @@ def test_invertible1x1conv_builds_the_class_of_the_kind(kind):
 
 
 def test_default_kind_is_lu():
-    assert Invertible1x1Conv(3).kind == "lu"
+    assert invertible_1x1_conv(3).kind == "lu"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -83,16 +84,25 @@ def test_copies_and_pickles_keep_the_class_and_the_map(kind):
     for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
         assert type(clone) is type(layer)
         torch.testing.assert_close(clone(x)[0], layer(x)[0], rtol=0, atol=0)
-    restored = Invertible1x1Conv(4, kind).to(DTYPE)
+    restored = invertible_1x1_conv(4, kind).to(DTYPE)
     restored.load_state_dict(layer.state_dict())
     torch.testing.assert_close(restored(x)[1], layer(x)[1], rtol=0, atol=0)
 
 
+def test_the_base_class_is_not_a_layer_and_says_how_to_build_one():
+    # a plain class: no metaclass turns Invertible1x1Conv(...) into another class's instance
+    assert type(Invertible1x1Conv) is type(torch.nn.Module)
+    with pytest.raises(TypeError, match=r"base class .* invertible_1x1_conv\(channels, kind\) \(kind in plain, lu"):
+        Invertible1x1Conv(4, "lu")
+    with pytest.raises(TypeError, match="LUConv1x1"):
+        Invertible1x1Conv(4)
+
+
 def test_unknown_kind_raises_naming_the_choices():
     with pytest.raises(ValueError, match="plain, lu, householder, aux, aux_invertible, got 'givens'"):
-        Invertible1x1Conv(4, "givens")
+        invertible_1x1_conv(4, "givens")
     with pytest.raises(ValueError, match="positive integer"):
-        Invertible1x1Conv(0, "lu")
+        invertible_1x1_conv(0, "lu")
 
 
 def test_a_new_kind_must_be_declared_in_the_literal():
@@ -138,7 +148,7 @@ def test_auxiliary_kinds_report_newton_per_pixel(kind):
 
 def test_a_failed_newton_inverse_raises_or_is_flagged():
     torch.manual_seed(3)
-    layer = Invertible1x1Conv(4, "aux").double()
+    layer = invertible_1x1_conv(4, "aux").double()
     with torch.no_grad():
         layer.reflection.weight.copy_(3 * torch.randn(4, 4, dtype=DTYPE))  # a generic W: not invertible
     y = layer(torch.randn(8, 4, 4, 4, dtype=DTYPE))[0]
@@ -150,7 +160,7 @@ def test_a_failed_newton_inverse_raises_or_is_flagged():
 
 def test_jacobian_sign_flips_equal_the_autograd_fraction():
     torch.manual_seed(3)
-    layer = Invertible1x1Conv(4, "aux").double()
+    layer = invertible_1x1_conv(4, "aux").double()
     x = torch.randn(16, 4, 3, 3, dtype=DTYPE)
     # W = I - Q at init: g(x) = Q x, det J = det Q at every pixel, so the fraction is zero.
     assert minority_fraction(pixel_jacobian_signs(layer, x)) == 0.0
@@ -163,7 +173,7 @@ def test_jacobian_sign_flips_equal_the_autograd_fraction():
 
 
 def test_aux_invertible_stays_provably_invertible_after_training_steps():
-    layer = Invertible1x1Conv(6, "aux_invertible")
+    layer = invertible_1x1_conv(6, "aux_invertible")
     assert isinstance(layer, InvertibleAuxConv1x1)
     optimizer = torch.optim.Adam(layer.parameters(), lr=0.05)
     x = torch.randn(32, 6, 4, 4)
@@ -183,7 +193,7 @@ def test_aux_invertible_stays_provably_invertible_after_training_steps():
 
 
 def test_aux_invertible_fixed_orthogonal_is_symmetric_orthogonal_in_each_dtype():
-    layer = Invertible1x1Conv(5, "aux_invertible")
+    layer = invertible_1x1_conv(5, "aux_invertible")
     for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-14)):
         q = layer.fixed_orthogonal(dtype)
         assert q.dtype == dtype
@@ -194,7 +204,7 @@ def test_aux_invertible_fixed_orthogonal_is_symmetric_orthogonal_in_each_dtype()
 def test_aux_invertible_under_bf16_autocast_keeps_an_exact_fixed_rotation_and_inverse():
     # Issue 9.1: the fixed Q was built inside autocast in bfloat16, cached, and reused in float32.
     torch.manual_seed(0)
-    layer = Invertible1x1Conv(16, "aux_invertible")
+    layer = invertible_1x1_conv(16, "aux_invertible")
     x = torch.rand(2, 16, 4, 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, _ = layer(x)
@@ -209,8 +219,8 @@ def test_aux_invertible_under_bf16_autocast_keeps_an_exact_fixed_rotation_and_in
 def test_half_precision_layers_compute_in_float32(kind, dtype):
     # Issue 9.9: half-precision 1x1 convolutions failed (slogdet, inv, triangular solve, eigh have no half kernels).
     torch.manual_seed(0)
-    layer = Invertible1x1Conv(4, kind).to(dtype)
-    reference = Invertible1x1Conv(4, kind)
+    layer = invertible_1x1_conv(4, kind).to(dtype)
+    reference = invertible_1x1_conv(4, kind)
     reference.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
     x = torch.rand(2, 4, 3, 3).to(dtype)
     y, log_det = layer(x)
@@ -227,7 +237,7 @@ def test_aux_inverse_says_once_that_it_is_not_provably_unique():
     # Issue 9.3 for flows: sampling or reconstructing through kind='aux' must not look like a guaranteed inverse.
     import warnings
 
-    layer = Invertible1x1Conv(4, "aux")
+    layer = invertible_1x1_conv(4, "aux")
     y, _ = layer(torch.rand(2, 4, 3, 3))
     with pytest.warns(UserWarning, match="not provably invertible"):
         _, result = layer.inverse_with_result(y)
@@ -235,5 +245,5 @@ def test_aux_inverse_says_once_that_it_is_not_provably_unique():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         layer.inverse(y)  # said once per layer, not at every sampling step
-    theorem2 = Invertible1x1Conv(4, "aux_invertible")
+    theorem2 = invertible_1x1_conv(4, "aux_invertible")
     assert theorem2.inverse_with_result(theorem2(torch.rand(2, 4, 3, 3))[0])[1].provably_unique is True

@@ -8,10 +8,10 @@ from lightning_ortho.flows import (
     ActNorm,
     AffineCoupling,
     FlowSequence,
-    Invertible1x1Conv,
     Split,
     Squeeze,
     gaussian_log_prob,
+    invertible_1x1_conv,
 )
 from tests.flows.references import autograd_log_det
 
@@ -30,7 +30,7 @@ LAYERS = {
     "actnorm": lambda c: ActNorm(c),
     "squeeze": lambda c: Squeeze(),
     "coupling": lambda c: AffineCoupling(c, hidden_channels=6),
-    **{f"conv1x1-{kind}": (lambda c, kind=kind: Invertible1x1Conv(c, kind)) for kind in CONV1X1},  # every kind
+    **{f"conv1x1-{kind}": (lambda c, kind=kind: invertible_1x1_conv(c, kind)) for kind in CONV1X1},  # every kind
 }
 
 
@@ -87,7 +87,7 @@ def test_gaussian_log_prob_reference():
 
 
 def test_sequence_composes_log_dets():
-    flow = perturb_(FlowSequence(ActNorm(4), Invertible1x1Conv(4, "lu"), AffineCoupling(4, 5)).to(DTYPE)).eval()
+    flow = perturb_(FlowSequence(ActNorm(4), invertible_1x1_conv(4, "lu"), AffineCoupling(4, 5)).to(DTYPE)).eval()
     x = torch.randn(2, 4, 2, 2, dtype=DTYPE)
     torch.testing.assert_close(flow(x)[1], autograd_log_det(flow, x), rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(flow.inverse(flow(x)[0]), x)
@@ -95,7 +95,7 @@ def test_sequence_composes_log_dets():
 
 def test_bad_inputs():
     with pytest.raises(ValueError, match=r"\(N, 4, H, W\)"):
-        Invertible1x1Conv(4)(torch.randn(2, 3, 2, 2))
+        invertible_1x1_conv(4)(torch.randn(2, 3, 2, 2))
     with pytest.raises(ValueError, match="even"):
         Squeeze()(torch.randn(1, 1, 3, 4))
     with pytest.raises(TypeError, match="floating-point"):

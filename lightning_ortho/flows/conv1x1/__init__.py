@@ -6,7 +6,7 @@
 * ``aux``: :class:`AuxConv1x1`, ``H(W x) x`` with an unconstrained ``W``.
 * ``aux_invertible``: :class:`InvertibleAuxConv1x1`, ``H(W Q x) Q x`` with Theorem 2's ``W`` and a fixed ``Q``.
 
-``Invertible1x1Conv(channels, kind)`` builds ``CONV1X1[kind](channels)``; every class is a subclass of
+``invertible_1x1_conv(channels, kind)`` builds ``CONV1X1[kind](channels)``; every class is a subclass of
 :class:`Invertible1x1Conv`. The linear kinds share :class:`LinearConv1x1` (``matrix()``), the auxiliary ones
 :class:`AuxiliaryConv1x1` (Newton inverse with results; ``aux_invertible`` adds ``invertibility_margin()``).
 """
@@ -18,6 +18,7 @@ from lightning_ortho.flows.conv1x1.base import (
     Conv1x1Kind,
     Invertible1x1Conv,
     conv1x1_class,
+    invertible_1x1_conv,
     to_columns,
     to_rows,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "LinearConv1x1",
     "PlainConv1x1",
     "conv1x1_class",
+    "invertible_1x1_conv",
     "to_columns",
     "to_rows",
 ]

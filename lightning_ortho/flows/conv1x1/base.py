@@ -45,21 +45,21 @@ def conv1x1_class(kind: str) -> type[Invertible1x1Conv]:
     return CONV1X1[kind]
 
 
-class _BuildsTheKind(type):
-    """``Invertible1x1Conv(channels, kind)`` builds ``CONV1X1[kind](channels)``; a kind's own class is built as
-    usual. (A metaclass rather than ``__new__``, so each kind's ``__init__`` takes ``channels`` only.)"""
+def invertible_1x1_conv(channels: int, kind: Conv1x1Kind = "lu") -> Invertible1x1Conv:
+    """A ``kind`` 1x1 convolution of ``channels`` channels: ``CONV1X1[kind](channels)``, a subclass of
+    :class:`Invertible1x1Conv` (shapes ``(N, C, H, W) -> ((N, C, H, W), (N,))``).
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls is Invertible1x1Conv:
-            return cls.of(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
+    Raises:
+        ValueError: unknown ``kind`` (the message names the choices), or ``channels`` not a positive integer.
+    """
+    return conv1x1_class(kind)(channels)
 
 
-class Invertible1x1Conv(FlowLayer, metaclass=_BuildsTheKind):
+class Invertible1x1Conv(FlowLayer):
     """``z_{:, i, j} = g(x_{:, i, j})`` for every pixel: an invertible map ``g`` of the ``C`` channels.
 
-    ``Invertible1x1Conv(channels, kind="lu")`` builds the class of ``kind`` (see :data:`CONV1X1`), which is a
-    subclass, so ``isinstance(layer, Invertible1x1Conv)`` holds for every kind:
+    The base class of the kinds: ``invertible_1x1_conv(channels, kind="lu")`` builds the class of ``kind`` (see
+    :data:`CONV1X1`), so ``isinstance(layer, Invertible1x1Conv)`` holds for every kind:
 
     * ``"plain"``: :class:`PlainConv1x1`, ``W x`` with a dense ``W`` (Kingma & Dhariwal 2018).
     * ``"lu"``: :class:`LUConv1x1`, ``W = P L (U + diag(s))`` (Kingma & Dhariwal 2018).
@@ -72,7 +72,8 @@ class Invertible1x1Conv(FlowLayer, metaclass=_BuildsTheKind):
 
     A kind implements :meth:`forward_columns`, :meth:`inverse_columns` and :meth:`pixel_jacobian_signs` on pixels;
     this class does the image bookkeeping. Raises (every method taking images): ``TypeError`` for a
-    non-floating tensor, ``ValueError`` unless the shape is ``(N, C, H, W)`` with this layer's ``C``.
+    non-floating tensor, ``ValueError`` unless the shape is ``(N, C, H, W)`` with this layer's ``C``; ``TypeError``
+    when this base class itself is instantiated (it has no map of its own).
     """
 
     kind: ClassVar[str]
@@ -92,14 +93,14 @@ class Invertible1x1Conv(FlowLayer, metaclass=_BuildsTheKind):
         CONV1X1.clear()
         CONV1X1.update(ordered)
 
-    @classmethod
-    def of(cls, channels: int, kind: Conv1x1Kind = "lu") -> Invertible1x1Conv:
-        """``CONV1X1[kind](channels)``; what ``Invertible1x1Conv(channels, kind)`` calls.
-
-        Raises:
-            ValueError: unknown ``kind`` (the message names the choices).
-        """
-        return conv1x1_class(kind)(channels)
+    def __new__(cls, *args: Any, **kwargs: Any) -> Invertible1x1Conv:
+        if cls is Invertible1x1Conv:
+            raise TypeError(
+                "Invertible1x1Conv is the base class of the 1x1 convolutions and has no map of its own; build one "
+                "with invertible_1x1_conv(channels, kind) (kind in "
+                f"{', '.join(CONV1X1_KINDS)}) or a kind's class such as LUConv1x1(channels)."
+            )
+        return super().__new__(cls)
 
     def __init__(self, channels: int) -> None:
         super().__init__()
