@@ -182,3 +182,45 @@ def test_predict_subcommand_predicts_the_test_split(recipe, tmp_path):
         reference = cli.model(test_inputs) if recipe != "glow_digits" else None
     if reference is not None:
         torch.testing.assert_close(predictions[0], reference)  # the test split, in order
+
+
+SHORT_NAMES = """
+import io, sys
+from contextlib import redirect_stdout
+from lightning_ortho.cli import run_cli
+import lightning_ortho.callbacks as callbacks
+
+names = [c.__name__ for c in callbacks.import_all()]
+recipes = sys.argv[1:]
+# every callback once, every recipe once: pairs taken round-robin over the longer list
+for i in range(max(len(names), len(recipes))):
+    name, recipe = names[i % len(names)], recipes[i % len(recipes)]
+    out = io.StringIO()
+    try:
+        with redirect_stdout(out):
+            run_cli(["fit", "--config", recipe, f"--trainer.callbacks+={name}", "--print_config"])
+    except SystemExit as error:
+        assert error.code in (0, None), (name, recipe, error.code)
+    assert f".{name}\\n" in out.getvalue(), (name, recipe, out.getvalue()[-2000:])
+    print("resolved", name, recipe)
+"""
+
+
+def test_every_public_callback_resolves_by_its_short_name_from_every_recipe(tmp_path):
+    # A fresh interpreter: jsonargparse resolves a short name only among the Callback subclasses imported, which
+    # other tests of this process may already have imported. No recipe imports most callbacks itself.
+    env = {**os.environ, "COLUMNS": "200"}
+    command = [sys.executable, "-c", SHORT_NAMES, *map(str, RECIPES)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resolved = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("resolved")]
+    from lightning_ortho.callbacks import import_all
+
+    assert {name for name, _ in resolved} == {c.__name__ for c in import_all()}
+    assert {recipe for _, recipe in resolved} == set(map(str, RECIPES))
+    assert {"OrthogonalityMonitor", "PredictionWriter", "TransformCompression"} <= {name for name, _ in resolved}
+
+
+def test_a_short_callback_name_runs_in_a_fit(tmp_path):
+    cli = fit(DIGITS, tmp_path, "--trainer.fast_dev_run=true", "--trainer.callbacks+=OrthogonalityMonitor")
+    assert [type(c).__name__ for c in cli.trainer.callbacks].count("OrthogonalityMonitor") == 1
