@@ -113,3 +113,41 @@ def test_the_cli_adds_no_second_writer_to_one_given_by_short_name(tmp_path):
 def test_a_writer_refuses_a_path_as_file_name():
     with pytest.raises(ValueError, match="file name ending in .pt"):
         PredictionWriter(filename="out/predictions.npy")
+
+
+def test_the_fast_transform_tests_its_error_on_the_held_out_patches(tmp_path):
+    tested = run_cli(
+        [
+            "test",
+            "--config",
+            str(ROOT / "recipes" / "transform_patches.yaml"),
+            "--trainer.logger=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.limit_test_batches=1",
+        ]
+    )
+    patches = next(iter(tested.datamodule.test_dataloader()))[0].flatten(1).double()
+    smallest = patches.abs().sort(1).values[:, : patches.shape[1] - tested.model.hparams.sparsity]  # D = I: T_s(Y)
+    error = 100 * smallest.square().sum() / patches.square().sum()
+    torch.testing.assert_close(tested.trainer.callback_metrics["test_error"], error.float())
+
+
+def test_under_ddp_each_process_writes_its_rows_with_their_dataset_index(tmp_path):
+    from lightning_ortho.datamodules import DigitsDataModule
+    from lightning_ortho.models import OrthogonalClassifier
+    from tests.conftest import make_tiny_trainer
+
+    model, data = OrthogonalClassifier(depth=1), DigitsDataModule(batch_size=32)
+    writer = PredictionWriter(dirpath=str(tmp_path / "out"))
+    trainer = make_tiny_trainer(tmp_path, strategy="ddp_spawn", devices=2, callbacks=[writer])
+    trainer.predict(model, datamodule=data, return_predictions=False)
+    parts = [torch.load(tmp_path / "out" / f"predictions-rank{r}.pt") for r in range(2)]
+    index = torch.cat([p["index"] for p in parts])
+    test_set = data.split("test")
+    assert sorted(index.tolist()) == list(range(len(test_set)))  # every test sample once, none padded in
+    inputs, labels = test_set[:]
+    with torch.no_grad():
+        reference = model(inputs)
+    for part in parts:
+        torch.testing.assert_close(part["logits"], reference[part["index"]])
+        assert torch.equal(part["targets"], labels[part["index"]])
