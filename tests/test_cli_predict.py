@@ -58,7 +58,7 @@ def test_glow_writes_bits_per_dim_of_each_image(tmp_path):
     assert torch.equal(record["labels"], labels)
     # the dequantisation noise differs between draws, the per-image figure barely: a fresh draw of the model
     with torch.no_grad():
-        again = cli.model.glow.bits_per_dim(images, cli.model.hparams.num_levels)
+        again = cli.model.eval().glow.bits_per_dim(images, cli.model.hparams.num_levels)
     torch.testing.assert_close(record["bits_per_dim"], again, atol=0.05, rtol=0)
     mean = float(record["bits_per_dim"].double().mean())
     assert writers(cli)[0].summary.endswith(f"mean bits/dim {mean:.4f} over {len(images)} images")
