@@ -28,6 +28,7 @@ LIGHTNING_SIDE = ("_lightning", "models", "callbacks", "datamodules", "cli")
 #: The top-level ``__init__`` runs on ``import lightning_ortho.nn``, so it sits with the math packages.
 LAYERS = {
     PACKAGE: 0,
+    "_extras": 0,  # optional dependencies and the error naming their extra: pure Python, below everything
     "nn": 0,
     "flows": 0,
     "online": 0,

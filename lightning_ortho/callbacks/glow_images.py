@@ -7,9 +7,12 @@ from pathlib import Path
 
 import torch
 
+from lightning_ortho._extras import require
 from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._glow_probe import GlowProbeCallback
 from lightning_ortho.nn import NewtonInverseError
+
+_NEEDS_TORCHVISION = "GlowImageGrids draws its image grids"
 
 
 class GlowImageGrids(GlowProbeCallback):
@@ -34,6 +37,7 @@ class GlowImageGrids(GlowProbeCallback):
     Raises:
         ValueError: a count that is not a non-negative integer, both counts 0, or a negative or non-finite
             temperature; at setup, the model contains no Glow.
+        MissingExtraError: torchvision is not installed (the ``vision`` extra), when the callback is made.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class GlowImageGrids(GlowProbeCallback):
             )
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ValueError(f"GlowImageGrids: seed must be an integer or None, got {seed!r}.")
+        require("torchvision.utils", _NEEDS_TORCHVISION)  # now, not after the first epoch of training
         super().__init__(num_reconstructions)
         self.num_samples, self.temperature = num_samples, float(temperature)
         self.num_reconstructions, self.seed = num_reconstructions, seed
@@ -84,7 +89,8 @@ class GlowImageGrids(GlowProbeCallback):
 
     @staticmethod
     def _save(grids: dict[str, tuple[torch.Tensor, int]], folder: Path, trainer: pl.Trainer) -> None:
-        from torchvision.utils import make_grid, save_image
+        utils = require("torchvision.utils", _NEEDS_TORCHVISION)
+        make_grid, save_image = utils.make_grid, utils.save_image
 
         folder.mkdir(parents=True, exist_ok=True)
         experiment = getattr(trainer.logger, "experiment", None)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_ortho._extras import require
 from lightning_ortho.datamodules.file_formats import check_cifar10_batch
 from lightning_ortho.datamodules.images import ImageDataModule
 
@@ -25,6 +26,7 @@ class CIFAR10DataModule(ImageDataModule):
             (default statistics are CIFAR-10's per-channel mean and standard deviation).
 
     Raises:
+        MissingExtraError: torchvision is not installed (the ``vision`` extra), at ``prepare_data``/``setup``.
         DatasetNotFoundError: the files are missing (or fail their checksums) and ``download`` is false.
         DatasetFormatError: a batch file is damaged (cannot be unpickled, wrong shape, labels out of range).
     """
@@ -49,7 +51,7 @@ class CIFAR10DataModule(ImageDataModule):
         self.verify_checksums = verify_checksums
 
     def _load(self):
-        from torchvision.datasets import CIFAR10
+        CIFAR10 = require("torchvision.datasets", "CIFAR10DataModule reads CIFAR-10").CIFAR10
 
         cls = CIFAR10
         if not self.verify_checksums:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
+from lightning_ortho._extras import require
 from lightning_ortho.datamodules.file_formats import DatasetFormatError
 from lightning_ortho.datamodules.images import DatasetNotFoundError
 from lightning_ortho.datamodules.splits import SplitDataModule
@@ -114,9 +115,12 @@ class ImagePatchesDataModule(SplitDataModule):
         Raises:
             DatasetNotFoundError: ``root`` does not exist or holds no image file.
             DatasetFormatError: a file is not a readable image or has an unsupported pixel format.
+            MissingExtraError: Pillow is not installed (the ``transforms`` extra).
         """
         if self.root is None:
             from sklearn.datasets import load_sample_images
+
+            require("PIL", "ImagePatchesDataModule reads scikit-learn's sample photographs (JPEG)")
 
             sample = load_sample_images()
             pairs = [
@@ -220,7 +224,9 @@ def _read_image(path: Path) -> torch.Tensor:
         DatasetFormatError: not an image PIL can read, or a float / over-16-bit image (no known pixel range).
     """
     import numpy as np
-    from PIL import Image, UnidentifiedImageError
+
+    Image = require("PIL.Image", "ImagePatchesDataModule reads image files")
+    UnidentifiedImageError = Image.UnidentifiedImageError
 
     try:
         with Image.open(path) as image:

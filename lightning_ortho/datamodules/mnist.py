@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_ortho._extras import require
 from lightning_ortho.datamodules.file_formats import check_mnist_folder
 from lightning_ortho.datamodules.images import ImageDataModule
 
@@ -24,6 +25,7 @@ class MNISTDataModule(ImageDataModule):
         mean, std: normalisation (defaults: the usual MNIST statistics 0.1307, 0.3081).
 
     Raises:
+        MissingExtraError: torchvision is not installed (the ``vision`` extra), at ``prepare_data``/``setup``.
         DatasetNotFoundError: the files are missing and ``download`` is false; the message gives the expected
             path, how to get the files, and the embedded-digits recipe to run instead.
         DatasetFormatError: a file is damaged (truncated, wrong header, not 28x28, a label outside 0..9); the
@@ -48,7 +50,7 @@ class MNISTDataModule(ImageDataModule):
         super().__init__(root, download, batch_size, val_size, seed, flatten, shuffle, num_workers, mean, std)
 
     def _load(self):
-        from torchvision.datasets import MNIST
+        MNIST = require("torchvision.datasets", "MNISTDataModule reads MNIST").MNIST
 
         folder = str(Path(self.root) / "MNIST" / "raw")
         check_mnist_folder(Path(folder), self.num_classes)  # a damaged file is named, not a torchvision traceback

@@ -27,14 +27,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import networkx as nx
 import torch
 
+from lightning_ortho._extras import require
 from lightning_ortho.transforms.binary_cores import G1_INDICES, binary_cores
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
 from lightning_ortho.transforms.statistics import PassLearner, TransformStatistics, fit_in_memory, principal_basis
+
+_NEEDS_NETWORKX = "the M-transform (family 'm') finds its stages as perfect matchings"
 
 
 @dataclass
@@ -99,6 +101,7 @@ def learn_m_stage(data: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor
 
 def m_stage_from_cross(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`learn_m_stage` from ``Z = Yb^T Xb`` ``(n, n)`` alone (``n`` even): same returns."""
+    nx = require("networkx", _NEEDS_NETWORKX)
     n = z.shape[0]
     costs = m_pair_costs(z).double().cpu()
     best, argbest = costs.min(dim=2)
@@ -130,10 +133,12 @@ class MTransformLearner(PassLearner):
 
     Raises:
         ValueError: ``n`` odd, ``q``/``rounds`` not ints ``>= 1`` or ``s`` not in ``[1, n]``.
+        MissingExtraError: networkx is not installed (the ``transforms`` extra), before any work is done.
     """
 
     def __init__(self, n: int, q: int, s: int, *, rounds: int = 1, on_step: Callable[[], object] | None = None) -> None:
         where = "learn_m_transform"
+        require("networkx", _NEEDS_NETWORKX)
         if not isinstance(n, int) or n < 2 or n % 2:
             raise ValueError(f"{where}: n must be even (its stages are perfect matchings), got n = {n}.")
         for name, value in (("q", q), ("rounds", rounds)):
