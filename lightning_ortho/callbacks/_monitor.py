@@ -1,5 +1,6 @@
 """What every monitor shares: choosing modules, a fixed probe captured by forward hooks, a measurement every
-``every_n_steps`` reduced across processes, logging, a history that survives checkpoints, a rich table and a PNG.
+``every_n_steps`` optimizer steps reduced across processes, logging the way Lightning logs, a history that survives
+checkpoints, and a report at the end of fit.
 
 A monitor subclass says which modules it watches (:meth:`Monitor.candidates`) and what it measures on one module
 and its probe (:meth:`Monitor.measure`, returning :class:`Measurement` values with their reduction across
@@ -13,16 +14,21 @@ level for a monitor from the environment switch when the fit was only too short)
 (its own shard of the data); statistics are reduced across processes as the measurement declares (``"mean"``
 weighted by probe rows, ``"sum"``, ``"min"``, ``"max"``), so a DDP run logs what one process logs on the union of the
 probes.
+
+Logging: a measurement taken after a training batch is logged at the step at which Lightning logs that batch's
+``self.log(..., on_step=True)`` values (``trainer.fit_loop.epoch_loop._batches_that_stepped``, as Lightning's
+``LearningRateMonitor`` does), to every logger of the Trainer, under ``<name>/<module>/<statistic>`` (``name`` the
+monitor's short name, :attr:`Monitor.prefix`; ``<name>/<statistic>`` for the whole model), into
+``trainer.callback_metrics`` (for ``ModelCheckpoint(monitor=...)`` and ``EarlyStopping``) and, with ``prog_bar=True``,
+into the progress bar. Each value is sent once, at its step: not through ``pl_module.log``, which costs ~0.3 ms a key
+and re-sends a value at every later step until it is logged again.
 """
 
 from __future__ import annotations
 
-import importlib
-import math
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -30,43 +36,34 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from lightning_ortho._lightning import Callback, pl, rank_zero_info, rank_zero_warn
-from lightning_ortho.callbacks._monitor_report import plot_history, print_table
+from lightning_ortho.callbacks._monitor_report import check_plotting, report_at_fit_end, warn_unmeasured
+from lightning_ortho.callbacks._monitor_selection import outermost_modules, select_modules
+from lightning_ortho.callbacks._monitor_values import (
+    Measurement,
+    Reduction,
+    log_values,
+    logging_step,
+    reduce_measurement,
+)
 from lightning_ortho.nn.eval_mode import eval_mode
 
-Reduction = Literal["mean", "sum", "min", "max"]
+Source = Literal["user", "environment"]
+#: What ``modules`` holds: submodule names and/or module classes (a YAML config's ``modules: [torch.nn.Linear]`` is
+#: resolved to the class by jsonargparse, whose LightningCLI reads this annotation).
+ModuleSpec = Sequence[type[nn.Module] | str]
 
+__all__ = [
+    "Measurement",
+    "ModuleSpec",
+    "Monitor",
+    "Reduction",
+    "last_batch_of_fit",
+    "logging_step",
+    "outermost_modules",
+]
 
-@dataclass(frozen=True)
-class Measurement:
-    """One statistic of one module: its value on this process's probe, how processes combine, and the weight of
-    this process in a ``"mean"`` (its number of probe rows)."""
-
-    value: float
-    reduce: Reduction = "mean"
-    weight: float = 1.0
-
-
-def _class_from_path(path: str) -> type | None:
-    """The ``nn.Module`` class named by a dotted import path (``"torch.nn.Linear"``), or ``None`` if ``path`` names
-    none (config files give classes as strings; a submodule name such as ``"encoder.0"`` is tried first)."""
-    module_name, _, class_name = path.rpartition(".")
-    if not module_name or not class_name.isidentifier():
-        return None
-    try:
-        found = getattr(importlib.import_module(module_name), class_name, None)
-    except ImportError:
-        return None
-    return found if isinstance(found, type) and issubclass(found, nn.Module) else None
-
-
-def outermost_modules(pl_module: nn.Module, predicate: Callable[[nn.Module], bool]) -> Iterable[tuple[str, nn.Module]]:
-    """``(name, module)`` for the submodules (not ``pl_module`` itself) that satisfy ``predicate`` and lie inside no
-    other such submodule: a flow is watched as one map, not also layer by layer (name the layers to watch them)."""
-    taken: list[str] = []
-    for name, module in pl_module.named_modules():
-        if name and not any(name.startswith(outer + ".") for outer in taken) and predicate(module):
-            taken.append(name)
-            yield name, module
+#: The environment variable of the switch in :mod:`~lightning_ortho.callbacks.factory` (named in its messages).
+MONITORS_VARIABLE = "LIGHTNING_ORTHO_MONITORS"
 
 
 def last_batch_of_fit(trainer: pl.Trainer, batch_idx: int) -> bool:
@@ -89,58 +86,98 @@ def _check_positive_int(value: object, name: str, owner: str) -> int:
     return value
 
 
+def _gated(hook: Callable) -> Callable:
+    """``hook`` that does nothing while the monitor stands aside (:attr:`Monitor.idle`)."""
+
+    @functools.wraps(hook)
+    def method(self: Monitor, *args: Any, **kwargs: Any) -> Any:
+        if self._idle:
+            return None
+        return hook(self, *args, **kwargs)
+
+    method.__gated__ = True
+    return method
+
+
+def _gate_hooks(cls: type) -> None:
+    """Gate every Lightning ``on_*`` hook ``cls`` defines (see :attr:`Monitor.idle`)."""
+    for name, value in list(vars(cls).items()):
+        if name.startswith("on_") and callable(value) and not getattr(value, "__gated__", False):
+            setattr(cls, name, _gated(value))
+
+
 class Monitor(Callback):
     """Base class of the monitors (see the module docstring).
 
     Args:
         modules: which submodules to watch: ``None`` (every module the subclass can measure), or a list of names
-            (``"encoder.0"``) and/or module classes (or their import paths, ``"torch.nn.Linear"``, as a config file
-            gives them); a name must exist, and a class must match at least one module.
+            (``"encoder.0"``) and/or module classes (in a YAML config, ``modules: [torch.nn.Linear]``); a name must
+            exist, and a class must match at least one module.
         every_n_steps: measure after every ``every_n_steps``-th optimizer step (``global_step``), and after the
             last training batch of fit, however the fit ends (max_epochs, max_steps, an early stop, max_time; at
             least :attr:`min_every_n_steps`).
         probe_size: rows of the probe batch (the first rows of each module's first input in a training step; a
             named module in any mode, an automatically chosen one in training mode).
-        plot: write ``<log_dir>/<name>.png`` of the history at the end of fit when matplotlib is installed.
+        plot: at the end of fit (not under ``fast_dev_run``), write ``<Class>.png`` of the history into the first
+            logger's directory (``trainer.log_dir``), and add it to TensorBoard as a figure where a
+            ``TensorBoardLogger`` is in use. Needs matplotlib: ``pip install "lightning-ortho[plots]"``.
+        prog_bar: also show the logged values in the progress bar.
+        verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
+        source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the switch of
+            :mod:`~lightning_ortho.callbacks.factory`): such a monitor stands aside for the fit (every ``on_*`` hook
+            does nothing, :attr:`idle` is true) when the Trainer has a user's monitor of its class, and when the
+            model has nothing it can measure (one warning instead of the error); its ``state_key`` is
+            ``"<Class>{'source': 'environment'}"``; a fit too short for it to measure is said at info level.
 
     Raises:
         ValueError: bad arguments (in ``__init__``); at setup, no module to monitor, or a name that does not exist.
+        ImportError: ``plot=True`` without matplotlib.
     """
 
-    #: Prefix of the logged keys, ``<prefix>/<module>/<statistic>``.
+    #: The monitor's short name: the first part of its logged keys, ``<prefix>/<module>/<statistic>``.
     prefix = "monitor"
     #: The smallest ``every_n_steps`` the monitor accepts (the environment switch of
     #: :mod:`~lightning_ortho.callbacks.factory` raises a smaller setting to it, with a warning).
     min_every_n_steps = 1
-    #: Whether a fit too short to measure anything (and nothing else wrong) is reported at info level instead of as
-    #: a warning: set by the environment switch of :mod:`~lightning_ortho.callbacks.factory`, whose monitors are
-    #: turned on for every run, smoke tests included.
-    short_fit_is_info = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _gate_hooks(cls)
 
     def __init__(
         self,
-        modules: Sequence[str | type] | None = None,
+        modules: ModuleSpec | None = None,
         every_n_steps: int = 50,
         probe_size: int = 8,
-        plot: bool = True,
+        plot: bool = False,
+        *,
+        prog_bar: bool = False,
+        verbose: bool = True,
+        source: Source = "user",
     ) -> None:
         owner = type(self).__name__
         if modules is not None and (
             isinstance(modules, str)
             or not isinstance(modules, Sequence)
             or not modules
-            or not all(isinstance(m, str) and m or isinstance(m, type) for m in modules)
+            or not all(isinstance(m, str) and m or isinstance(m, type) and issubclass(m, nn.Module) for m in modules)
         ):
             raise ValueError(
                 f"{owner}: modules must be None (every module it can measure) or a non-empty list of submodule names "
-                f"(such as 'encoder.0') and/or module classes, got {modules!r}."
+                f"(such as 'encoder.0') and/or module classes (such as torch.nn.Linear), got {modules!r}."
             )
+        if source not in ("user", "environment"):
+            raise ValueError(f"{owner}: source must be 'user' or 'environment', got {source!r}.")
         self.modules = None if modules is None else list(modules)
         self.every_n_steps = _check_positive_int(every_n_steps, "every_n_steps", owner)
         self.probe_size = _check_positive_int(probe_size, "probe_size", owner)
         self.plot = bool(plot)
+        if self.plot:
+            check_plotting(owner)
+        self.prog_bar, self.verbose, self.source = bool(prog_bar), bool(verbose), source
         self.history: list[dict[str, Any]] = []
         self.probes: dict[str, torch.Tensor] = {}
+        self._idle = False
         self._watched: dict[str, nn.Module] = {}
         self._hooks: list[RemovableHandle] = []  # subclasses' hooks, removed at teardown
         self._probe_hooks: dict[str, RemovableHandle] = {}  # removed as soon as each probe is taken
@@ -153,6 +190,22 @@ class Monitor(Callback):
         self._measured: set[str] = set()  # modules that got values in this fit
         self._fit_start_step = 0
         self._fit_runs = 0  # measurements attempted in this fit
+
+    @property
+    def idle(self) -> bool:
+        """True while a monitor from the environment stands aside for this fit (see ``source``)."""
+        return self._idle
+
+    @property
+    def short_fit_is_info(self) -> bool:
+        """Whether a fit too short to measure anything (and nothing else wrong) is reported at info level instead
+        of as a warning: for monitors from the environment switch, turned on for every run, smoke tests included."""
+        return self.source == "environment"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The watched modules and hook handles of the last fit are the model's, not the callback's (a parametrized
+        # module cannot even be pickled, and ddp_spawn pickles the callbacks): setup finds them again.
+        return {**self.__dict__, "_watched": {}, "_hooks": [], "_probe_hooks": {}}
 
     # --------------------------------------------------------------------------------------------- subclass API
     def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
@@ -178,6 +231,16 @@ class Monitor(Callback):
         """Whether :meth:`measure` needs a probe (monitors of parameters alone do not)."""
         return True
 
+    def notes(self) -> dict[str, str]:
+        """Facts about the watched modules that do not change while training (how a statistic is computed, say):
+        printed under the end-of-fit table instead of logged as constant metrics. Default: none."""
+        return {}
+
+    def state_key_fields(self) -> dict[str, Any]:
+        """The settings that tell two monitors of this class apart in a checkpoint (see :attr:`state_key`)."""
+        modules = None if self.modules is None else [m if isinstance(m, str) else m.__qualname__ for m in self.modules]
+        return {"modules": modules, "every_n_steps": self.every_n_steps}
+
     # -------------------------------------------------------------------------------------------- selection
     def select(self, pl_module: pl.LightningModule) -> dict[str, nn.Module]:
         """The watched modules by name (see ``modules``).
@@ -185,47 +248,39 @@ class Monitor(Callback):
         Raises:
             ValueError: no module matches, or a named module does not exist or cannot be measured.
         """
-        owner = type(self).__name__
-        available = dict(self.candidates(pl_module))
-        if self.modules is None:
-            chosen = available
-        else:
-            chosen = {}
-            names = dict(pl_module.named_modules())
-            for entry in self.modules:
-                if isinstance(entry, str) and entry not in names:
-                    entry = _class_from_path(entry) or entry  # a class path from a YAML config: "torch.nn.Linear"
-                if isinstance(entry, str):
-                    if entry not in names:
-                        raise ValueError(
-                            f"{owner}: {type(pl_module).__name__} has no submodule {entry!r}. Modules it can measure: "
-                            f"{sorted(available) or 'none'}."
-                        )
-                    reason = self.can_measure(names[entry])
-                    if reason is not None:
-                        raise ValueError(f"{owner}: cannot monitor {entry!r}: {reason}")
-                    chosen[entry] = names[entry]
-                else:
-                    matches = {n: m for n, m in names.items() if isinstance(m, entry) and n}
-                    if not matches:
-                        raise ValueError(f"{owner}: {type(pl_module).__name__} has no {entry.__name__} submodule.")
-                    for name, module in matches.items():
-                        reason = self.can_measure(module)
-                        if reason is not None:
-                            raise ValueError(f"{owner}: cannot monitor {name!r}: {reason}")
-                        chosen[name] = module
-        if not chosen:
-            raise ValueError(
-                f"{owner}: {type(pl_module).__name__} has no module this monitor can measure; pass modules=[...] "
-                f"naming them, or remove the callback."
-            )
-        return chosen
+        return select_modules(self, pl_module)
 
     # ------------------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Choose the watched modules and hook the probes (fit only). A monitor from the environment stands aside
+        here (see ``source``); a subclass that extends ``setup`` returns when :attr:`idle` is then true."""
         if stage != "fit":
             return
-        self._watched = self.select(pl_module)
+        self._idle = False
+        owner = type(self).__name__
+        if self.source == "environment" and any(
+            isinstance(other, type(self)) and getattr(other, "source", "user") == "user" for other in trainer.callbacks
+        ):
+            self._idle = True
+            rank_zero_info(
+                f"lightning-ortho: the Trainer already has a {owner}; the one from {MONITORS_VARIABLE} stands aside."
+            )
+            return
+        try:
+            self._watched = self.select(pl_module)
+        except ValueError as error:
+            if self.source != "environment":
+                raise
+            self._idle = True
+            from lightning_ortho.callbacks.factory import name_of  # the switch's name for this class
+
+            name = name_of(type(self))
+            rank_zero_warn(
+                f"lightning-ortho: {MONITORS_VARIABLE} turned on {owner} ({name!r}), but it cannot run on "
+                f"{type(pl_module).__name__}: {error} It does nothing in this run; remove {name!r} from "
+                f"{MONITORS_VARIABLE} to silence this."
+            )
+            return
         self._remove_hooks()
         self._explicit = set(self._watched) if self.modules is not None else set()
         self._eval_only = set()
@@ -303,15 +358,16 @@ class Monitor(Callback):
 
     def measure_last_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Measure at the end of fit when this fit trained and its last step has no measurement yet (every process
-        reaches this, so the reductions match)."""
+        reaches this, so the reductions match); logged at the last batch's step."""
         step = trainer.global_step
         if step > self._fit_start_step and step != self._last_step:
             self._last_step = step
-            self.run(trainer, pl_module)
+            self.run(trainer, pl_module, logging_step(trainer, after_loop=True))
 
-    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, log_step: int | None = None) -> dict[str, float]:
         """Measure every watched module that has its probe now (in eval mode; afterwards each submodule is back in
-        its own mode), reduce across processes, log and record; returns the logged values."""
+        its own mode), reduce across processes, log (at ``log_step``, by default the step of the batch that just
+        ended: :func:`logging_step`) and record; returns the logged values."""
         logged: dict[str, float] = {}
         names = [name for name in self._watched if not self.needs_probe() or name in self.probes]
         if trainer.world_size > 1 and self._watched:
@@ -326,47 +382,26 @@ class Monitor(Callback):
         with eval_mode(pl_module):
             for name in names:
                 measured = self.measure(name, self._watched[name], self.probes.get(name))
-                if measured:
-                    self._measured.add(name)
                 for statistic, measurement in sorted(measured.items()):
-                    value = self._reduce(trainer, measurement)
+                    value = reduce_measurement(trainer, measurement)
+                    if value is None:  # not defined for this module (on any process): not logged
+                        continue
                     key = f"{self.prefix}/{name}/{statistic}" if name else f"{self.prefix}/{statistic}"
                     logged[key] = value
-        self._log(trainer, logged)
-        self.history.append({"step": trainer.global_step, "values": logged})
+                    self._measured.add(name)
+        log_step = logging_step(trainer) if log_step is None else log_step
+        log_values(trainer, logged, log_step, self.prog_bar)
+        self.history.append({"step": trainer.global_step, "log_step": log_step, "values": logged})
         return logged
-
-    @staticmethod
-    def _log(trainer: pl.Trainer, values: dict[str, float]) -> None:
-        """To every logger at this step, and into ``trainer.callback_metrics`` (for checkpoint and early-stopping
-        callbacks). Not through ``pl_module.log``: it costs ~0.3 ms a key and re-sends a value at every later step
-        until it is logged again, while a measurement belongs to one step. The values are already reduced."""
-        if not values:
-            return
-        trainer.callback_metrics.update({key: torch.tensor(value) for key, value in values.items()})
-        for logger in trainer.loggers:
-            logger.log_metrics(values, step=trainer.global_step)
-
-    @staticmethod
-    def _reduce(trainer: pl.Trainer, measurement: Measurement) -> float:
-        if trainer.world_size == 1:
-            return float(measurement.value)
-        # float64 on the wire, so a DDP run logs the single-process value to the last digits; MIN/MAX as plain
-        # all-reduces (Lightning's all_gather is an autograd-aware collective, not needed here).
-        options = {"dtype": torch.float64, "device": trainer.strategy.root_device}
-        if measurement.reduce == "mean":
-            pair = torch.tensor([measurement.value * measurement.weight, measurement.weight], **options)
-            total = trainer.strategy.reduce(pair, reduce_op="sum")
-            return float(total[0] / total[1]) if float(total[1]) > 0 else math.nan
-        value = torch.tensor(float(measurement.value), **options)
-        return float(trainer.strategy.reduce(value, reduce_op=measurement.reduce))
 
     # ---------------------------------------------------------------------------------------- checkpointing
     @property
     def state_key(self) -> str:
-        # One key per configuration, so two monitors of one class (on different modules) keep separate states.
-        modules = None if self.modules is None else [m if isinstance(m, str) else m.__name__ for m in self.modules]
-        return self._generate_state_key(modules=modules, every_n_steps=self.every_n_steps)
+        # One key per configuration, so two monitors of one class (on different modules) keep separate states; a
+        # monitor from the environment has its own (never the same as a user's of its class).
+        if self.source == "environment":
+            return self._generate_state_key(source="environment")
+        return self._generate_state_key(**self.state_key_fields())
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self.history), "probes": dict(self.probes), "last_step": self._last_step}
@@ -384,12 +419,8 @@ class Monitor(Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._remove_hooks()
-        if self.history:
-            print_table(f"{type(self).__name__} ({len(self.history)} measurements)", self.summary())
-            if self.plot:
-                folder = Path(trainer.log_dir or trainer.default_root_dir)
-                plot_history(self.history, self.prefix, folder / f"{type(self).__name__}.png")
-        self._warn_unmeasured(trainer)
+        report_at_fit_end(self, trainer)
+        warn_unmeasured(self, trainer)
         if trainer.world_size > 1:
             # Rank zero spends a while on the table and the PNG; without waiting for it, another process could
             # reach its exit first, and a spawned gloo process then sometimes aborted ("terminate called without
@@ -423,24 +454,6 @@ class Monitor(Callback):
         :attr:`short_fit_is_info` is set."""
         return False
 
-    def _warn_unmeasured(self, trainer: pl.Trainer) -> None:
-        """One warning when this fit trained but a watched module (or every one) got no value."""
-        if trainer.global_step == self._fit_start_step or (not self._watched and self.skipped):
-            return  # nothing trained, or the first forwards already warned that no module was left
-        missing = [name for name in self._watched if name not in self._measured]
-        if not missing:
-            return
-        owner = type(self).__name__
-        reasons = "; ".join(
-            f"{repr(name) if name else 'the whole model'}: {self.unmeasured_reason(name, trainer)}" for name in missing
-        )
-        what = "measured nothing" if not self._measured else f"never measured {len(missing)} of its modules"
-        message = f"{owner} {what} in this fit ({trainer.global_step - self._fit_start_step} steps): {reasons}."
-        if self.short_fit_is_info and all(self.fit_too_short(name, trainer) for name in missing):
-            rank_zero_info(message)
-        else:
-            rank_zero_warn(message)
-
     def summary(self) -> dict[str, tuple[float, float, float]]:
         """``key -> (last, min, max)`` over the history."""
         table: dict[str, list[float]] = {}
@@ -454,3 +467,6 @@ class Monitor(Callback):
         if key not in warned:
             warned.add(key)
             warnings.warn(message, stacklevel=2)
+
+
+_gate_hooks(Monitor)

@@ -14,19 +14,22 @@ Environment variables:
     (``JacobianDeterminantMonitor``), ``invertibility`` (``InvertibilityMonitor``), ``gradient_variance``
     (``GradientVarianceMonitor``).
 ``LIGHTNING_ORTHO_EVERY_N_STEPS``
-    A positive int passed as ``every_n_steps`` (each monitor's default otherwise); raised, with a warning, to the
-    smallest value a monitor accepts (``GradientVarianceMonitor`` needs 2).
+    A positive int passed as ``every_n_steps``, the optimizer steps between measurements of every monitor (each
+    monitor's default otherwise); raised, with a warning, to the smallest value a monitor accepts
+    (``GradientVarianceMonitor`` needs 2: its window of gradients, at most 20 steps, fits in the interval).
 ``LIGHTNING_ORTHO_PROBE_SIZE``
     A positive int passed as ``probe_size`` to the monitors that take a probe batch.
 ``LIGHTNING_ORTHO_PLOT``
-    ``1``/``0`` (``true``/``false``, ``yes``/``no``): write the PNG at the end of fit (each monitor's default
-    otherwise).
+    ``1``/``0`` (``true``/``false``, ``yes``/``no``): write the PNG at the end of fit (default: no PNG; it needs
+    matplotlib, ``pip install "lightning-ortho[plots]"``, and without it the monitors run without PNG, with a
+    warning).
 
 Example, with a training script that knows nothing of lightning-ortho::
 
     LIGHTNING_ORTHO_MONITORS=orthogonality,jacobian LIGHTNING_ORTHO_EVERY_N_STEPS=10 python train.py
 
-Monitors created here differ from the ones a user constructs in four ways, so that switching them on for any
+Monitors created here are the same classes, built with the base's option ``source="environment"``, which makes
+them differ from the ones a user constructs in four ways, so that switching them on for any
 project never breaks its training, nor nags it:
 
 * a model with nothing such a monitor can measure gets one warning and the monitor does nothing for that fit
@@ -53,8 +56,6 @@ import inspect
 import os
 import warnings
 from typing import Any
-
-from lightning_ortho._lightning import pl, rank_zero_info, rank_zero_warn
 
 #: Monitor name -> ``"module:Class"``; imported only when named in ``LIGHTNING_ORTHO_MONITORS``.
 MONITORS: dict[str, str] = {
@@ -156,7 +157,7 @@ def monitors_from_environment() -> list:
     callbacks = []
     unused = set(settings)
     for name in names:
-        cls = environment_monitor_class(name)
+        cls = monitor_class(name)
         accepted = inspect.signature(cls.__init__).parameters
         kwargs = {key: value for key, value in settings.items() if key in accepted}
         unused -= set(kwargs)
@@ -175,11 +176,12 @@ _VARIABLES = {"every_n_steps": EVERY_N_STEPS_VARIABLE, "probe_size": PROBE_SIZE_
 
 
 def _build(cls: type, kwargs: dict[str, Any]) -> Any:
-    """``cls(**kwargs)`` where the constructor accepts the settings; a setting it refuses never breaks the Trainer
-    (the switch promises that): ``every_n_steps`` below the monitor's ``min_every_n_steps`` is raised to it, and a
-    setting the constructor still refuses is dropped for the monitor's default; each with a warning naming the
-    variable and the value used instead."""
-    owner = f"{cls.__name__} ({cls.monitor_name!r})"
+    """``cls(**kwargs)`` with ``source="environment"`` (see :class:`~lightning_ortho.callbacks._monitor.Monitor`),
+    where the constructor accepts the settings; a setting it refuses never breaks the Trainer (the switch promises
+    that): ``every_n_steps`` below the monitor's ``min_every_n_steps`` is raised to it, and a setting the constructor
+    still refuses (``ValueError``, or ``ImportError`` for ``LIGHTNING_ORTHO_PLOT=1`` without matplotlib) is dropped
+    for the monitor's default; each with a warning naming the variable and the value used instead."""
+    owner = f"{cls.__name__} ({name_of(cls)!r})"
     low = getattr(cls, "min_every_n_steps", 1)
     if kwargs.get("every_n_steps", low) < low:
         warnings.warn(
@@ -189,8 +191,8 @@ def _build(cls: type, kwargs: dict[str, Any]) -> Any:
         )
         kwargs = {**kwargs, "every_n_steps": low}
     try:
-        return cls(**kwargs)
-    except ValueError as error:
+        monitor = cls(**kwargs)
+    except (ValueError, ImportError) as error:
         defaults = inspect.signature(cls.__init__).parameters
         used = ", ".join(f"{key}={defaults[key].default!r}" for key in kwargs)
         warnings.warn(
@@ -198,94 +200,18 @@ def _build(cls: type, kwargs: dict[str, Any]) -> Any:
             f"({error}); it uses its defaults instead: {used}.",
             stacklevel=3,
         )
-        return cls()
+        monitor = cls()
+    monitor.source = "environment"  # the base's option (set here: a subclass need not forward it)
+    return monitor
 
 
-# ------------------------------------------------------------------------------------ monitors from the environment
-class EnvironmentMonitor:
-    """Mixin put in front of a monitor class by :func:`environment_monitor_class` (see the module docstring): at
-    ``setup`` (every stage) it stands aside for a user-constructed monitor of the same class, and turns a
-    ``ValueError`` of the monitor's setup (nothing to measure) into one warning; while stood aside every ``on_*`` hook
-    does nothing."""
-
-    #: The name in :data:`MONITORS` this class was made for.
-    monitor_name: str
-    #: The monitor class this one extends.
-    monitor_base: type
-    _environment_idle = False
-    #: A fit too short to measure is said at info level (see the module docstring).
-    short_fit_is_info = True
-
-    @property
-    def state_key(self) -> str:
-        return self._generate_state_key(source="environment")
-
-    @property
-    def idle(self) -> bool:
-        """True while this monitor stands aside for this fit (nothing to measure, or a user's monitor instead)."""
-        return self._environment_idle
-
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._environment_idle = False
-        name = self.monitor_base.__name__
-        if any(
-            isinstance(other, self.monitor_base) and not isinstance(other, EnvironmentMonitor)
-            for other in trainer.callbacks
-        ):
-            self._environment_idle = True
-            rank_zero_info(
-                f"lightning-ortho: the Trainer already has a {name}; the one from {MONITORS_VARIABLE} stands aside."
-            )
-            return None
+def name_of(cls: type) -> str:
+    """The name in :data:`MONITORS` of the monitor class ``cls`` (or of its nearest registered base), else its class
+    name."""
+    registered = {}
+    for name in MONITORS:
         try:
-            return super().setup(trainer, pl_module, stage)
-        except ValueError as error:
-            self._environment_idle = True
-            rank_zero_warn(
-                f"lightning-ortho: {MONITORS_VARIABLE} turned on {name} ({self.monitor_name!r}), but it cannot run on "
-                f"{type(pl_module).__name__}: {error} It does nothing in this run; remove {self.monitor_name!r} from "
-                f"{MONITORS_VARIABLE} to silence this."
-            )
-            return None
-
-    def __reduce__(self):  # noqa: ANN204
-        # A class made at run time pickles by its monitor name; the watched modules and hook handles of the last fit
-        # are the model's, not the callback's (a parametrized module cannot even be pickled): setup finds them again.
-        state = {**self.__dict__, "_watched": {}, "_hooks": [], "_probe_hooks": {}}
-        return _new_environment_monitor, (self.monitor_name,), state
-
-
-def _gated(hook: str):  # noqa: ANN202
-    def method(self, *args: Any, **kwargs: Any) -> Any:
-        if self._environment_idle:
-            return None
-        return getattr(super(EnvironmentMonitor, self), hook)(*args, **kwargs)
-
-    method.__name__ = method.__qualname__ = hook
-    return method
-
-
-for _hook in [name for name in vars(pl.Callback) if name.startswith("on_") and callable(getattr(pl.Callback, name))]:
-    setattr(EnvironmentMonitor, _hook, _gated(_hook))
-
-_ENVIRONMENT_CLASSES: dict[str, type] = {}
-
-
-def environment_monitor_class(name: str) -> type:
-    """The class of the monitors ``name`` created from the environment: :class:`EnvironmentMonitor` in front of
-    :func:`monitor_class` ``(name)``, with the same name and constructor (made once per name)."""
-    if name not in _ENVIRONMENT_CLASSES:
-        base = monitor_class(name)
-        namespace = {
-            "monitor_name": name,
-            "monitor_base": base,
-            "__module__": __name__,
-            "__qualname__": base.__qualname__,
-        }
-        _ENVIRONMENT_CLASSES[name] = type(base.__name__, (EnvironmentMonitor, base), namespace)
-    return _ENVIRONMENT_CLASSES[name]
-
-
-def _new_environment_monitor(name: str) -> EnvironmentMonitor:
-    cls = environment_monitor_class(name)
-    return cls.__new__(cls)
+            registered.setdefault(monitor_class(name), name)
+        except ImportError:  # a broken registration names no class
+            continue
+    return next((registered[base] for base in cls.__mro__ if base in registered), cls.__name__)

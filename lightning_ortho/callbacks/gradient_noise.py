@@ -15,7 +15,7 @@ after DDP's all-reduce, after the precision plugin's unscaling, before clipping)
   is scaled (mean or sum over the batch, loss scaling), since both estimates scale together.
 
 Assumptions: the window's gradients are draws at (nearly) the same parameters, i.e. the parameters change little
-over ``every_n_steps`` steps (a large learning rate makes ``S`` include the drift of the gradient along the
+over ``window_steps`` steps (a large learning rate makes ``S`` include the drift of the gradient along the
 trajectory, so it overestimates the noise); examples are independent draws (sampling without replacement from a
 small data set makes the noise smaller than this assumes); the loss is a mean or a sum over the batch's examples.
 """
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from lightning_ortho._lightning import pl, rank_zero_info, rank_zero_warn
-from lightning_ortho.callbacks._monitor import Measurement, Monitor
+from lightning_ortho.callbacks._monitor import Measurement, ModuleSpec, Monitor, Source
 from lightning_ortho.callbacks._watched_parameters import WatchedParameters, some
 
 
@@ -41,7 +41,8 @@ class GradientNoiseMonitor(Monitor):
     A **parameter group** is a submodule's trainable parameters. By default the groups are the whole model
     (logged as ``gradient_noise/<statistic>``) and each top-level submodule with trainable parameters
     (``gradient_noise/<child>/<statistic>``); ``modules=[...]`` names others (names such as ``"encoder.0"`` or
-    module classes; groups may overlap). Statistics, every ``every_n_steps`` optimizer steps:
+    module classes; groups may overlap). Statistics, every ``every_n_steps`` optimizer steps, of a window of
+    ``window_steps`` steps:
 
     * ``batch_variance``: ``tr(Sigma_batch)``, the variance of one step's gradient summed over coordinates;
     * ``mean_grad_sq``: ``||G_bar||^2``, the squared norm of the window's mean gradient;
@@ -54,10 +55,11 @@ class GradientNoiseMonitor(Monitor):
 
     Memory: one running mean per trainable parameter (Welford's update, numerically stable; a copy of the
     parameters in at least float32) and one number per parameter tensor; the partial window is saved in the
-    checkpoint so that a resumed run measures the same windows as an uninterrupted one. A window is exactly
-    the first ``every_n_steps`` optimizer steps of an interval (steps ``k interval .. k interval + every_n_steps -
-    1``) whatever the batches (gradient accumulation, several optimizer steps per batch under manual optimisation);
-    its statistics are logged at the end of the batch in which it closes (if two close in one batch, the later one);
+    checkpoint so that a resumed run measures the same windows as an uninterrupted one. One window is measured every
+    ``every_n_steps`` optimizer steps: the first ``window_steps`` steps of each interval (steps ``k every_n_steps ..
+    k every_n_steps + window_steps - 1``), whatever the batches (gradient accumulation, several optimizer steps per
+    batch under manual optimisation); its statistics are logged at the end of the batch in which it closes (if two
+    close in one batch, the later one), so the first values come after ``window_steps`` steps even in a short run;
     a partial window at the end of fit is kept, not measured. A step whose gradient holds inf or NaN (a step the
     mixed-precision scaler skips) is left out, with one warning, and its window is dropped: it cannot complete in
     its interval, and is never continued in the next one (that would mix gradients an interval apart). When the
@@ -73,44 +75,58 @@ class GradientNoiseMonitor(Monitor):
 
     Args:
         modules: parameter groups (see above); ``None`` for the whole model and its top-level submodules.
-        every_n_steps: optimizer steps per window, at least 2.
-        interval: one window is measured every ``interval`` optimizer steps (its first ``every_n_steps`` steps,
-            so the first values come after ``every_n_steps`` steps even in a short run); default
-            ``5 * every_n_steps``, so the per-step cost is paid on a fifth of the steps. ``interval = every_n_steps``
-            measures every step. A fit that completes no window says so in a warning at its end (at info level for
-            a monitor from ``LIGHTNING_ORTHO_MONITORS`` when the fit was just too short).
+        every_n_steps: optimizer steps between measurements (the interval, as for every monitor), at least 2. The
+            per-step cost is paid on ``window_steps / every_n_steps`` of the steps (``every_n_steps =
+            window_steps`` reads every step). A fit that completes no window says so in a warning at its end (at
+            info level for a monitor from ``LIGHTNING_ORTHO_MONITORS`` when the fit was just too short).
+        window_steps: optimizer steps whose gradients make one measurement, at least 2 (20 or more gives usable
+            estimates) and at most ``every_n_steps``; default ``min(20, every_n_steps)``.
         batch_size: the global batch size of one optimizer step, or ``None`` to infer it from the batches.
         smoothing: factor of the moving averages behind ``noise_scale``, in ``[0, 1)``; 0 uses each window alone.
-        plot: write a PNG of the history at the end of fit (matplotlib).
+        plot, prog_bar, verbose, source: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
 
     Raises:
-        ValueError: ``every_n_steps < 2``, ``batch_size`` not a positive int, ``smoothing`` outside ``[0, 1)``; at
-            setup, a named module that does not exist or has no trainable parameters.
+        ValueError: ``every_n_steps`` or ``window_steps`` below 2, ``window_steps > every_n_steps``, ``batch_size``
+            not a positive int, ``smoothing`` outside ``[0, 1)``; at setup, a named module that does not exist or
+            has no trainable parameters.
     """
 
     prefix = "gradient_noise"
-    min_every_n_steps = 2  # the variance needs two gradients per window
+    min_every_n_steps = 2  # the variance needs two gradients per window, and the window fits in the interval
 
     def __init__(
         self,
-        modules: list[str | type] | None = None,
-        every_n_steps: int = 20,
+        modules: ModuleSpec | None = None,
+        every_n_steps: int = 100,
+        window_steps: int | None = None,
         batch_size: int | None = None,
         smoothing: float = 0.0,
-        plot: bool = True,
-        interval: int | None = None,
+        plot: bool = False,
+        *,
+        prog_bar: bool = False,
+        verbose: bool = True,
+        source: Source = "user",
     ) -> None:
         owner = type(self).__name__
-        if (
-            isinstance(every_n_steps, int)
-            and not isinstance(every_n_steps, bool)
-            and every_n_steps < self.min_every_n_steps
-        ):
+        super().__init__(modules, every_n_steps, 1, plot, prog_bar=prog_bar, verbose=verbose, source=source)
+        if every_n_steps < self.min_every_n_steps:
             raise ValueError(
-                f"{owner}: every_n_steps must be at least 2 (the variance needs two gradients per window; 20 or more"
-                f" gives usable estimates), got {every_n_steps!r}."
+                f"{owner}: every_n_steps must be at least 2 (the optimizer steps between measurements, each from a "
+                f"window of at least two gradients), got {every_n_steps!r}."
             )
-        super().__init__(modules=modules, every_n_steps=every_n_steps, probe_size=1, plot=plot)
+        if window_steps is None:
+            window_steps = min(20, every_n_steps)
+        if not isinstance(window_steps, int) or isinstance(window_steps, bool) or window_steps < 2:
+            raise ValueError(
+                f"{owner}: window_steps must be an int of at least 2 (the variance needs two gradients per window; 20 "
+                f"or more gives usable estimates), got {window_steps!r}."
+            )
+        if window_steps > every_n_steps:
+            raise ValueError(
+                f"{owner}: window_steps={window_steps} is longer than every_n_steps={every_n_steps}: one window is "
+                "measured every every_n_steps optimizer steps, from its first window_steps steps. Raise every_n_steps "
+                "or lower window_steps."
+            )
         if batch_size is not None and (
             not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
         ):
@@ -123,19 +139,12 @@ class GradientNoiseMonitor(Monitor):
                 f"{owner}: smoothing must be a number in [0, 1) (0: each window alone; 0.9: average over ~10 windows),"
                 f" got {smoothing!r}."
             )
-        if interval is None:
-            interval = 5 * every_n_steps if isinstance(every_n_steps, int) else every_n_steps
-        if not isinstance(interval, int) or isinstance(interval, bool) or interval < every_n_steps:
-            raise ValueError(
-                f"{owner}: interval must be an int >= every_n_steps ({every_n_steps}): one window of every_n_steps "
-                f"steps is measured every interval steps; got {interval!r}."
-            )
-        self.interval = interval
+        self.window_steps = window_steps
         self.batch_size = batch_size
         self.smoothing = float(smoothing)
         self._watch = WatchedParameters()  # the parameter groups, followed when the model's parameters change
         self._ema: dict[str, tuple[float, float]] = {}  # group -> (tr(Sigma), |G|^2) moving averages
-        self._window_cycle: int | None = None  # global_step // interval of the window's steps (None: none read yet)
+        self._window_cycle: int | None = None  # global_step // every_n_steps of the window's steps (None: none yet)
         self._fit_skipped = 0  # steps left out for inf/NaN gradients in this fit
         self._reset_window()
         self._pending_examples = 0
@@ -143,17 +152,14 @@ class GradientNoiseMonitor(Monitor):
         self._skipped_last = False
         self._finished: dict[str, dict[str, float]] | None = None  # a closed window's statistics, not yet logged
 
-    @property
-    def state_key(self) -> str:
+    def state_key_fields(self) -> dict[str, Any]:
         """Unique per configuration, so a Trainer can hold several (e.g. with and without smoothing)."""
-        modules = None if self.modules is None else [m if isinstance(m, str) else m.__qualname__ for m in self.modules]
-        return self._generate_state_key(
-            modules=modules,
-            every_n_steps=self.every_n_steps,
-            batch_size=self.batch_size,
-            smoothing=self.smoothing,
-            interval=self.interval,
-        )
+        return {
+            **super().state_key_fields(),
+            "window_steps": self.window_steps,
+            "batch_size": self.batch_size,
+            "smoothing": self.smoothing,
+        }
 
     # ------------------------------------------------------------------------------------------- selection
     def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
@@ -171,7 +177,7 @@ class GradientNoiseMonitor(Monitor):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if stage != "fit":
+        if stage != "fit" or self.idle:
             return
         self._watch.build(pl_module, self._watched)
 
@@ -237,13 +243,13 @@ class GradientNoiseMonitor(Monitor):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        # Duty cycle: only the first every_n_steps optimizer steps of every interval are read (the per-step cost,
-        # ~0.2 ms for a small model, is then paid on every_n_steps / interval of the steps). The first ones, so that
+        # Duty cycle: only the first window_steps optimizer steps of every interval are read (the per-step cost,
+        # ~0.2 ms for a small model, is then paid on window_steps / every_n_steps of the steps). The first ones, so that
         # a short run measures too and the first values come early (an EarlyStopping on them has a value).
         examples = self._pending_examples or self._last_batch_examples  # several steps in one batch: the batch's
         self._pending_examples = 0
-        cycle, position = divmod(trainer.global_step, self.interval)
-        if position >= self.every_n_steps:
+        cycle, position = divmod(trainer.global_step, self.every_n_steps)
+        if position >= self.window_steps:
             return
         if self._window_cycle is not None and self._window_cycle != cycle:
             # What is left of an earlier interval's window is incomplete (a step was skipped for inf/NaN, or a
@@ -263,7 +269,7 @@ class GradientNoiseMonitor(Monitor):
             return
         self._steps += 1
         self._examples += self.batch_size if self.batch_size is not None else examples * trainer.world_size
-        if self._steps >= self.every_n_steps:
+        if self._steps >= self.window_steps:
             self._close_window()
 
     def _close_window(self) -> None:
@@ -369,11 +375,11 @@ class GradientNoiseMonitor(Monitor):
         }
 
     def _next_window_end(self) -> int:
-        """The last step of the first window that ends in this fit or later (``k interval + every_n_steps - 1 >=``
-        the fit's first step)."""
+        """The last step of the first window that ends in this fit or later (``k every_n_steps + window_steps - 1
+        >=`` the fit's first step)."""
         start = self._fit_start_step
-        k = max(0, -(-(start - self.every_n_steps + 1) // self.interval))
-        return k * self.interval + self.every_n_steps - 1
+        k = max(0, -(-(start - self.window_steps + 1) // self.every_n_steps))
+        return k * self.every_n_steps + self.window_steps - 1
 
     def fit_too_short(self, name: str, trainer: pl.Trainer) -> bool:
         # No window ends inside this fit's steps; were one to end there, a missing value is no matter of length.
@@ -381,10 +387,10 @@ class GradientNoiseMonitor(Monitor):
 
     def unmeasured_reason(self, name: str, trainer: pl.Trainer) -> str:
         start, end = self._fit_start_step, trainer.global_step  # this fit ran the steps start .. end - 1
-        steps, every, interval = end - start, self.every_n_steps, self.interval
+        steps, window, every = end - start, self.window_steps, self.every_n_steps
         what = (
-            f"no window of every_n_steps={every} optimizer steps was completed in this fit's {steps} steps (steps "
-            f"{start}..{end - 1}; a window is the first every_n_steps steps of every interval={interval}"
+            f"no window of window_steps={window} optimizer steps was completed in this fit's {steps} steps (steps "
+            f"{start}..{end - 1}; a window is the first window_steps steps of every every_n_steps={every}"
         )
         if not self.fit_too_short(name, trainer):
             if self._fit_skipped:
@@ -396,10 +402,10 @@ class GradientNoiseMonitor(Monitor):
             return f"{what}; a window restored incomplete from a checkpoint is dropped)"
         window_end = self._next_window_end()
         advice = [f"train to at least {window_end + 1} optimizer steps"]
-        if interval > every and steps >= every:  # long enough for a window, but it fell between two
-            advice.append(f"use a shorter interval (interval={every} reads every step)")
-        if self.min_every_n_steps <= steps < every:  # shorter than one window, long enough for a smaller one
-            advice.append(f"use a smaller every_n_steps (at least {self.min_every_n_steps})")
+        if every > window and steps >= window:  # long enough for a window, but it fell between two
+            advice.append(f"use a shorter every_n_steps (every_n_steps={window} reads every step)")
+        if self.min_every_n_steps <= steps < window:  # shorter than one window, long enough for a smaller one
+            advice.append(f"use a smaller window_steps (at least {self.min_every_n_steps})")
         return f"{what}, and the next one ends at step {window_end}): " + ", or ".join(advice)
 
     def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:

@@ -5,15 +5,22 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import Measurement, Monitor, outermost_modules
+from lightning_ortho.callbacks._monitor import Measurement, ModuleSpec, Monitor, Source, outermost_modules
 from lightning_ortho.callbacks.jacobian_monitor import is_flow_output, module_device
+from lightning_ortho.nn.capabilities import (
+    HasInverse,
+    HasInverseWithResult,
+    HasInvertibilityMargin,
+    HasNewtonInverse,
+    Reconstructs,
+)
 from lightning_ortho.nn.newton import NewtonInverseError
 
 #: Statistics that say invertibility was lost, and the test that says so.
@@ -24,18 +31,20 @@ _LOST = {
 }
 
 
-def _has(module: nn.Module, method: str) -> bool:
-    return callable(getattr(module, method, None))
-
-
 def has_inverse(module: nn.Module) -> bool:
-    """``inverse(y)``, ``newton_inverse(y)`` (an auxiliary reflection) or ``reconstruct(x)`` (a Glow)."""
-    return _has(module, "inverse") or _has(module, "newton_inverse") or _has(module, "reconstruct")
+    """``inverse(y)``, ``newton_inverse(y)`` (an auxiliary reflection) or ``reconstruct(x)`` (a Glow): the
+    protocols of :mod:`lightning_ortho.nn.capabilities`."""
+    return isinstance(module, HasInverse | HasNewtonInverse | Reconstructs)
+
+
+def _reconstructs_only(module: nn.Module) -> bool:
+    """A Glow: ``reconstruct(x)`` and no ``inverse``."""
+    return isinstance(module, Reconstructs) and not isinstance(module, HasInverse)
 
 
 def newton_inside(module: nn.Module) -> bool:
     """Whether ``module`` or a submodule inverts by Newton's method (can raise ``NewtonInverseError``)."""
-    return any(_has(m, "newton_inverse") for m in module.modules())
+    return any(isinstance(m, HasNewtonInverse) for m in module.modules())
 
 
 def constrained_layers(module: nn.Module) -> list[nn.Module]:
@@ -47,7 +56,7 @@ def constrained_layers(module: nn.Module) -> list[nn.Module]:
     for name, layer in module.named_modules():
         if any(name.startswith(outer + ".") or not outer for outer in found):
             continue
-        if _has(layer, "invertibility_margin") and getattr(layer, "invertible", True) is not False:
+        if isinstance(layer, HasInvertibilityMargin) and getattr(layer, "invertible", True) is not False:
             found.append(name)
             layers.append(layer)
     return layers
@@ -69,7 +78,7 @@ class InvertibilityMonitor(Monitor):
     For each watched module ``f``, every ``every_n_steps`` optimizer steps, on its probe ``x`` (the first
     ``probe_size`` rows of its first input in a training step; a named module in any mode, such as a frozen flow,
     an automatically chosen one while it trains), in eval mode and without gradients, it computes
-    ``x_hat = f^{-1}(f(x))`` and logs ``monitor/<module>/<statistic>``:
+    ``x_hat = f^{-1}(f(x))`` and logs ``invertibility/<module>/<statistic>``:
 
     * ``roundtrip_error_max`` (max over rows and processes), ``roundtrip_error_mean`` (mean, processes weighted by
       rows): the relative error ``||x_hat - x|| / ||x||`` of each probe row (2-norm over the row's entries, e.g.
@@ -79,7 +88,8 @@ class InvertibilityMonitor(Monitor):
     * ``newton_iterations_mean`` (mean over Newton solves), ``newton_iterations_max``, ``newton_failures`` (sum):
       where the module reports its Newton solves (``newton_inverse(y)`` of an
       :class:`~lightning_ortho.nn.AuxiliaryReflection`, ``inverse_with_result`` of our auxiliary 1x1
-      convolutions; one solve per row or per pixel). A module that only contains Newton inverses (a
+      convolutions; one solve per row or per pixel; not logged where no solve reported, e.g. the inverse raised
+      first). A module that only contains Newton inverses (a
       :class:`~lightning_ortho.flows.Glow`, a flow sequence) logs ``newton_failures``: the solves that failed in
       the first layer whose :class:`~lightning_ortho.nn.NewtonInverseError` stopped the inverse.
     * ``theorem2_margin`` (min): the smallest ``3/2 lambda_min(W) - lambda_max(W)`` of the Theorem-2 layers in
@@ -104,7 +114,8 @@ class InvertibilityMonitor(Monitor):
     them one by one.
 
     Args:
-        modules, every_n_steps, probe_size, plot: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+        modules, every_n_steps, probe_size, plot, prog_bar, verbose, source: see
+            :class:`~lightning_ortho.callbacks._monitor.Monitor`.
         tolerance: largest relative round-trip error that counts as invertible (``1e-4`` suits float32).
 
     Raises:
@@ -113,22 +124,27 @@ class InvertibilityMonitor(Monitor):
             tensor nor ``(y, log_abs_det)``, on its first forward (before the first optimizer step).
     """
 
+    prefix = "invertibility"
+
     def __init__(
         self,
-        modules: Sequence[str | type] | None = None,
+        modules: ModuleSpec | None = None,
         every_n_steps: int = 50,
         probe_size: int = 8,
         tolerance: float = 1e-4,
-        plot: bool = True,
+        plot: bool = False,
+        *,
+        prog_bar: bool = False,
+        verbose: bool = True,
+        source: Source = "user",
     ) -> None:
-        super().__init__(modules, every_n_steps, probe_size, plot)
+        super().__init__(modules, every_n_steps, probe_size, plot, prog_bar=prog_bar, verbose=verbose, source=source)
         if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 < tolerance < math.inf:
             raise ValueError(
                 f"{type(self).__name__}: tolerance must be a positive finite number (the largest relative round-trip "
                 f"error that counts as invertible, e.g. 1e-4 in float32), got {tolerance!r}."
             )
         self.tolerance = float(tolerance)
-        #: automatically chosen modules left out, name -> reason.
         #: module name -> the last exception its inverse raised (other than a Newton failure), for the warning.
         self.errors: dict[str, str] = {}
 
@@ -169,9 +185,9 @@ class InvertibilityMonitor(Monitor):
                     float(iterations.mean()), "mean", float(iterations.numel())
                 )
                 values["newton_iterations_max"] = Measurement(float(iterations.max()), "max")
-            else:  # the inverse raised before reporting: the keys stay the same on every process
+            else:  # the inverse raised before reporting: the same keys on every process, without a value here
                 values["newton_iterations_mean"] = Measurement(math.nan, "mean", 0.0)
-                values["newton_iterations_max"] = Measurement(math.nan, "max")
+                values["newton_iterations_max"] = Measurement(math.nan, "max", 0.0)
         if _reports_newton(module) or newton_inside(module):
             values["newton_failures"] = Measurement(float(failures), "sum")
         if margins:
@@ -183,14 +199,14 @@ class InvertibilityMonitor(Monitor):
         try:
             with warnings.catch_warnings():  # the 'aux' 1x1 convolution's note on non-unique inverses: we check
                 warnings.filterwarnings("ignore", message=re.escape("AuxConv1x1 (kind='aux') is not provably"))
-                if _has(module, "reconstruct") and not _has(module, "inverse"):
+                if _reconstructs_only(module):
                     return module.reconstruct(x), None, 0
                 y = module(x)
                 y = y[0] if isinstance(y, tuple | list) else y
-                if _has(module, "newton_inverse"):
+                if isinstance(module, HasNewtonInverse):
                     result = module.newton_inverse(y)
                     return result.x, result, int((~result.converged).sum())
-                if _has(module, "inverse_with_result"):
+                if isinstance(module, HasInverseWithResult):
                     x_hat, result = module.inverse_with_result(y, raise_on_failure=False)
                     return x_hat, result, 0 if result is None else int((~result.converged).sum())
                 return module.inverse(y), None, 0
@@ -201,8 +217,8 @@ class InvertibilityMonitor(Monitor):
             return None, None, 0
 
     # ----------------------------------------------------------------------------------------- the warning
-    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
-        logged = super().run(trainer, pl_module)
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, log_step: int | None = None) -> dict[str, float]:
+        logged = super().run(trainer, pl_module, log_step)
         for name in self._watched:
             prefix = f"{self.prefix}/{name}/" if name else f"{self.prefix}/"
             lost = {
@@ -226,9 +242,7 @@ class InvertibilityMonitor(Monitor):
         x = args[0] if args else None
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
             return f"its first input is a {type(x).__name__}, not a batch tensor."
-        if not (_has(module, "reconstruct") and not _has(module, "inverse")) and not (
-            isinstance(output, torch.Tensor) or is_flow_output(x, output)
-        ):
+        if not _reconstructs_only(module) and not (isinstance(output, torch.Tensor) or is_flow_output(x, output)):
             return (
                 f"its forward returns a {type(output).__name__}, neither a tensor nor (y, log_abs_det), so "
                 "f^{-1}(f(x)) is not defined for it."
@@ -248,8 +262,8 @@ def _margins(module: nn.Module) -> list[float]:
 
 def _reports_newton(module: nn.Module) -> bool:
     """Whether the module's own inverse reports per-solve Newton results (not only exceptions)."""
-    if _has(module, "reconstruct") and not _has(module, "inverse"):
+    if _reconstructs_only(module):
         return False
-    if _has(module, "newton_inverse"):
+    if isinstance(module, HasNewtonInverse):
         return True
-    return _has(module, "inverse_with_result") and newton_inside(module)
+    return isinstance(module, HasInverseWithResult) and newton_inside(module)

@@ -4,30 +4,38 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import Measurement, Monitor, _check_positive_int, outermost_modules
+from lightning_ortho.callbacks._monitor import (
+    Measurement,
+    ModuleSpec,
+    Monitor,
+    Source,
+    _check_positive_int,
+    outermost_modules,
+)
 from lightning_ortho.flows import FlowLayer
+from lightning_ortho.nn.capabilities import HasDenseJacobian, HasInverse, HasJacobianSigns, HasLogAbsDetJacobian
 
-#: How ``log|det J|`` was found, as logged in ``monitor/<module>/log_abs_det_method``.
-METHOD_CODES = {"closed_form": 0, "flow": 1, "autograd": 2}
+#: How ``log|det J|`` is found for a module (in :attr:`JacobianDeterminantMonitor.methods` and the end-of-fit notes).
+METHODS = ("closed_form", "flow", "autograd")
 
 
 def closed_form(module: nn.Module) -> Any:
-    """The module's ``log_abs_det_jacobian`` method, or ``None``."""
-    method = getattr(module, "log_abs_det_jacobian", None)
-    return method if callable(method) else None
+    """The module's ``log_abs_det_jacobian`` method (:class:`~lightning_ortho.nn.HasLogAbsDetJacobian`), or
+    ``None``."""
+    return module.log_abs_det_jacobian if isinstance(module, HasLogAbsDetJacobian) else None
 
 
 def maybe_flow(module: nn.Module) -> bool:
     """Whether ``module`` may be a flow layer (``forward(x) -> (y, log_abs_det)``): ours, or anything with an
-    ``inverse``. Confirmed on its first forward."""
-    return isinstance(module, FlowLayer) or callable(getattr(module, "inverse", None))
+    ``inverse`` (:class:`~lightning_ortho.nn.HasInverse`). Confirmed on its first forward."""
+    return isinstance(module, FlowLayer | HasInverse)
 
 
 def is_flow_output(x: torch.Tensor, output: object) -> bool:
@@ -93,6 +101,13 @@ def autograd_jacobians(module: nn.Module, x: torch.Tensor, dtype: torch.dtype | 
     return jacobians.reshape(rows.shape[0], d, d)
 
 
+_SIGN_WORDS = {
+    "jacobian": "the module's analytic jacobian(x)",
+    "pixel_signs": "its per-pixel jacobian_signs(x)",
+    "slogdet": "slogdet of the autograd Jacobian",
+    "unknown": "nowhere (unknown: negative_fraction is not logged)",
+}
+
 #: Up to this dimension a module's analytic ``jacobian(x)`` plus ``slogdet`` replaces its ``log_abs_det_jacobian``
 #: (cheaper there, and it gives the sign too).
 _DENSE_JACOBIAN_DIM = 128
@@ -104,27 +119,27 @@ class JacobianDeterminantMonitor(Monitor):
     For each watched module, every ``every_n_steps`` optimizer steps, on its probe (the first ``probe_size`` rows
     of its first input in a training step: for a named module in any mode, such as a frozen flow, for an
     automatically chosen one while it trains; one sample per row, so for a flow layer on images ``(N, C, H, W)`` a
-    row is an image and ``J`` is the ``C H W x C H W`` Jacobian), it logs ``monitor/<module>/<statistic>``:
+    row is an image and ``J`` is the ``C H W x C H W`` Jacobian), it logs ``jacobian/<module>/<statistic>``:
 
     * ``log_abs_det_mean`` (mean over probe rows, processes weighted by rows), ``log_abs_det_min``,
       ``log_abs_det_max``: the distribution of ``log|det J|`` per row.
     * ``negative_fraction``: the fraction of rows whose ``det J`` is not positive (a zero determinant counts with
-      the negatives); ``nan`` where the sign is unknown (see :attr:`sign_sources`).
+      the negatives); not logged where the sign is unknown (see :attr:`sign_sources`).
     * ``pixel_negative_fraction`` (modules with ``jacobian_signs``, such as our 1x1 convolutions): the fraction
       of pixels whose per-pixel ``det J_g`` is not positive. Strictly between 0 and 1 means the sign changes
       between pixels: the determinant vanishes there and the layer is not invertible on this data (Theorem 4);
       ``min(p, 1 - p)`` is :meth:`Invertible1x1Conv.jacobian_sign_flips`.
-    * ``log_abs_det_method``: how ``log|det J|`` was found, a code of :data:`METHOD_CODES` (also
-      :attr:`methods`, by name):
+    How ``log|det J|`` is found for a module (:attr:`methods`, by name; said under the end-of-fit table with the
+    source of the sign, not logged: it does not change while training):
 
-      - ``0`` closed form: the module's ``log_abs_det_jacobian(x)`` (ours, e.g. Lemma 1 of
+      - ``closed_form``: the module's ``log_abs_det_jacobian(x)`` (ours, e.g. Lemma 1 of
         :class:`~lightning_ortho.nn.AuxiliaryReflection`; a two-argument ``log_abs_det_jacobian(x, y)`` as in
         ``torch.distributions`` / Pyro gets ``y = module(x)``). Sign from the module's analytic ``jacobian(x)``
         (Theorem 3 for ours) when its last dimension is at most ``max_autograd_dim``, else unknown.
-      - ``1`` flow: the ``log_abs_det`` that the module's ``forward(x) -> (y, log_abs_det)`` returns (our flow
+      - ``flow``: the ``log_abs_det`` that the module's ``forward(x) -> (y, log_abs_det)`` returns (our flow
         layers, a user's coupling layer). Sign from ``jacobian_signs(x)`` where the module has it (our 1x1
         convolutions: the product of the per-pixel signs), else unknown.
-      - ``2`` autograd: ``torch.linalg.slogdet`` of the Jacobian of the module at each probe row
+      - ``autograd``: ``torch.linalg.slogdet`` of the Jacobian of the module at each probe row
         (``torch.func.vmap(jacrev)``, on a float64 copy of the parameters and probe where the module runs in
         float64), for a module mapping ``R^d -> R^d`` with neither of the above; needs ``d <= max_autograd_dim``.
 
@@ -134,7 +149,8 @@ class JacobianDeterminantMonitor(Monitor):
     may also pick any module that maps ``R^d -> R^d`` (per sample), measured by autograd.
 
     Args:
-        modules, every_n_steps, probe_size, plot: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+        modules, every_n_steps, probe_size, plot, prog_bar, verbose, source: see
+            :class:`~lightning_ortho.callbacks._monitor.Monitor`.
         max_autograd_dim: largest ``d`` measured by autograd (``d`` backward passes and an O(d^3) determinant per
             probe row), and largest last dimension whose analytic Jacobian is built for the sign.
 
@@ -146,22 +162,27 @@ class JacobianDeterminantMonitor(Monitor):
             is skipped (with a warning when no module is left), never an error mid-training.
     """
 
+    prefix = "jacobian"
+
     def __init__(
         self,
-        modules: Sequence[str | type] | None = None,
+        modules: ModuleSpec | None = None,
         every_n_steps: int = 50,
         probe_size: int = 8,
         max_autograd_dim: int = 256,
-        plot: bool = True,
+        plot: bool = False,
+        *,
+        prog_bar: bool = False,
+        verbose: bool = True,
+        source: Source = "user",
     ) -> None:
-        super().__init__(modules, every_n_steps, probe_size, plot)
+        super().__init__(modules, every_n_steps, probe_size, plot, prog_bar=prog_bar, verbose=verbose, source=source)
         self.max_autograd_dim = _check_positive_int(max_autograd_dim, "max_autograd_dim", type(self).__name__)
         #: module name -> ``"closed_form"``, ``"flow"`` or ``"autograd"`` (known from the module's first forward).
         self.methods: dict[str, str] = {}
         #: module name -> where the sign of ``det J`` comes from: ``"jacobian"``, ``"pixel_signs"``, ``"slogdet"``
-        #: or ``"unknown"`` (then ``negative_fraction`` is ``nan``).
+        #: or ``"unknown"`` (then ``negative_fraction`` is not logged).
         self.sign_sources: dict[str, str] = {}
-        #: automatically chosen modules left out, name -> reason.
 
     # ------------------------------------------------------------------------------------------- subclass API
     def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
@@ -191,26 +212,43 @@ class JacobianDeterminantMonitor(Monitor):
         except Exception as error:  # noqa: BLE001 - never crash training: report and log nan
             self._warn_once(name + "/error", f"{type(self).__name__}: {name!r} failed ({error!r}); logging nan.")
             log_det, signs = torch.full((rows,), math.nan, dtype=torch.float64), None
-            pixel = (math.nan, 1.0) if method == "flow" and callable(getattr(module, "jacobian_signs", None)) else None
+            pixel = (math.nan, 0.0) if method == "flow" and isinstance(module, HasJacobianSigns) else None
         log_det = log_det.detach().to(torch.float64)
-        negative = math.nan if signs is None else float((signs <= 0).double().mean())
         values = {
             "log_abs_det_mean": Measurement(float(log_det.mean()), "mean", float(rows)),
             "log_abs_det_min": Measurement(float(log_det.min()), "min"),
             "log_abs_det_max": Measurement(float(log_det.max()), "max"),
-            "negative_fraction": Measurement(negative, "mean", float(rows)),
-            "log_abs_det_method": Measurement(float(METHOD_CODES[method]), "max"),
         }
+        if signs is not None or self._sign_possible(module, method, x):
+            # The same keys on every process (the reductions must match): weight 0 where this one has no sign.
+            negative = math.nan if signs is None else float((signs <= 0).double().mean())
+            values["negative_fraction"] = Measurement(negative, "mean", 0.0 if signs is None else float(rows))
         if pixel is not None:
             values["pixel_negative_fraction"] = Measurement(pixel[0], "mean", pixel[1])
         return values
 
+    def notes(self) -> dict[str, str]:
+        return {
+            f"{self.prefix}/{name}" if name else self.prefix: f"log|det J| by {method}, sign of det J from "
+            + _SIGN_WORDS.get(self.sign_sources.get(name, "unknown"), "nowhere (unknown)")
+            for name, method in self.methods.items()
+            if name in self._watched
+        }
+
+    def _sign_possible(self, module: nn.Module, method: str, x: torch.Tensor) -> bool:
+        """Whether the sign of ``det J`` can be known for ``module`` (the same on every process, unlike a failure)."""
+        if method == "autograd":
+            return True
+        if method == "flow":
+            return isinstance(module, HasJacobianSigns)
+        return isinstance(module, HasDenseJacobian) and x.shape[-1] <= max(self.max_autograd_dim, _DENSE_JACOBIAN_DIM)
+
     # ------------------------------------------------------------------------------------------ the methods
     def _closed_form(self, name: str, module: nn.Module, x: torch.Tensor) -> tuple:
-        jacobian = getattr(module, "jacobian", None)
+        jacobian = module.jacobian if isinstance(module, HasDenseJacobian) else None
         d = x.shape[-1]
         with torch.no_grad():
-            if callable(jacobian) and d <= _DENSE_JACOBIAN_DIM:
+            if jacobian is not None and d <= _DENSE_JACOBIAN_DIM:
                 # Small d: the module's analytic Jacobian (Theorem 3 for an auxiliary reflection) and one slogdet
                 # per row give log|det J| and its sign together, and are cheaper than the eigendecomposition
                 # behind log_abs_det_jacobian (d = 64: 0.5 ms against 1.8 ms for 8 rows).
@@ -223,7 +261,7 @@ class JacobianDeterminantMonitor(Monitor):
             value = method(x, _first_tensor(module(x))) if _takes_output(method) else method(x)
             log_det = per_sample(value, x.shape[0])
             signs = None
-            if callable(jacobian) and d <= self.max_autograd_dim:
+            if jacobian is not None and d <= self.max_autograd_dim:
                 # A provably invertible layer (invertible=True: det J never vanishes on the connected R^d) has one
                 # sign everywhere: one row's Jacobian gives it, instead of a dense determinant per probe row.
                 constant = getattr(module, "invertible", False) is True
@@ -240,9 +278,8 @@ class JacobianDeterminantMonitor(Monitor):
         with torch.no_grad():
             log_det = per_sample(module(x)[1], x.shape[0])
             pixel, signs = None, None
-            jacobian_signs = getattr(module, "jacobian_signs", None)
-            if callable(jacobian_signs):
-                pixel_signs = jacobian_signs(x).reshape(x.shape[0], -1)
+            if isinstance(module, HasJacobianSigns):
+                pixel_signs = module.jacobian_signs(x).reshape(x.shape[0], -1)
                 signs = pixel_signs.prod(1)
                 pixel = (float((pixel_signs <= 0).double().mean()), float(pixel_signs.numel()))
         self.sign_sources[name] = "unknown" if signs is None else "pixel_signs"

@@ -36,7 +36,7 @@ from torch import nn
 from torch.func import functional_call
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import Measurement, Monitor, last_batch_of_fit
+from lightning_ortho.callbacks._monitor import Measurement, Monitor, Source, last_batch_of_fit
 from lightning_ortho.online import OnlineGradientEstimator
 from lightning_ortho.online.losses import masked_loss_sum
 
@@ -216,7 +216,9 @@ class OnlineEstimatorVarianceMonitor(Monitor):
     at or past each multiple, and after the last batch of fit, however it ends), at the current parameters,
     :func:`measure_estimator` runs the model's estimator ``draws`` times over the probe from a zero state and
     compares with backprop through time; logged as ``estimator_variance/<statistic>`` (statistics in the module
-    docstring). The latest measurement, with the exact gradient and every draw's estimate, is :attr:`last`.
+    docstring; the variance statistics, ``squared_bias_se`` included, only for an estimator that draws noise: a
+    deterministic one such as truncated BPTT runs once and has none, and the relative ones only where the exact
+    gradient is not zero). The latest measurement, with the exact gradient and every draw's estimate, is :attr:`last`.
 
     Training is not disturbed: the measurement reads the parameters and changes no parameter, gradient, estimator
     state, carried hidden state or random generator (tested bit for bit). Its cost is about ``draws *
@@ -232,7 +234,7 @@ class OnlineEstimatorVarianceMonitor(Monitor):
         probe_streams: streams of the probe (the first of the first chunk).
         probe_steps: time steps of the probe (``None``: the whole first chunk).
         seed: seed of the draws' noise (measurement ``k`` uses ``seed + k``), independent of the model's.
-        plot: write a PNG of the history at the end of fit (matplotlib).
+        plot, prog_bar, verbose, source: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
 
     Raises:
         ValueError: bad arguments; at setup, a model that is not trained online (no estimator, cell, readout).
@@ -247,12 +249,16 @@ class OnlineEstimatorVarianceMonitor(Monitor):
         probe_streams: int = 4,
         probe_steps: int | None = None,
         seed: int = 0,
-        plot: bool = True,
+        plot: bool = False,
+        *,
+        prog_bar: bool = False,
+        verbose: bool = True,
+        source: Source = "user",
     ) -> None:
         owner = type(self).__name__
         if not isinstance(probe_streams, int) or isinstance(probe_streams, bool) or probe_streams < 1:
             raise ValueError(f"{owner}: probe_streams must be a positive int, got {probe_streams!r}.")
-        super().__init__(modules=None, every_n_steps=every_n_steps, probe_size=probe_streams, plot=plot)
+        super().__init__(None, every_n_steps, probe_streams, plot, prog_bar=prog_bar, verbose=verbose, source=source)
         if not isinstance(draws, int) or isinstance(draws, bool) or draws < 2:
             raise ValueError(
                 f"{owner}: draws must be an int >= 2 (the variance needs two estimates; 32 or more to judge the"
@@ -270,15 +276,14 @@ class OnlineEstimatorVarianceMonitor(Monitor):
         self.probe: dict[str, torch.Tensor] | None = None
         self.last: EstimatorVariance | None = None
 
-    @property
-    def state_key(self) -> str:
-        return self._generate_state_key(
-            every_n_steps=self.every_n_steps,
-            draws=self.draws,
-            probe_streams=self.probe_streams,
-            probe_steps=self.probe_steps,
-            seed=self.seed,
-        )
+    def state_key_fields(self) -> dict[str, Any]:
+        return {
+            "every_n_steps": self.every_n_steps,
+            "draws": self.draws,
+            "probe_streams": self.probe_streams,
+            "probe_steps": self.probe_steps,
+            "seed": self.seed,
+        }
 
     def candidates(self, pl_module: pl.LightningModule):
         return [("", pl_module)] if not isinstance(online_parts(pl_module), str) else []
@@ -286,17 +291,16 @@ class OnlineEstimatorVarianceMonitor(Monitor):
     def needs_probe(self) -> bool:
         return False  # the probe is a chunk of the training batches, captured in on_train_batch_start
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            parts = online_parts(pl_module)
-            if isinstance(parts, str):
-                raise ValueError(
-                    f"{type(self).__name__}: {type(pl_module).__name__} is not a model trained online: {parts}. This"
-                    " monitor measures the gradient estimator of lightning_ortho.models.OnlineRNNModule (or a model"
-                    " with the same estimator, cell, readout and loss_name); for the gradient noise of any model use"
-                    " GradientNoiseMonitor."
-                )
-        super().setup(trainer, pl_module, stage)
+    def select(self, pl_module: pl.LightningModule) -> dict[str, nn.Module]:
+        parts = online_parts(pl_module)
+        if isinstance(parts, str):
+            raise ValueError(
+                f"{type(self).__name__}: {type(pl_module).__name__} is not a model trained online: {parts}. This"
+                " monitor measures the gradient estimator of lightning_ortho.models.OnlineRNNModule (or a model"
+                " with the same estimator, cell, readout and loss_name); for the gradient noise of any model use"
+                " GradientNoiseMonitor."
+            )
+        return super().select(pl_module)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -340,7 +344,13 @@ class OnlineEstimatorVarianceMonitor(Monitor):
             cell, readout, estimator, loss, p["x"], p["y"], p["mask"], self.draws, self.seed + len(self.history)
         )
         weight = float(p["x"].shape[0])
-        return {key: Measurement(value, "mean", weight) for key, value in self.last.statistics().items()}
+        # A deterministic estimator (one draw) has no variance: those statistics are not defined, nor a ratio to a
+        # zero exact gradient (nan); weight 0 keeps the keys the same on every process.
+        undefined = {"total_variance", "squared_bias_se", "relative_variance"} if self.last.draws < 2 else set()
+        return {
+            key: Measurement(value, "mean", 0.0 if key in undefined or math.isnan(value) else weight)
+            for key, value in self.last.statistics().items()
+        }
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

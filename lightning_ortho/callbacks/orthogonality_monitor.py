@@ -20,15 +20,16 @@ not orthogonal. Their invertibility is :class:`InvertibilityMonitor`'s subject.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import Measurement, Monitor
+from lightning_ortho.callbacks._monitor import Measurement, ModuleSpec, Monitor, Source
 from lightning_ortho.nn import AuxiliaryReflection, OrthogonalMap, SVDLinear
+from lightning_ortho.nn.capabilities import HasMatrix
 
 #: geotorch parametrizations whose value is orthogonal (``geotorch.orthogonal`` registers ``Stiefel``, ``SO`` is the
 #: square case, ``geotorch.grassmannian`` registers ``Grassmannian``, a ``Stiefel`` subclass).
@@ -110,18 +111,18 @@ class OrthogonalityMonitor(Monitor):
     Logged keys, every ``every_n_steps`` optimizer steps and at the end of fit:
 
     * an orthogonal map of ours (``HouseholderProduct``, ``ParametrizedOrthogonal``; see the module docstring):
-      ``monitor/<module>/orthogonality_fro`` and ``.../orthogonality_spectral``, ``||Q^T Q - I||`` in the Frobenius
+      ``orthogonality/<module>/orthogonality_fro`` and ``.../orthogonality_spectral``, ``||Q^T Q - I||`` in the Frobenius
       and spectral norms for its dense ``matrix()`` ``Q`` (``(d, d)``);
     * a tensor under PyTorch's ``parametrizations.orthogonal`` or a geotorch orthogonal constraint:
-      ``monitor/<module>/<tensor>/orthogonality_fro`` and ``.../orthogonality_spectral`` for ``Q`` the parametrized
+      ``orthogonality/<module>/<tensor>/orthogonality_fro`` and ``.../orthogonality_spectral`` for ``Q`` the parametrized
       tensor, ``(n, k)`` or a batch ``(..., n, k)`` (the largest error of the batch). For ``n != k`` the smaller Gram
       matrix is used (``Q^T Q`` for ``n > k``, ``Q Q^T`` for ``n < k``): zero iff the columns (rows) are orthonormal;
-    * ``SVDLinear``: ``monitor/<module>/singular_value_min``, ``..._max`` and ``..._ratio`` (max/min) of
+    * ``SVDLinear``: ``orthogonality/<module>/singular_value_min``, ``..._max`` and ``..._ratio`` (max/min) of
       ``|singular_values|``, the singular values of ``Sigma`` (``inf`` ratio when one is zero).
 
     A module named in ``modules`` (or matched by a class there) that is none of these but has a ``weight`` of two or
     more dimensions (a plain ``nn.Linear`` trained with an orthogonality penalty, say) is measured as
-    ``monitor/<module>/weight/orthogonality_*`` with ``Q = weight.reshape(out, -1)``. Such modules are never picked
+    ``orthogonality/<module>/weight/orthogonality_*`` with ``Q = weight.reshape(out, -1)``. Such modules are never picked
     automatically. Auxiliary reflections are never measured (see the module docstring).
 
     The parameters are the same on every process, so the reductions across processes (``"max"``, ``"min"``) change
@@ -131,15 +132,26 @@ class OrthogonalityMonitor(Monitor):
     Args:
         modules: ``None`` (every orthogonal map and ``SVDLinear`` found), or names and/or classes of submodules.
         every_n_steps: measure after every ``every_n_steps``-th optimizer step and at the end of fit.
-        plot: write ``<log_dir>/OrthogonalityMonitor.png`` of the history at the end of fit (needs matplotlib).
+        plot, prog_bar, verbose, source: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
 
     Raises:
         ValueError: bad arguments; at setup, no orthogonal map or ``SVDLinear`` in the model, or a named module
             that does not exist or cannot be measured (an ``AuxiliaryReflection``, or a module with no matrix).
     """
 
-    def __init__(self, modules: Sequence[str | type] | None = None, every_n_steps: int = 50, plot: bool = True) -> None:
-        super().__init__(modules=modules, every_n_steps=every_n_steps, probe_size=1, plot=plot)
+    prefix = "orthogonality"
+
+    def __init__(
+        self,
+        modules: ModuleSpec | None = None,
+        every_n_steps: int = 50,
+        plot: bool = False,
+        *,
+        prog_bar: bool = False,
+        verbose: bool = True,
+        source: Source = "user",
+    ) -> None:
+        super().__init__(modules, every_n_steps, 1, plot, prog_bar=prog_bar, verbose=verbose, source=source)
 
     def needs_probe(self) -> bool:
         return False
@@ -152,7 +164,7 @@ class OrthogonalityMonitor(Monitor):
         if isinstance(module, SVDLinear):
             return "svd"
         if isinstance(module, OrthogonalMap):
-            return "map" if callable(getattr(module, "matrix", None)) else None
+            return "map" if isinstance(module, HasMatrix) else None
         if orthogonal_tensors(module):
             return "parametrized"
         return None

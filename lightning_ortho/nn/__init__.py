@@ -6,6 +6,17 @@ Nothing here imports Lightning.
 from lightning_ortho.nn._checks import finite_checks
 from lightning_ortho.nn.auxiliary import AuxiliaryReflection
 from lightning_ortho.nn.base import OrthogonalMap
+from lightning_ortho.nn.capabilities import (
+    HasDenseJacobian,
+    HasInverse,
+    HasInverseWithResult,
+    HasInvertibilityMargin,
+    HasJacobianSigns,
+    HasLogAbsDetJacobian,
+    HasMatrix,
+    HasNewtonInverse,
+    Reconstructs,
+)
 from lightning_ortho.nn.householder import HouseholderProduct, householder_vectors
 from lightning_ortho.nn.invertible_weight import InvertibleAuxiliaryWeight
 from lightning_ortho.nn.newton import NewtonInverseError, NewtonResult, NotInvertibleError
@@ -18,6 +29,14 @@ from lightning_ortho.nn.svd_linear import SVDLinear
 __all__ = [
     "ORTHOGONAL_METHODS",
     "AuxiliaryReflection",
+    "HasDenseJacobian",
+    "HasInverse",
+    "HasInverseWithResult",
+    "HasInvertibilityMargin",
+    "HasJacobianSigns",
+    "HasLogAbsDetJacobian",
+    "HasMatrix",
+    "HasNewtonInverse",
     "HouseholderProduct",
     "InvertibleAuxiliaryWeight",
     "NewtonInverseError",
@@ -28,6 +47,7 @@ __all__ = [
     "OrthogonalRNN",
     "OrthogonalRNNCell",
     "ParametrizedOrthogonal",
+    "Reconstructs",
     "SVDLinear",
     "finite_checks",
     "householder_matrix",

@@ -23,7 +23,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_ortho.callbacks import factory
 from lightning_ortho.callbacks.factory import (
     MONITORS,
-    EnvironmentMonitor,
     monitors_from_environment,
     requested_monitors,
     settings_from_environment,
@@ -138,12 +137,13 @@ def test_a_user_script_logs_the_monitors_only_when_the_environment_asks(tmp_path
         results[label] = json.loads(line[-1][len("RESULT ") :])
     on, off = results["on"], results["off"]
     assert "OrthogonalityMonitor" in on["callbacks"]
-    assert {"monitor/body.2/weight/orthogonality_fro", "monitor/body.2/weight/orthogonality_spectral"} <= set(
-        on["columns"]
-    )
+    assert {
+        "orthogonality/body.2/weight/orthogonality_fro",
+        "orthogonality/body.2/weight/orthogonality_spectral",
+    } <= set(on["columns"])
     assert "OrthogonalityMonitor" not in off["callbacks"] and "loss" in off["columns"]
-    assert not [column for column in off["columns"] if column.startswith("monitor/")]
-    assert (tmp_path / "on" / "run" / "version_0" / "OrthogonalityMonitor.png").is_file()
+    assert not [column for column in off["columns"] if column.startswith("orthogonality/")]
+    assert not (tmp_path / "on" / "run" / "version_0" / "OrthogonalityMonitor.png").exists()  # plot defaults to off
 
 
 def test_a_trainer_picks_up_the_environment_in_process(monkeypatch, tiny_trainer):
@@ -152,10 +152,10 @@ def test_a_trainer_picks_up_the_environment_in_process(monkeypatch, tiny_trainer
     monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "2")
     trainer = tiny_trainer(max_epochs=1)
     (monitor,) = monitors_of(trainer)
-    assert isinstance(monitor, EnvironmentMonitor) and monitor.every_n_steps == 2
+    assert type(monitor) is OrthogonalityMonitor and monitor.source == "environment" and monitor.every_n_steps == 2
     trainer.fit(Net(), loader())
     assert [record["step"] for record in monitor.history] == [2, 4]
-    assert "monitor/body.2/weight/orthogonality_fro" in trainer.callback_metrics
+    assert "orthogonality/body.2/weight/orthogonality_fro" in trainer.callback_metrics
 
 
 # ------------------------------------------------------------------------------------------ configuration
@@ -202,7 +202,6 @@ def test_a_setting_no_requested_monitor_takes_is_a_warning(monkeypatch):
 
 def test_an_unimportable_monitor_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(MONITORS, "orthogonality", "lightning_ortho.callbacks.not_there:Nothing")
-    monkeypatch.setattr(factory, "_ENVIRONMENT_CLASSES", {})
     monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
     with pytest.raises(ImportError, match="asks for 'orthogonality', but lightning_ortho.callbacks.not_there:Nothing"):
         monitors_from_environment()
@@ -217,9 +216,8 @@ def test_every_registered_monitor_can_be_built_from_the_environment(monkeypatch,
     monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", name)
     monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "7")
     (monitor,) = monitors_from_environment()
-    assert isinstance(monitor, factory.monitor_class(name)) and monitor.every_n_steps == 7
-    assert type(monitor).__name__ == factory.monitor_class(name).__name__
-    assert monitor.state_key.endswith("{'source': 'environment'}")
+    assert type(monitor) is factory.monitor_class(name) and monitor.every_n_steps == 7
+    assert monitor.source == "environment" and monitor.state_key.endswith("{'source': 'environment'}")
 
 
 # --------------------------------------------------------------------------------- behaviour in training
@@ -232,7 +230,7 @@ def test_nothing_to_monitor_is_one_warning_and_training_goes_on(monkeypatch, tin
     ):
         trainer.fit(Net(orthogonal_layer=False), loader())
     assert monitor.idle and monitor.history == [] and trainer.global_step == 4
-    assert not [key for key in trainer.callback_metrics if key.startswith("monitor/")]
+    assert not [key for key in trainer.callback_metrics if key.startswith("orthogonality/")]
 
 
 def test_a_users_own_monitor_wins_over_the_environment(monkeypatch, tiny_trainer):
@@ -271,7 +269,7 @@ def test_an_interval_below_a_monitors_minimum_is_raised_to_it_with_a_warning(mon
     (message,) = [str(w.message) for w in caught if "LIGHTNING_ORTHO_EVERY_N_STEPS" in str(w.message)]
     assert "LIGHTNING_ORTHO_EVERY_N_STEPS=1, but GradientNoiseMonitor ('gradient_variance')" in message
     assert "needs every_n_steps >= 2; it uses every_n_steps=2." in message
-    steps = {type(c).__name__: c.every_n_steps for c in trainer.callbacks if isinstance(c, EnvironmentMonitor)}
+    steps = {type(c).__name__: c.every_n_steps for c in trainer.callbacks if getattr(c, "source", "") == "environment"}
     assert steps == {
         "OrthogonalityMonitor": 1,
         "JacobianDeterminantMonitor": 1,
@@ -280,9 +278,9 @@ def test_an_interval_below_a_monitors_minimum_is_raised_to_it_with_a_warning(mon
     }
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*it cannot run on Net")  # no flow in Net: those two stand aside
-        trainer.fit(Net(), loader())  # and it trains: 4 steps, the first window of 2 measured
+        trainer.fit(Net(), loader())  # and it trains: 4 steps, a window of 2 every 2 steps
     (noise,) = [c for c in trainer.callbacks if type(c).__name__ == "GradientNoiseMonitor"]
-    assert [record["step"] for record in noise.history] == [2]
+    assert [record["step"] for record in noise.history] == [2, 4] and noise.window_steps == 2
 
 
 class PickyMonitor(OrthogonalityMonitor):
@@ -296,7 +294,6 @@ class PickyMonitor(OrthogonalityMonitor):
 
 def test_a_setting_a_monitors_constructor_refuses_falls_back_to_its_default_with_a_warning(monkeypatch, tiny_trainer):
     monkeypatch.setitem(MONITORS, "orthogonality", f"{__name__}:PickyMonitor")
-    monkeypatch.setattr(factory, "_ENVIRONMENT_CLASSES", {})
     monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
     monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "500")
     monkeypatch.setenv("LIGHTNING_ORTHO_PLOT", "0")
@@ -314,7 +311,7 @@ def test_a_setting_a_monitors_constructor_refuses_falls_back_to_its_default_with
 def test_a_fit_too_short_for_a_monitor_from_the_environment_is_said_at_info_level(monkeypatch, tiny_trainer):
     # GradientVarianceMonitor at its defaults needs 20 steps; this fit has 4. Turned on for every run, it must not
     # warn on each short one; the message is still there, at info level.
-    import lightning_ortho.callbacks._monitor as monitor_module
+    import lightning_ortho.callbacks._monitor_report as monitor_module
 
     monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_variance")
     trainer = tiny_trainer(max_epochs=1)
@@ -346,8 +343,8 @@ class NaNGradients(Net):
 
 def test_a_monitor_from_the_environment_still_warns_when_a_long_enough_fit_measured_nothing(monkeypatch, tiny_trainer):
     monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_variance")
-    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "2")  # windows of 2 steps fit in this 4-step run
+    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "2")  # a window of 2 steps every 2: all 4 steps are read
     with pytest.warns(UserWarning, match="GradientNoiseMonitor measured nothing in this fit") as caught:
         tiny_trainer(max_epochs=1).fit(NaNGradients(), loader())
     (message,) = [str(w.message) for w in caught if "in this fit" in str(w.message)]
-    assert "2 of them had inf or NaN gradients and were left out" in message  # steps 0 and 1, the ones read
+    assert "4 of them had inf or NaN gradients and were left out" in message

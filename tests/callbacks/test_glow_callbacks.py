@@ -114,7 +114,7 @@ def test_the_recipes_monitors_log_the_reconstruction_and_sign_flips_of_a_broken_
     glow_input = FirstGlowInput(model.glow)
     monitors = [
         InvertibilityMonitor(modules=["glow"], every_n_steps=1, probe_size=4, plot=False),
-        JacobianDeterminantMonitor(modules=["lightning_ortho.flows.Invertible1x1Conv"], probe_size=4, plot=False),
+        JacobianDeterminantMonitor(modules=[Invertible1x1Conv], probe_size=4, plot=False),
     ]
     trainer = tiny_trainer(precision="64-true", max_steps=1, limit_val_batches=0, callbacks=monitors)
     with warnings.catch_warnings(record=True) as caught:
@@ -124,18 +124,18 @@ def test_the_recipes_monitors_log_the_reconstruction_and_sign_flips_of_a_broken_
     model.glow.eval()
     y = glow_input.inputs[0][:4]
     expected_error = brute_force_reconstruction_error(model.glow, y)
-    assert logged["monitor/glow/roundtrip_abs_error_max"] == pytest.approx(expected_error, rel=1e-9)
-    assert (logged["monitor/glow/newton_failures"] > 0) == (expected_error == math.inf)
+    assert logged["invertibility/glow/roundtrip_abs_error_max"] == pytest.approx(expected_error, rel=1e-9)
+    assert (logged["invertibility/glow/newton_failures"] > 0) == (expected_error == math.inf)
     assert any("'glow' is no longer invertible" in str(w.message) for w in caught) == (expected_error > 1e-4)
-    assert "monitor/glow/theorem2_margin" not in logged  # no layer is covered by Theorem 2
+    assert "invertibility/glow/theorem2_margin" not in logged  # no layer is covered by Theorem 2
     flips = []
     for name, conv in convs.items():
         x = seen[name].inputs[0][:4]
         negative = float((pixel_jacobian_signs(conv, x) <= 0).double().mean())
-        assert logged[f"monitor/{name}/pixel_negative_fraction"] == pytest.approx(negative, abs=1e-12), name
+        assert logged[f"jacobian/{name}/pixel_negative_fraction"] == pytest.approx(negative, abs=1e-12), name
         log_det = autograd_log_det(conv, x)
-        assert logged[f"monitor/{name}/log_abs_det_mean"] == pytest.approx(float(log_det.mean()), abs=1e-8), name
-        assert logged[f"monitor/{name}/log_abs_det_method"] == 1  # the log-determinant the flow layer returns
+        assert logged[f"jacobian/{name}/log_abs_det_mean"] == pytest.approx(float(log_det.mean()), abs=1e-8), name
+        assert monitors[1].methods[name] == "flow"  # the log-determinant the flow layer returns (not logged)
         flips.append(min(negative, 1 - negative))
     assert len(convs) == 3 and max(flips) > 0  # the broken layer is seen, as aux_jacobian_sign_flips would say
 

@@ -76,7 +76,7 @@ def _assert_window(record, gradients, window, groups):
 def test_a_layer_replaced_between_windows_is_measured_in_the_windows_after(tmp_path, monkeypatch):
     # Windows of 2 steps every 2: the head becomes Codes at step 4, the first step of a window. The groups '' and
     # 'head' then hold head.codes and head.bias; nothing is dropped (no window was in progress).
-    monitor = GradientNoiseMonitor(every_n_steps=2, interval=2, plot=False)
+    monitor = GradientNoiseMonitor(every_n_steps=2, window_steps=2, plot=False)
     gradients, said = _fit(tmp_path, monkeypatch, monitor, UserMLP(), at_step=4)
     assert "head.codes" in gradients.steps[4] and "head.weight" not in gradients.steps[4]
     assert [record["step"] for record in monitor.history] == [2, 4, 6, 8, 10, 12]
@@ -91,7 +91,7 @@ def test_a_layer_replaced_between_windows_is_measured_in_the_windows_after(tmp_p
 def test_a_layer_replaced_inside_a_window_drops_that_window_and_says_so_once(tmp_path, monkeypatch):
     # Windows of 3 steps every 3: the head is replaced at step 4, inside the window of steps 3-5, which would mix
     # the gradients of two different heads: it is dropped. Measured: steps 0-2, 6-8, 9-11.
-    monitor = GradientNoiseMonitor(every_n_steps=3, interval=3, plot=False)
+    monitor = GradientNoiseMonitor(every_n_steps=3, window_steps=3, plot=False)
     gradients, said = _fit(tmp_path, monkeypatch, monitor, UserMLP(), at_step=4)
     assert [record["step"] for record in monitor.history] == [3, 9, 12]
     for record, window in zip(monitor.history, ([0, 1, 2], [6, 7, 8], [9, 10, 11]), strict=True):
@@ -119,7 +119,7 @@ def test_an_optimizers_own_parameters_are_no_change_and_are_checked_once(tmp_pat
     checks = []
     changed = WatchedParameters.changed
     monkeypatch.setattr(WatchedParameters, "changed", lambda self, model: checks.append(1) or changed(self, model))
-    monitor = GradientNoiseMonitor(every_n_steps=2, interval=2, plot=False)
+    monitor = GradientNoiseMonitor(every_n_steps=2, window_steps=2, plot=False)
     gradients, said = _fit(tmp_path, monkeypatch, monitor, ExtraParameter())
     assert said == [] and [record["step"] for record in monitor.history] == [2, 4, 6, 8, 10, 12]
     for w, record in enumerate(monitor.history):
@@ -130,7 +130,7 @@ def test_an_optimizers_own_parameters_are_no_change_and_are_checked_once(tmp_pat
 
 @pytest.mark.parametrize("at_step", [0, 5])
 def test_the_monitor_keeps_no_replaced_parameter_alive_after_the_fit(at_step, tmp_path, monkeypatch):
-    model, monitor = UserMLP(), GradientNoiseMonitor(every_n_steps=2, interval=2, plot=False)
+    model, monitor = UserMLP(), GradientNoiseMonitor(every_n_steps=2, window_steps=2, plot=False)
     replaced = weakref.ref(model.head.weight)
     _fit(tmp_path, monkeypatch, monitor, model, at_step=at_step)
     gc.collect()

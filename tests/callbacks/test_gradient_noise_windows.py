@@ -61,10 +61,10 @@ def assert_windows(monitor, gradients, windows, batch_size, rel=1e-9):
 
 
 def test_a_skipped_step_drops_its_window_instead_of_finishing_it_an_interval_later(tmp_path):
-    # every_n_steps=3, interval=10, 24 steps, NaN at step 1: the windows are steps 10-12 and 20-22 (logged after
+    # window_steps=3, every_n_steps=10, 24 steps, NaN at step 1: the windows are steps 10-12 and 20-22 (logged after
     # steps 13 and 23); steps 0 and 2 are never mixed with step 10.
     pl.seed_everything(0)
-    gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=3, interval=10, plot=False)
+    gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=10, window_steps=3, plot=False)
     run = trainer(tmp_path, max_epochs=1, precision="64-true", callbacks=[gradients, monitor])
     with pytest.warns(UserWarning, match="inf or NaN"):
         run.fit(SkipsAStep(bad_step=1), DataLoader(user_data(8 * 24), batch_size=8))
@@ -73,10 +73,10 @@ def test_a_skipped_step_drops_its_window_instead_of_finishing_it_an_interval_lat
 
 
 def test_with_gradient_accumulation_a_skipped_step_drops_its_window(tmp_path):
-    # Two batches of 8 per optimizer step (batch size 16), 8 steps, every_n_steps=2, interval=4, NaN at step 1: the
+    # Two batches of 8 per optimizer step (batch size 16), 8 steps, window_steps=2, every_n_steps=4, NaN at step 1: the
     # one window is steps 4-5, logged after step 6.
     pl.seed_everything(0)
-    gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=2, interval=4, plot=False)
+    gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=4, window_steps=2, plot=False)
     run = trainer(
         tmp_path, max_epochs=1, precision="64-true", accumulate_grad_batches=2, callbacks=[gradients, monitor]
     )
@@ -88,12 +88,12 @@ def test_with_gradient_accumulation_a_skipped_step_drops_its_window(tmp_path):
 
 
 def test_a_resume_with_an_incomplete_window_pending_measures_what_an_uninterrupted_fit_measures(tmp_path):
-    # 3 steps an epoch, every_n_steps=3, interval=5, NaN at step 1. The checkpoint after epoch 1 holds the dropped
+    # 3 steps an epoch, window_steps=3, every_n_steps=5, NaN at step 1. The checkpoint after epoch 1 holds the dropped
     # window's steps 0 and 2; the resumed fit must not finish it with step 5. In float32: a 64-true resume rounds the
     # restored weights through the float32 model it builds.
     def fit(root, epochs, callbacks=(), ckpt_path=None):
         pl.seed_everything(0)
-        gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=3, interval=5, plot=False)
+        gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=5, window_steps=3, plot=False)
         run = trainer(
             root,
             max_epochs=epochs,
@@ -116,23 +116,23 @@ def test_a_resume_with_an_incomplete_window_pending_measures_what_an_uninterrupt
 
 
 # ---------------------------------------------------------------------------------- the end-of-fit message
-def test_under_fast_dev_run_the_message_does_not_advise_an_every_n_steps_below_the_minimum(tmp_path):
-    monitor = GradientNoiseMonitor(every_n_steps=2, plot=False)  # the minimum; interval 10
+def test_under_fast_dev_run_the_message_does_not_advise_a_window_below_the_minimum(tmp_path):
+    monitor = GradientNoiseMonitor(every_n_steps=10, window_steps=2, plot=False)  # the smallest window
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer(tmp_path, fast_dev_run=True, callbacks=[monitor]).fit(
             UserMLP(), DataLoader(user_data(64), batch_size=8)
         )
     (message,) = unmeasured(caught)
-    assert "every_n_steps" not in message.split(":")[-1]  # it is at its minimum already
+    assert "window_steps" not in message.split(":")[-1]  # it is at its minimum already
     assert "in this fit's 1 steps (steps 0..0;" in message and "the next one ends at step 1" in message
-    assert message.endswith("train to at least 2 optimizer steps.")  # nothing about every_n_steps or interval
+    assert message.endswith("train to at least 2 optimizer steps.")  # nothing about window_steps or every_n_steps
 
 
 def test_a_resumed_fit_that_falls_between_two_windows_is_advised_a_shorter_interval(tmp_path):
-    # every_n_steps=2, interval=10: windows are steps 0-1, 10-11, ... The resumed fit runs steps 4-7: no window.
+    # window_steps=2, every_n_steps=10: windows are steps 0-1, 10-11, ... The resumed fit runs steps 4-7: no window.
     def fit(root, epochs, callbacks=(), ckpt_path=None):
-        monitor = GradientNoiseMonitor(every_n_steps=2, interval=10, plot=False)
+        monitor = GradientNoiseMonitor(every_n_steps=10, window_steps=2, plot=False)
         run = trainer(root, max_epochs=epochs, enable_checkpointing=bool(callbacks), callbacks=[monitor, *callbacks])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -144,8 +144,8 @@ def test_a_resumed_fit_that_falls_between_two_windows_is_advised_a_shorter_inter
     assert [record["step"] for record in first.history] == [2] and messages == []
     resumed, (message,) = fit(tmp_path / "resumed", 2, ckpt_path=checkpoint.last_model_path)
     assert [record["step"] for record in resumed.history] == [2]  # restored, nothing new
-    assert "every_n_steps" not in message.split(":")[-1] and "shorter interval" in message
+    assert "window_steps" not in message.split(":")[-1] and "shorter every_n_steps" in message
     assert "in this fit's 4 steps (steps 4..7;" in message and "the next one ends at step 11" in message
     assert message.endswith(
-        "train to at least 12 optimizer steps, or use a shorter interval (interval=2 reads every step)."
+        "train to at least 12 optimizer steps, or use a shorter every_n_steps (every_n_steps=2 reads every step)."
     )

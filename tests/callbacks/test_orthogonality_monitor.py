@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import Logger
 from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
@@ -93,7 +92,7 @@ class Recorder(Logger):
 
 def monitor_calls(recorder: Recorder) -> list[dict[str, float]]:
     """The monitor's keys of every ``log_metrics`` call that has any."""
-    calls = [{k: v for k, v in call.items() if k.startswith("monitor/")} for call in recorder.calls]
+    calls = [{k: v for k, v in call.items() if k.startswith("orthogonality/")} for call in recorder.calls]
     return [call for call in calls if call]
 
 
@@ -146,21 +145,21 @@ def test_logged_values_equal_brute_force_for_torch_ours_and_svd(tiny_trainer):
     assert monitor.history[-1]["step"] == trainer.global_step == 4  # the last measurement is of the final weights
     expected_modules = {"hidden", "expand", "rotate", "reflect", "head", "head.left", "head.right"}
     assert {key.split("/")[1] for key in values} == expected_modules  # not rotate.linear (the same Q), not aux, not inp
-    assert_errors(values, "monitor/hidden/weight", model.hidden.weight)
-    assert_errors(values, "monitor/expand/weight", model.expand.weight)  # (24, 16): Q^T Q
-    assert_errors(values, "monitor/rotate", model.rotate.linear.weight)
+    assert_errors(values, "orthogonality/hidden/weight", model.hidden.weight)
+    assert_errors(values, "orthogonality/expand/weight", model.expand.weight)  # (24, 16): Q^T Q
+    assert_errors(values, "orthogonality/rotate", model.rotate.linear.weight)
     # Householder products: the product multiplied out reflection by reflection, not the WY form the layer uses.
     # The monitor measures the float32 matrix the layer applies, so they agree to float32 rounding of Q.
     for name in ("reflect", "head.left", "head.right"):
         vectors = model.get_submodule(name).vectors
-        assert_errors(values, f"monitor/{name}", reflections_multiplied_out(vectors), atol=2e-5)
-        assert values[f"monitor/{name}/orthogonality_fro"] < 2e-5
+        assert_errors(values, f"orthogonality/{name}", reflections_multiplied_out(vectors), atol=2e-5)
+        assert values[f"orthogonality/{name}/orthogonality_fro"] < 2e-5
     s = model.head.singular_values.detach().double().abs()
     assert float(model.head.singular_values.detach()[0]) < 0  # still negative: the monitor takes |s|
-    assert values["monitor/head/singular_value_min"] == pytest.approx(float(s.min()), rel=1e-12)
-    assert values["monitor/head/singular_value_max"] == pytest.approx(float(s.max()), rel=1e-12)
-    assert values["monitor/head/singular_value_ratio"] == pytest.approx(float(s.max() / s.min()), rel=1e-12)
-    assert values["monitor/head/singular_value_ratio"] > 4  # about 3 / 0.5
+    assert values["orthogonality/head/singular_value_min"] == pytest.approx(float(s.min()), rel=1e-12)
+    assert values["orthogonality/head/singular_value_max"] == pytest.approx(float(s.max()), rel=1e-12)
+    assert values["orthogonality/head/singular_value_ratio"] == pytest.approx(float(s.max() / s.min()), rel=1e-12)
+    assert values["orthogonality/head/singular_value_ratio"] > 4  # about 3 / 0.5
     # The values went through pl_module.log to the logger: the last logged call holds the last measurement.
     logged = monitor_calls(recorder)
     assert len(monitor.history) == 2 and logged
@@ -177,14 +176,16 @@ def test_drifted_parametrization_and_named_plain_weights_report_their_defect(tin
     fit(tiny_trainer, model, monitor, batches=2)
     values = monitor.history[-1]["values"]
     assert set(values) == {
-        f"monitor/{m}/weight/orthogonality_{n}" for m in ("hidden", "inp", "squeeze") for n in ("fro", "spectral")
+        f"orthogonality/{m}/weight/orthogonality_{n}" for m in ("hidden", "inp", "squeeze") for n in ("fro", "spectral")
     }
-    assert values["monitor/hidden/weight/orthogonality_fro"] == pytest.approx(0.21 * 4, rel=1e-5)  # ||0.21 I_16||_F
-    assert values["monitor/hidden/weight/orthogonality_spectral"] == pytest.approx(0.21, rel=1e-5)
-    assert_errors(values, "monitor/hidden/weight", model.hidden.weight)
-    assert_errors(values, "monitor/inp/weight", model.inp.weight)  # plain (16, 8) weight: Q^T Q, far from I
-    assert_errors(values, "monitor/squeeze/weight", model.squeeze.weight)  # plain (16, 24) weight: Q Q^T
-    assert values["monitor/inp/weight/orthogonality_fro"] > 0.5
+    assert values["orthogonality/hidden/weight/orthogonality_fro"] == pytest.approx(
+        0.21 * 4, rel=1e-5
+    )  # ||0.21 I_16||_F
+    assert values["orthogonality/hidden/weight/orthogonality_spectral"] == pytest.approx(0.21, rel=1e-5)
+    assert_errors(values, "orthogonality/hidden/weight", model.hidden.weight)
+    assert_errors(values, "orthogonality/inp/weight", model.inp.weight)  # plain (16, 8) weight: Q^T Q, far from I
+    assert_errors(values, "orthogonality/squeeze/weight", model.squeeze.weight)  # plain (16, 24) weight: Q Q^T
+    assert values["orthogonality/inp/weight/orthogonality_fro"] > 0.5
 
 
 def test_modules_by_class_select_every_match(tiny_trainer):
@@ -193,32 +194,6 @@ def test_modules_by_class_select_every_match(tiny_trainer):
     fit(tiny_trainer, model, monitor, batches=2)
     names = {key.split("/")[1] for key in monitor.history[-1]["values"]}
     assert names == {"head", "inp", "hidden", "expand", "squeeze", "rotate.linear"}
-
-
-def test_every_n_steps_is_respected_and_the_last_step_is_measured(tiny_trainer):
-    recorder = Recorder()
-    monitor = OrthogonalityMonitor(every_n_steps=3)
-    fit(tiny_trainer, UserMLP(), monitor, batches=10, logger=recorder, log_every_n_steps=1)
-    assert [record["step"] for record in monitor.history] == [3, 6, 9, 10]
-    # Lightning re-sends a step value until it is logged again, so the logger sees 4 distinct measurements.
-    distinct = {tuple(sorted(call.items())) for call in monitor_calls(recorder)}
-    assert len(distinct) == 4
-
-
-@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
-def test_checkpoint_resume_restores_the_history(tiny_trainer, tmp_path):
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
-    first = OrthogonalityMonitor(every_n_steps=2)
-    fit(tiny_trainer, UserMLP(), first, batches=4, callbacks=[checkpoint], enable_checkpointing=True)
-    assert [r["step"] for r in first.history] == [2, 4]
-    resumed = OrthogonalityMonitor(every_n_steps=2)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
-    trainer = tiny_trainer(max_epochs=2, callbacks=[resumed, checkpoint], enable_checkpointing=True)
-    trainer.fit(UserMLP(), loader(4), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
-    assert [r["step"] for r in resumed.history] == [2, 4, 6, 8]
-    assert resumed.history[:2] == first.history
-    assert set(resumed.summary()) == set(first.summary())
-    assert (tmp_path / "OrthogonalityMonitor.png").is_file()  # the history plotted at the end of fit
 
 
 def test_geotorch_constraints_are_found_and_measured(tiny_trainer, monkeypatch):
@@ -246,9 +221,9 @@ def test_geotorch_constraints_are_found_and_measured(tiny_trainer, monkeypatch):
     values = monitor.history[-1]["values"]
     assert {key.split("/")[1] for key in values} == {"net.0", "net.2", "net.4"}
     for name in ("net.0", "net.2", "net.4"):
-        assert_errors(values, f"monitor/{name}/weight", model.get_submodule(name).weight)
-    assert values["monitor/net.2/weight/orthogonality_spectral"] > 0.1
-    assert values["monitor/net.4/weight/orthogonality_spectral"] < 1e-5
+        assert_errors(values, f"orthogonality/{name}/weight", model.get_submodule(name).weight)
+    assert values["orthogonality/net.2/weight/orthogonality_spectral"] > 0.1
+    assert values["orthogonality/net.4/weight/orthogonality_spectral"] < 1e-5
 
 
 def test_errors_are_clear(tiny_trainer):
