@@ -7,20 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lightning_ortho._extras import require
 from lightning_ortho._lightning import pl, rank_zero_info, rank_zero_only, rank_zero_warn
-
-#: What to install for ``plot=True``.
-PLOTS_EXTRA = 'pip install "lightning-ortho[plots]"'
 
 
 def check_plotting(owner: str) -> None:
-    """Raise ``ImportError`` naming the extra when matplotlib (needed by ``plot=True``) is not installed."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as error:
-        raise ImportError(
-            f"{owner}: plot=True needs matplotlib, which is not installed: {PLOTS_EXTRA} (or pass plot=False)."
-        ) from error
+    """Raise :class:`~lightning_ortho._extras.MissingExtraError` (an ``ImportError``) naming the ``plots`` extra
+    (``pip install "lightning-ortho[plots]"``) when matplotlib, needed by ``plot=True``, is not installed."""
+    require("matplotlib", f"{owner}(plot=True) draws its history (pass plot=False to do without)")
 
 
 def report_at_fit_end(monitor: Any, trainer: pl.Trainer) -> None:
@@ -51,7 +45,7 @@ def print_table(
     for key, (last, low, high) in summary.items():
         table.add_row(key, f"{last:.4g}", f"{low:.4g}", f"{high:.4g}")
     console = Console()
-    width = max(console.width, console.measure(table).maximum)
+    width = max(console.width, Console(width=10_000).measure(table).maximum)  # the table's own width
     console = Console(width=width)
     console.print(table)
     for key, text in (notes or {}).items():
