@@ -15,29 +15,29 @@ level for a monitor from the environment switch when the fit was only too short)
 weighted by probe rows, ``"sum"``, ``"min"``, ``"max"``), so a DDP run logs what one process logs on the union of the
 probes.
 
-Logging: a measurement taken after a training batch is logged at the step at which Lightning logs that batch's
-``self.log(..., on_step=True)`` values (``trainer.fit_loop.epoch_loop._batches_that_stepped``, as Lightning's
-``LearningRateMonitor`` does), to every logger of the Trainer, under ``<name>/<module>/<statistic>`` (``name`` the
-monitor's short name, :attr:`Monitor.prefix`; ``<name>/<statistic>`` for the whole model), into
-``trainer.callback_metrics`` (for ``ModelCheckpoint(monitor=...)`` and ``EarlyStopping``) and, with ``prog_bar=True``,
-into the progress bar. Each value is sent once, at its step: not through ``pl_module.log``, which costs ~0.3 ms a key
-and re-sends a value at every later step until it is logged again.
+Logging: see :mod:`~lightning_ortho.callbacks._monitor_values` (at the step of the batch's ``self.log`` values,
+under ``<name>/<module>/<statistic>``, with ``name`` the monitor's short name :attr:`Monitor.prefix`).
 """
 
 from __future__ import annotations
 
-import functools
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from lightning_ortho._lightning import Callback, pl, rank_zero_info, rank_zero_warn
+from lightning_ortho._lightning import Callback, pl, rank_zero_warn
 from lightning_ortho.callbacks._monitor_report import check_plotting, report_at_fit_end, warn_unmeasured
 from lightning_ortho.callbacks._monitor_selection import outermost_modules, select_modules
+from lightning_ortho.callbacks._monitor_source import (
+    Source,
+    gate_hooks,
+    select_or_stand_aside,
+    stands_aside_for_a_users_monitor,
+)
 from lightning_ortho.callbacks._monitor_values import (
     Measurement,
     Reduction,
@@ -47,7 +47,6 @@ from lightning_ortho.callbacks._monitor_values import (
 )
 from lightning_ortho.nn.eval_mode import eval_mode
 
-Source = Literal["user", "environment"]
 #: What ``modules`` holds: submodule names and/or module classes (a YAML config's ``modules: [torch.nn.Linear]`` is
 #: resolved to the class by jsonargparse, whose LightningCLI reads this annotation).
 ModuleSpec = Sequence[type[nn.Module] | str]
@@ -57,13 +56,11 @@ __all__ = [
     "ModuleSpec",
     "Monitor",
     "Reduction",
+    "Source",
     "last_batch_of_fit",
     "logging_step",
     "outermost_modules",
 ]
-
-#: The environment variable of the switch in :mod:`~lightning_ortho.callbacks.factory` (named in its messages).
-MONITORS_VARIABLE = "LIGHTNING_ORTHO_MONITORS"
 
 
 def last_batch_of_fit(trainer: pl.Trainer, batch_idx: int) -> bool:
@@ -84,26 +81,6 @@ def _check_positive_int(value: object, name: str, owner: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}.")
     return value
-
-
-def _gated(hook: Callable) -> Callable:
-    """``hook`` that does nothing while the monitor stands aside (:attr:`Monitor.idle`)."""
-
-    @functools.wraps(hook)
-    def method(self: Monitor, *args: Any, **kwargs: Any) -> Any:
-        if self._idle:
-            return None
-        return hook(self, *args, **kwargs)
-
-    method.__gated__ = True
-    return method
-
-
-def _gate_hooks(cls: type) -> None:
-    """Gate every Lightning ``on_*`` hook ``cls`` defines (see :attr:`Monitor.idle`)."""
-    for name, value in list(vars(cls).items()):
-        if name.startswith("on_") and callable(value) and not getattr(value, "__gated__", False):
-            setattr(cls, name, _gated(value))
 
 
 class Monitor(Callback):
@@ -142,7 +119,7 @@ class Monitor(Callback):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _gate_hooks(cls)
+        gate_hooks(cls)
 
     def __init__(
         self,
@@ -256,31 +233,12 @@ class Monitor(Callback):
         here (see ``source``); a subclass that extends ``setup`` returns when :attr:`idle` is then true."""
         if stage != "fit":
             return
-        self._idle = False
-        owner = type(self).__name__
-        if self.source == "environment" and any(
-            isinstance(other, type(self)) and getattr(other, "source", "user") == "user" for other in trainer.callbacks
-        ):
+        self._idle = stands_aside_for_a_users_monitor(self, trainer)
+        watched = None if self._idle else select_or_stand_aside(self, pl_module)
+        if watched is None:
             self._idle = True
-            rank_zero_info(
-                f"lightning-ortho: the Trainer already has a {owner}; the one from {MONITORS_VARIABLE} stands aside."
-            )
             return
-        try:
-            self._watched = self.select(pl_module)
-        except ValueError as error:
-            if self.source != "environment":
-                raise
-            self._idle = True
-            from lightning_ortho.callbacks.factory import name_of  # the switch's name for this class
-
-            name = name_of(type(self))
-            rank_zero_warn(
-                f"lightning-ortho: {MONITORS_VARIABLE} turned on {owner} ({name!r}), but it cannot run on "
-                f"{type(pl_module).__name__}: {error} It does nothing in this run; remove {name!r} from "
-                f"{MONITORS_VARIABLE} to silence this."
-            )
-            return
+        self._watched = watched
         self._remove_hooks()
         self._explicit = set(self._watched) if self.modules is not None else set()
         self._eval_only = set()
@@ -469,4 +427,4 @@ class Monitor(Callback):
             warnings.warn(message, stacklevel=2)
 
 
-_gate_hooks(Monitor)
+gate_hooks(Monitor)
