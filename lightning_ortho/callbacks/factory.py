@@ -39,7 +39,7 @@ project never breaks its training, nor nags it:
 * their checkpoint ``state_key`` is ``"<Class>{'source': 'environment'}"``, so they never collide with a
   user-constructed monitor of the same class in Lightning's check for unique stateful callbacks;
 * a fit too short for a monitor to measure anything (a smoke test, a ``fast_dev_run``: ``GradientVarianceMonitor``
-  at its defaults needs 20 steps) is reported at info level, not as a warning: the switch turns the monitors on for
+  at its defaults needs 100 steps) is reported at info level, not as a warning: the switch turns the monitors on for
   every run, and a warning on each short one would teach users to ignore them. Anything else that left a monitor
   without values (a module never called, steps with inf/NaN gradients) is still a warning.
 

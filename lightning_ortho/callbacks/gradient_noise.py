@@ -56,11 +56,12 @@ class GradientNoiseMonitor(Monitor):
     Memory: one running mean per trainable parameter (Welford's update, numerically stable; a copy of the
     parameters in at least float32) and one number per parameter tensor; the partial window is saved in the
     checkpoint so that a resumed run measures the same windows as an uninterrupted one. One window is measured every
-    ``every_n_steps`` optimizer steps: the first ``window_steps`` steps of each interval (steps ``k every_n_steps ..
-    k every_n_steps + window_steps - 1``), whatever the batches (gradient accumulation, several optimizer steps per
-    batch under manual optimisation); its statistics are logged at the end of the batch in which it closes (if two
-    close in one batch, the later one), so the first values come after ``window_steps`` steps even in a short run;
-    a partial window at the end of fit is kept, not measured. A step whose gradient holds inf or NaN (a step the
+    ``every_n_steps`` optimizer steps: the last ``window_steps`` steps of each interval (steps ``k every_n_steps -
+    window_steps .. k every_n_steps - 1``), whatever the batches (gradient accumulation, several optimizer steps
+    per batch under manual optimisation), so its values come after the same steps as every monitor's (multiples of
+    ``every_n_steps``); they are logged at the end of the batch in which the window closes (if two close in one
+    batch, the later one); a partial window at the end of fit is kept, not measured (a fit shorter than
+    ``every_n_steps`` measures nothing: lower ``every_n_steps``). A step whose gradient holds inf or NaN (a step the
     mixed-precision scaler skips) is left out, with one warning, and its window is dropped: it cannot complete in
     its interval, and is never continued in the next one (that would mix gradients an interval apart). When the
     model's trainable parameters change in a fit (layers replaced, e.g. by TransformCompression; parameters frozen
@@ -124,7 +125,7 @@ class GradientNoiseMonitor(Monitor):
         if window_steps > every_n_steps:
             raise ValueError(
                 f"{owner}: window_steps={window_steps} is longer than every_n_steps={every_n_steps}: one window is "
-                "measured every every_n_steps optimizer steps, from its first window_steps steps. Raise every_n_steps "
+                "measured every every_n_steps optimizer steps, from its last window_steps steps. Raise every_n_steps "
                 "or lower window_steps."
             )
         if batch_size is not None and (
@@ -243,13 +244,13 @@ class GradientNoiseMonitor(Monitor):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        # Duty cycle: only the first window_steps optimizer steps of every interval are read (the per-step cost,
-        # ~0.2 ms for a small model, is then paid on window_steps / every_n_steps of the steps). The first ones, so that
-        # a short run measures too and the first values come early (an EarlyStopping on them has a value).
+        # Duty cycle: only the last window_steps optimizer steps of every interval are read (the per-step cost,
+        # ~0.2 ms for a small model, is then paid on window_steps / every_n_steps of the steps). The last ones, so
+        # that the values come after the same steps as every monitor's (multiples of every_n_steps).
         examples = self._pending_examples or self._last_batch_examples  # several steps in one batch: the batch's
         self._pending_examples = 0
         cycle, position = divmod(trainer.global_step, self.every_n_steps)
-        if position >= self.window_steps:
+        if position < self.every_n_steps - self.window_steps:
             return
         if self._window_cycle is not None and self._window_cycle != cycle:
             # What is left of an earlier interval's window is incomplete (a step was skipped for inf/NaN, or a
@@ -375,11 +376,10 @@ class GradientNoiseMonitor(Monitor):
         }
 
     def _next_window_end(self) -> int:
-        """The last step of the first window that ends in this fit or later (``k every_n_steps + window_steps - 1
-        >=`` the fit's first step)."""
-        start = self._fit_start_step
-        k = max(0, -(-(start - self.window_steps + 1) // self.every_n_steps))
-        return k * self.every_n_steps + self.window_steps - 1
+        """The last step of the first window that ends in this fit or later (``k every_n_steps - 1 >=`` the fit's
+        first step, ``k >= 1``)."""
+        k = max(1, -(-(self._fit_start_step + 1) // self.every_n_steps))
+        return k * self.every_n_steps - 1
 
     def fit_too_short(self, name: str, trainer: pl.Trainer) -> bool:
         # No window ends inside this fit's steps; were one to end there, a missing value is no matter of length.
@@ -390,7 +390,7 @@ class GradientNoiseMonitor(Monitor):
         steps, window, every = end - start, self.window_steps, self.every_n_steps
         what = (
             f"no window of window_steps={window} optimizer steps was completed in this fit's {steps} steps (steps "
-            f"{start}..{end - 1}; a window is the first window_steps steps of every every_n_steps={every}"
+            f"{start}..{end - 1}; a window is the last window_steps steps of every every_n_steps={every}"
         )
         if not self.fit_too_short(name, trainer):
             if self._fit_skipped:

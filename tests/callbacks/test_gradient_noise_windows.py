@@ -1,4 +1,4 @@
-"""GradientNoiseMonitor's windows are the first ``every_n_steps`` steps of each interval, never continued across
+"""GradientNoiseMonitor's windows are the last ``window_steps`` steps of each interval, never continued across
 intervals (a step skipped for inf/NaN gradients drops its window: with gradient accumulation, and across a resume
 too), and the end-of-fit message of a fit with no complete window advises what would help."""
 
@@ -61,20 +61,20 @@ def assert_windows(monitor, gradients, windows, batch_size, rel=1e-9):
 
 
 def test_a_skipped_step_drops_its_window_instead_of_finishing_it_an_interval_later(tmp_path):
-    # window_steps=3, every_n_steps=10, 24 steps, NaN at step 1: the windows are steps 10-12 and 20-22 (logged after
-    # steps 13 and 23); steps 0 and 2 are never mixed with step 10.
+    # window_steps=3, every_n_steps=10, 24 steps, NaN at step 8: the windows are steps 7-9 (dropped) and 17-19
+    # (logged after step 20); steps 7 and 9 are never mixed with step 17.
     pl.seed_everything(0)
     gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=10, window_steps=3, plot=False)
     run = trainer(tmp_path, max_epochs=1, precision="64-true", callbacks=[gradients, monitor])
     with pytest.warns(UserWarning, match="inf or NaN"):
-        run.fit(SkipsAStep(bad_step=1), DataLoader(user_data(8 * 24), batch_size=8))
-    assert len(gradients.steps) == 24 and [record["step"] for record in monitor.history] == [13, 23]
-    assert_windows(monitor, gradients, [[10, 11, 12], [20, 21, 22]], batch_size=8)
+        run.fit(SkipsAStep(bad_step=8), DataLoader(user_data(8 * 24), batch_size=8))
+    assert len(gradients.steps) == 24 and [record["step"] for record in monitor.history] == [20]
+    assert_windows(monitor, gradients, [[17, 18, 19]], batch_size=8)
 
 
 def test_with_gradient_accumulation_a_skipped_step_drops_its_window(tmp_path):
-    # Two batches of 8 per optimizer step (batch size 16), 8 steps, window_steps=2, every_n_steps=4, NaN at step 1: the
-    # one window is steps 4-5, logged after step 6.
+    # Two batches of 8 per optimizer step (batch size 16), 8 steps, window_steps=2, every_n_steps=4, NaN at step 2:
+    # the windows are steps 2-3 (dropped) and 6-7, logged after step 8.
     pl.seed_everything(0)
     gradients, monitor = Gradients(), GradientNoiseMonitor(every_n_steps=4, window_steps=2, plot=False)
     run = trainer(
@@ -82,14 +82,14 @@ def test_with_gradient_accumulation_a_skipped_step_drops_its_window(tmp_path):
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*inf or NaN")
-        run.fit(SkipsAStep(bad_step=1), DataLoader(user_data(8 * 16), batch_size=8))
-    assert len(gradients.steps) == 8 and [record["step"] for record in monitor.history] == [6]
-    assert_windows(monitor, gradients, [[4, 5]], batch_size=16)
+        run.fit(SkipsAStep(bad_step=2), DataLoader(user_data(8 * 16), batch_size=8))
+    assert len(gradients.steps) == 8 and [record["step"] for record in monitor.history] == [8]
+    assert_windows(monitor, gradients, [[6, 7]], batch_size=16)
 
 
 def test_a_resume_with_an_incomplete_window_pending_measures_what_an_uninterrupted_fit_measures(tmp_path):
-    # 3 steps an epoch, window_steps=3, every_n_steps=5, NaN at step 1. The checkpoint after epoch 1 holds the dropped
-    # window's steps 0 and 2; the resumed fit must not finish it with step 5. In float32: a 64-true resume rounds the
+    # 3 steps an epoch, window_steps=3, every_n_steps=5: windows 2-4, 7-9; NaN at step 3. The checkpoint after epoch 1
+    # holds the window's step 2; the resumed fit drops that window at its NaN and must not finish it with step 7. In float32: a 64-true resume rounds the
     # restored weights through the float32 model it builds.
     def fit(root, epochs, callbacks=(), ckpt_path=None):
         pl.seed_everything(0)
@@ -102,15 +102,15 @@ def test_a_resume_with_an_incomplete_window_pending_measures_what_an_uninterrupt
         )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*inf or NaN|.*ckpt_path|.*measured nothing")
-            run.fit(SkipsAStep(bad_step=1), DataLoader(user_data(24), batch_size=8), ckpt_path=ckpt_path)
+            run.fit(SkipsAStep(bad_step=3), DataLoader(user_data(24), batch_size=8), ckpt_path=ckpt_path)
         return gradients, monitor
 
     gradients, straight = fit(tmp_path / "straight", 4)
-    assert [record["step"] for record in straight.history] == [8]  # steps 5-7; steps 10-11 pending at the end
-    assert_windows(straight, gradients, [[5, 6, 7]], batch_size=8, rel=1e-5)
+    assert [record["step"] for record in straight.history] == [10]  # steps 7-9 (the fit ends at step 12)
+    assert_windows(straight, gradients, [[7, 8, 9]], batch_size=8, rel=1e-5)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
     _, first = fit(tmp_path / "first", 1, callbacks=[checkpoint])
-    assert first.history == [] and first._steps == 2  # steps 0 and 2, saved with the checkpoint
+    assert first.history == [] and first._steps == 1  # step 2, saved with the checkpoint
     _, resumed = fit(tmp_path / "resumed", 4, ckpt_path=checkpoint.last_model_path)
     assert resumed.history == straight.history
 
@@ -125,12 +125,12 @@ def test_under_fast_dev_run_the_message_does_not_advise_a_window_below_the_minim
         )
     (message,) = unmeasured(caught)
     assert "window_steps" not in message.split(":")[-1]  # it is at its minimum already
-    assert "in this fit's 1 steps (steps 0..0;" in message and "the next one ends at step 1" in message
-    assert message.endswith("train to at least 2 optimizer steps.")  # nothing about window_steps or every_n_steps
+    assert "in this fit's 1 steps (steps 0..0;" in message and "the next one ends at step 9" in message
+    assert message.endswith("train to at least 10 optimizer steps.")  # nothing about window_steps or every_n_steps
 
 
 def test_a_resumed_fit_that_falls_between_two_windows_is_advised_a_shorter_interval(tmp_path):
-    # window_steps=2, every_n_steps=10: windows are steps 0-1, 10-11, ... The resumed fit runs steps 4-7: no window.
+    # window_steps=2, every_n_steps=10: windows are steps 8-9, 18-19, ... The resumed fit runs steps 4-7: no window.
     def fit(root, epochs, callbacks=(), ckpt_path=None):
         monitor = GradientNoiseMonitor(every_n_steps=10, window_steps=2, plot=False)
         run = trainer(root, max_epochs=epochs, enable_checkpointing=bool(callbacks), callbacks=[monitor, *callbacks])
@@ -141,11 +141,11 @@ def test_a_resumed_fit_that_falls_between_two_windows_is_advised_a_shorter_inter
 
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
     first, messages = fit(tmp_path / "first", 1, callbacks=[checkpoint])
-    assert [record["step"] for record in first.history] == [2] and messages == []
+    assert first.history == [] and len(messages) == 1
     resumed, (message,) = fit(tmp_path / "resumed", 2, ckpt_path=checkpoint.last_model_path)
-    assert [record["step"] for record in resumed.history] == [2]  # restored, nothing new
+    assert resumed.history == []
     assert "window_steps" not in message.split(":")[-1] and "shorter every_n_steps" in message
-    assert "in this fit's 4 steps (steps 4..7;" in message and "the next one ends at step 11" in message
+    assert "in this fit's 4 steps (steps 4..7;" in message and "the next one ends at step 9" in message
     assert message.endswith(
-        "train to at least 12 optimizer steps, or use a shorter every_n_steps (every_n_steps=2 reads every step)."
+        "train to at least 10 optimizer steps, or use a shorter every_n_steps (every_n_steps=2 reads every step)."
     )

@@ -116,7 +116,7 @@ def test_noise_statistics_equal_a_brute_force_recomputation_per_group(tmp_path):
     smoothed = GradientNoiseMonitor(
         modules=["head", "encoder.0"], every_n_steps=4, smoothing=0.5, window_steps=4, plot=False
     )
-    sparse = GradientNoiseMonitor(every_n_steps=6, window_steps=3, plot=False)  # steps 1-3 and 7-9 only
+    sparse = GradientNoiseMonitor(every_n_steps=6, window_steps=3, plot=False)  # steps 4-6 and 10-12 only
     loader = DataLoader(user_data(), batch_size=8)  # 12 steps: 3 windows
     fit = trainer(tmp_path, max_epochs=1, precision="64-true", callbacks=[recorder, plain, smoothed, sparse])
     fit.fit(model, loader)
@@ -145,10 +145,10 @@ def test_noise_statistics_equal_a_brute_force_recomputation_per_group(tmp_path):
             scale = ema[group][0] / ema[group][1] if ema[group][1] > 0 else math.inf
             assert close(record_smoothed["values"][f"gradient_noise/{group}/noise_scale"], scale, 1e-9)
             assert close(record_smoothed["values"][f"gradient_noise/{group}/snr"], expected["snr"], 1e-9)
-    # With interval 6 and windows of 3, only the first 3 steps of every 6 are read (the duty cycle that keeps the
-    # default overhead small): the windows are optimizer steps 1-3 and 7-9 (grads[0:3], grads[6:9]).
-    assert [r["step"] for r in sparse.history] == [3, 9]
-    for record, window in zip(sparse.history, (grads[0:3], grads[6:9]), strict=True):
+    # With every_n_steps=6 and windows of 3, only the last 3 steps of every 6 are read (the duty cycle that keeps
+    # the default overhead small): the windows are optimizer steps 4-6 and 10-12 (grads[3:6], grads[9:12]).
+    assert [r["step"] for r in sparse.history] == [6, 12]
+    for record, window in zip(sparse.history, (grads[3:6], grads[9:12]), strict=True):
         expected = brute_force(window, names[""], batch_size=8)
         for key in ("batch_variance", "mean_grad_sq", "signal", "snr", "noise_scale"):
             assert close(record["values"][f"gradient_noise/{key}"], expected[key], 1e-9), key

@@ -268,23 +268,25 @@ def test_the_last_batch_of_a_fit_on_a_loader_without_length_is_measured(monitor_
 
 
 # ---------------------------------------------------------------------------------------- gradient noise
-def test_a_short_run_measures_the_first_window_of_each_interval(tmp_path, tiny_trainer):
-    # window_steps=4 and every_n_steps=20: a 16-step run reads steps 1-4 (grads[0:4]).
+def test_a_window_is_the_last_steps_of_each_interval(tmp_path, tiny_trainer):
+    # window_steps=4 and every_n_steps=8: a 16-step run reads steps 5-8 and 13-16 (grads[4:8], grads[12:16]) and
+    # measures after steps 8 and 16, as every monitor with every_n_steps=8 does.
     pl.seed_everything(0)
     model, recorder = UserMLP(), Recorder()
-    monitor = GradientNoiseMonitor(every_n_steps=20, window_steps=4, plot=False)
+    monitor = GradientNoiseMonitor(every_n_steps=8, window_steps=4, plot=False)
     data = DataLoader(user_data(128), batch_size=8)
     fit(tiny_trainer, model, data, max_epochs=1, precision="64-true", callbacks=[recorder, monitor])
     grads = recomputed_gradients(model, recorder.steps)
-    assert len(grads) == 16 and [record["step"] for record in monitor.history] == [4]
-    expected = brute_force(grads[0:4], list(grads[0]), batch_size=8)
-    for key in ("batch_variance", "mean_grad_sq", "signal", "snr", "noise_scale"):
-        assert close(monitor.history[0]["values"][f"gradient_noise/{key}"], expected[key], 1e-9), key
+    assert len(grads) == 16 and [record["step"] for record in monitor.history] == [8, 16]
+    for record, window in zip(monitor.history, (grads[4:8], grads[12:16]), strict=True):
+        expected = brute_force(window, list(grads[0]), batch_size=8)
+        for key in ("batch_variance", "mean_grad_sq", "signal", "snr", "noise_scale"):
+            assert close(record["values"][f"gradient_noise/{key}"], expected[key], 1e-9), key
 
 
 def test_early_stopping_on_the_noise_has_a_value_after_the_first_epoch_of_a_short_run(tiny_trainer):
     pl.seed_everything(0)
-    monitor = GradientNoiseMonitor(every_n_steps=20, window_steps=4, plot=False)
+    monitor = GradientNoiseMonitor(every_n_steps=8, window_steps=4, plot=False)
     stopping = EarlyStopping(monitor="gradient_noise/snr", mode="max", patience=5)
     trainer = tiny_trainer(max_epochs=2, callbacks=[monitor, stopping])
     trainer.fit(UserMLP(), DataLoader(user_data(64), batch_size=8))  # 8 steps an epoch
