@@ -6,7 +6,7 @@ closed-form log-determinants against the autograd path of JacobianDeterminantMon
     python benchmarks/bench_callbacks.py --skip-overhead | --skip-logdet
 
 1. Overhead (rows ``"section": "overhead"``). Three recipes' models, each trained in-process by a
-   ``pl.Trainer(max_steps=N, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+   ``pl.Trainer(max_steps=N, logger=CSVLogger(...), enable_progress_bar=False, enable_checkpointing=False,
    enable_model_summary=False, limit_val_batches=0)`` with the recipe's other trainer settings, once without any
    monitor (``"none"``) and once with each monitor alone, at its defaults (``Monitor()``, no argument):
 
@@ -67,10 +67,12 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, hardware_name, keep_freed_memory, median, pyplot, write_result  # noqa: E402
 
+import lightning_ortho.callbacks._monitor as monitor_module  # noqa: E402
 from lightning_ortho.callbacks import (  # noqa: E402
     GradientNoiseMonitor,
     InvertibilityMonitor,
@@ -86,7 +88,7 @@ from lightning_ortho.online import TanhRNNCell  # noqa: E402
 
 TARGET = 1.05
 #: model -> optimizer steps of one timed fit (full, quick).
-STEPS = {"fcnn": (400, 100), "glow": (100, 100), "online": (960, 128)}  # quick: one GradientNoise window (interval 100)
+STEPS = {"fcnn": (400, 100), "glow": (100, 100), "online": (960, 128)}  # quick: one GradientNoise window (every 100)
 ROUNDS, QUICK_ROUNDS = 7, 1
 LOGDET_DIMS, QUICK_LOGDET_DIMS = (16, 32, 64, 128, 256, 512, 1024), (16, 32)
 LOGDET_PROBE = 8
@@ -244,10 +246,12 @@ class LoopTimer(pl.Callback):
         self.seconds = time.perf_counter() - self.start
 
 
-def instrument(callback: pl.Callback, model: pl.LightningModule) -> dict[str, float]:
+def instrument(callback: pl.Callback) -> tuple[dict[str, float], Callable[[], None]]:
     """Wrap every Lightning hook that ``callback``'s class overrides so that its time is added to the returned
     ``hook name -> seconds`` dict (instance attributes: Lightning calls ``getattr(callback, hook)``), and
-    ``model.log`` so that the time of the calls made from inside those hooks is added under ``"log"``."""
+    the monitors' logging (``lightning_ortho.callbacks._monitor.log_values``: every logger, ``callback_metrics``,
+    the progress bar) so that its time inside those hooks is added under ``"log"``; and the function that puts the
+    monitors' logging back."""
     seconds: dict[str, float] = {"log": 0.0}
     inside = [False]
     for name in dir(pl.Callback):
@@ -268,17 +272,19 @@ def instrument(callback: pl.Callback, model: pl.LightningModule) -> dict[str, fl
 
         setattr(callback, name, wrapped)
 
-    def log(*args, __original=model.log, **kwargs):
+    original = monitor_module.log_values
+
+    def log(*args, **kwargs):
         if not inside[0]:
-            return __original(*args, **kwargs)
+            return original(*args, **kwargs)
         start = time.perf_counter()
         try:
-            return __original(*args, **kwargs)
+            return original(*args, **kwargs)
         finally:
             seconds["log"] += time.perf_counter() - start
 
-    model.log = log
-    return seconds
+    monitor_module.log_values = log
+    return seconds, lambda: setattr(monitor_module, "log_values", original)
 
 
 def fit_once(scenario: Scenario, label: str, steps: int, quick: bool, accelerator: str, root: str) -> dict:
@@ -288,16 +294,16 @@ def fit_once(scenario: Scenario, label: str, steps: int, quick: bool, accelerato
     model, data = scenario.model(quick), scenario.data(quick)
     timer = LoopTimer()
     callbacks: list[pl.Callback] = [timer]
-    monitor, hooks = None, {}
+    monitor, hooks, restore = None, {}, lambda: None
     if label != "none":
         monitor = scenario.monitors[label][1]()
-        hooks = instrument(monitor, model)
+        hooks, restore = instrument(monitor)
         callbacks.append(monitor)
     trainer = pl.Trainer(
         accelerator=accelerator,
         devices=1,
         max_steps=steps,
-        logger=False,
+        logger=CSVLogger(root, name=f"{scenario.name}-{label}"),  # the monitors log as in a user's run
         enable_progress_bar=False,
         enable_checkpointing=False,
         enable_model_summary=False,
@@ -310,7 +316,10 @@ def fit_once(scenario: Scenario, label: str, steps: int, quick: bool, accelerato
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(model, datamodule=data)
+        try:
+            trainer.fit(model, datamodule=data)
+        finally:
+            restore()
     fit_s = time.perf_counter() - start
     result = {"loop_s": timer.seconds, "fit_s": fit_s, "steps": trainer.global_step}
     if monitor is not None:
