@@ -114,6 +114,20 @@ def _scalar(value: Any, name: str) -> float:
     return float(value)
 
 
+def _not_classes(metric: torchmetrics.Metric, outputs: Any, target: Any) -> str | None:
+    """Why a multiclass metric's input is not classes, where torchmetrics does not say: under
+    ``torch.use_deterministic_algorithms`` it counts classes without ``bincount``, which refuses floats otherwise,
+    and would score a regressor's outputs as if they were labels."""
+    if not type(metric).__name__.startswith("Multiclass"):
+        return None
+    if isinstance(target, torch.Tensor) and target.is_floating_point():
+        return f"{type(metric).__name__} needs integer class labels as the target, got {target.dtype} values"
+    tensors = isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor)
+    if tensors and outputs.is_floating_point() and outputs.dim() == target.dim():
+        return "floating-point outputs without a class dimension are neither labels nor scores per class"
+    return None
+
+
 def check_metric(
     trainer: pl.Trainer, pl_module: pl.LightningModule, metric: torchmetrics.Metric, name: str, keys: BatchKeys
 ) -> None:
@@ -139,6 +153,9 @@ def check_metric(
     try:
         with eval_mode(pl_module), torch.no_grad(), trainer.precision_plugin.forward_context():
             outputs = pl_module(inputs)
+            problem = _not_classes(metric, outputs, target)
+            if problem is not None:
+                raise ValueError(problem)
             trial.update(outputs, target)
             value = trial.compute()
     except Exception as error:

@@ -76,7 +76,16 @@ def test_a_regressor_without_a_metric_is_compressed_and_reported_by_its_error(tm
     assert "no metric" in capsys.readouterr().out  # the table says what it reports
 
 
-def test_a_metric_that_cannot_score_the_model_fails_before_training(tmp_path):
+@pytest.fixture(params=[False, True], ids=["default", "deterministic"])
+def deterministic(request):
+    # torchmetrics counts classes without bincount under deterministic algorithms, which takes float labels
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(request.param)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def test_a_metric_that_cannot_score_the_model_fails_before_training(tmp_path, deterministic):
     train, val = sequences()
     model = GRURegressor()
     start = copy.deepcopy(model.state_dict())
