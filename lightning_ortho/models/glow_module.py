@@ -26,7 +26,7 @@ class GlowModule(pl.LightningModule):
     :class:`~lightning_ortho.callbacks.InvertibilityMonitor` with ``modules=["glow"]`` (round-trip error of
     ``decode(encode(y))``, Newton failures, Theorem 2 margin) and
     :class:`~lightning_ortho.callbacks.JacobianDeterminantMonitor` with
-    ``modules=["lightning_ortho.flows.Invertible1x1Conv"]`` (``log|det J|`` of every 1x1 convolution and the fraction
+    ``modules=[Invertible1x1Conv]`` (in a YAML config, its class path ``lightning_ortho.flows.Invertible1x1Conv``; ``log|det J|`` of every 1x1 convolution and the fraction
     of pixels whose ``det J_g`` is negative: Jacobian sign flips); per validation epoch,
     :class:`~lightning_ortho.callbacks.GlowInvertibilityCheck` (the same numbers on held-out images) and
     :class:`~lightning_ortho.callbacks.GlowImageGrids`.

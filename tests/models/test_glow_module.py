@@ -10,6 +10,7 @@ from lightning_ortho.callbacks import GlowImageGrids, GlowInvertibilityCheck
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
 from lightning_ortho.datamodules import DigitsDataModule
+from lightning_ortho.flows import Invertible1x1Conv
 from lightning_ortho.models import GlowModule
 
 
@@ -24,8 +25,8 @@ def test_training_lowers_bits_per_dim_and_the_callbacks_check_inversion_and_writ
     model = small_glow("aux_invertible")
     data = DigitsDataModule(batch_size=64, flatten=False, standardize=False)
     monitors = [  # as the Glow recipes watch training
-        InvertibilityMonitor(modules=["glow"], probe_size=16),
-        JacobianDeterminantMonitor(modules=["lightning_ortho.flows.Invertible1x1Conv"], probe_size=16),
+        InvertibilityMonitor(modules=["glow"], probe_size=16, plot=True),
+        JacobianDeterminantMonitor(modules=[Invertible1x1Conv], probe_size=16, plot=True),
     ]
     callbacks = [GlowInvertibilityCheck(), GlowImageGrids(), *monitors]
     trainer = tiny_trainer(max_epochs=2, gradient_clip_val=50.0, callbacks=callbacks)
@@ -38,10 +39,10 @@ def test_training_lowers_bits_per_dim_and_the_callbacks_check_inversion_and_writ
     steps = [record["step"] for record in monitors[0].history]
     assert steps == [record["step"] for record in monitors[1].history] and steps[-1] == trainer.global_step
     assert (
-        float(metrics["monitor/glow/roundtrip_error_max"]) < 1e-4
-        and float(metrics["monitor/glow/newton_failures"]) == 0
+        float(metrics["invertibility/glow/roundtrip_error_max"]) < 1e-4
+        and float(metrics["invertibility/glow/newton_failures"]) == 0
     )
-    assert float(metrics["monitor/glow/theorem2_margin"]) > 0
+    assert float(metrics["invertibility/glow/theorem2_margin"]) > 0
     fractions = [float(v) for k, v in metrics.items() if k.endswith("/pixel_negative_fraction")]
     assert len(fractions) == 2 * 3 and set(fractions) <= {0.0, 1.0}  # Theorem 2: no sign changes between pixels
     assert (tmp_path / "InvertibilityMonitor.png").exists() and (tmp_path / "JacobianDeterminantMonitor.png").exists()
