@@ -1,8 +1,8 @@
-"""Turn the monitors on from the environment, with no code change: Lightning's ``pytorch_lightning.callbacks_factory``
-entry point.
+"""Turn the monitors on from the environment, with no code change: Lightning's ``callbacks_factory`` entry point.
 
-Installing lightning-ortho registers :func:`monitors_from_environment` under that entry-point group; every
-``pl.Trainer`` calls it and appends what it returns to its callbacks. It is opt-in: with ``LIGHTNING_ORTHO_MONITORS``
+Installing lightning-ortho registers :func:`monitors_from_environment` under the entry-point groups of both Lightning
+packages (``pytorch_lightning.callbacks_factory`` and ``lightning.pytorch.callbacks_factory``); every Trainer of
+either calls it and appends what it returns to its callbacks. It is opt-in: with ``LIGHTNING_ORTHO_MONITORS``
 unset or empty it returns ``[]`` at once, so a Trainer in an environment where lightning-ortho is installed behaves
 exactly as without it (the one cost is importing ``lightning_ortho.callbacks``, once per process).
 
@@ -144,7 +144,7 @@ def monitor_class(name: str) -> type:
 
 
 def monitors_from_environment() -> list:
-    """The ``pytorch_lightning.callbacks_factory`` entry point: the monitors named in ``LIGHTNING_ORTHO_MONITORS``
+    """The ``callbacks_factory`` entry point (of both Lightning packages): the monitors named in ``LIGHTNING_ORTHO_MONITORS``
     (``[]`` when it is unset or empty), built with the settings of the other variables (see the module docstring).
 
     Raises:

@@ -1,4 +1,4 @@
-"""The ``pytorch_lightning.callbacks_factory`` entry point: monitors switched on from the environment with no code
+"""The ``callbacks_factory`` entry point (both Lightning packages' groups): monitors switched on from the environment with no code
 change (in a subprocess, as a user would), off when the variable is unset, clear errors for bad settings, and a
 model with nothing to monitor trains on with one warning."""
 
@@ -14,12 +14,12 @@ import textwrap
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks import factory
 from lightning_ortho.callbacks.factory import (
     MONITORS,
@@ -40,7 +40,7 @@ VARIABLES = (
 SCRIPT = textwrap.dedent(
     """
     import csv, json, sys
-    import pytorch_lightning as pl
+    from lightning_ortho._lightning import pl
     import torch
     from torch import nn
     from torch.nn.utils.parametrizations import orthogonal
@@ -101,8 +101,9 @@ def monitors_of(trainer: pl.Trainer) -> list:
 
 
 # ---------------------------------------------------------------------------------------------- entry point
-def test_the_entry_point_is_registered():
-    points = importlib.metadata.entry_points(group="pytorch_lightning.callbacks_factory")
+@pytest.mark.parametrize("group", ["pytorch_lightning.callbacks_factory", "lightning.pytorch.callbacks_factory"])
+def test_the_entry_point_is_registered(group):
+    points = importlib.metadata.entry_points(group=group)
     ours = [point for point in points if point.value.startswith("lightning_ortho.")]
     assert len(ours) == 1, "reinstall the package (pip install -e .) so that its entry point is registered"
     assert ours[0].load() is monitors_from_environment

@@ -1,17 +1,17 @@
 """GlowInvertibilityCheck, GlowImageGrids and the monitors the Glow recipes use: what they log and write equals
 what the test computes by brute force."""
 
+import importlib
 import math
 import warnings
 
 import numpy as np
 import pytest
-import pytorch_lightning as pl
 import torch
 from PIL import Image
-from pytorch_lightning.demos.boring_classes import BoringModel
 from torchvision.utils import make_grid, save_image
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks import GlowImageGrids, GlowInvertibilityCheck
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
@@ -21,6 +21,8 @@ from lightning_ortho.models import GlowModule
 from lightning_ortho.nn import NewtonInverseError
 from tests.conftest import free_port
 from tests.flows.references import autograd_log_det, conv1x1_inputs, minority_fraction, pixel_jacobian_signs
+
+BoringModel = importlib.import_module(f"{pl.__name__}.demos.boring_classes").BoringModel
 
 
 def small_glow(conv1x1: str) -> GlowModule:

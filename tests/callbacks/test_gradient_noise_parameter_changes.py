@@ -9,13 +9,13 @@ import warnings
 import weakref
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 import lightning_ortho.callbacks.gradient_noise as gradient_noise_module
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor
 from tests.callbacks.test_gradient_noise_windows import KEYS, Gradients
 from tests.callbacks.test_gradient_variance import UserMLP, brute_force, close, trainer, user_data

@@ -8,10 +8,9 @@ import math
 import warnings
 
 import pytest
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor
 from tests.callbacks.test_gradient_variance import UserMLP, brute_force, close, trainer, user_data
 
@@ -108,7 +107,7 @@ def test_a_resume_with_an_incomplete_window_pending_measures_what_an_uninterrupt
     gradients, straight = fit(tmp_path / "straight", 4)
     assert [record["step"] for record in straight.history] == [10]  # steps 7-9 (the fit ends at step 12)
     assert_windows(straight, gradients, [[7, 8, 9]], batch_size=8, rel=1e-5)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
     _, first = fit(tmp_path / "first", 1, callbacks=[checkpoint])
     assert first.history == [] and first._steps == 1  # step 2, saved with the checkpoint
     _, resumed = fit(tmp_path / "resumed", 4, ckpt_path=checkpoint.last_model_path)
@@ -139,7 +138,7 @@ def test_a_resumed_fit_that_falls_between_two_windows_is_advised_a_shorter_inter
             run.fit(UserMLP(), DataLoader(user_data(32), batch_size=8), ckpt_path=ckpt_path)  # 4 steps an epoch
         return monitor, unmeasured(caught)
 
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
     first, messages = fit(tmp_path / "first", 1, callbacks=[checkpoint])
     assert first.history == [] and len(messages) == 1
     resumed, (message,) = fit(tmp_path / "resumed", 2, ckpt_path=checkpoint.last_model_path)

@@ -5,13 +5,12 @@ import copy
 import math
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.gradient_variance import (
     EstimatorVariance,
     GradientNoiseMonitor,
@@ -240,7 +239,7 @@ def test_resume_from_a_checkpoint_inside_a_window_measures_the_same_windows(tmp_
         return monitor
 
     straight = fit(tmp_path / "straight", 2)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     first = fit(tmp_path / "first", 1, callbacks=[checkpoint])  # 12 steps: windows at 5, 10 and 2 steps pending
     assert first._steps == 2
     saved = torch.load(checkpoint.last_model_path, weights_only=False)["callbacks"][first.state_key]

@@ -6,10 +6,10 @@ import math
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
 from lightning_ortho.nn.newton import NewtonResult

@@ -4,11 +4,11 @@ brute-force autograd ``slogdet`` (float64) on the same probe."""
 import math
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
 from lightning_ortho.nn import AuxiliaryReflection
 

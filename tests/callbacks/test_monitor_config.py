@@ -3,10 +3,10 @@ path and submodules by name, and jsonargparse hands the monitor the classes them
 ``Sequence[type[nn.Module] | str]``); a class path in Python code is refused with the way to pass the class."""
 
 import pytest
-import pytorch_lightning as pl
 from jsonargparse import ArgumentParser
 from torch import nn
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
 from lightning_ortho.flows import Invertible1x1Conv
 

@@ -17,15 +17,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.parametrizations import orthogonal
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_ortho.callbacks
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._monitor import Measurement, Monitor
 from lightning_ortho.callbacks._monitor_values import reduce_measurement
 from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor, OnlineEstimatorVarianceMonitor
@@ -196,7 +195,7 @@ def run(case: Case, root: Path, callbacks=(), stop_after=None, epochs=1, ckpt_pa
         log_every_n_steps=1,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        enable_checkpointing=any(isinstance(c, pl.callbacks.ModelCheckpoint) for c in callbacks),
         limit_val_batches=0,
         num_sanity_val_steps=0,
         default_root_dir=root,
@@ -253,7 +252,7 @@ def test_logged_steps_are_the_steps_of_the_models_self_log_values(case, tmp_path
 @pytest.mark.filterwarnings("ignore:.*dataloader is not resumable", "ignore:.*measured nothing")
 def test_a_resume_from_a_checkpoint_continues_the_history_and_steps_exactly(case, tmp_path):
     _, _, straight = run(case, tmp_path / "straight", epochs=2)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
     _, _, first = run(case, tmp_path / "first", callbacks=[checkpoint], epochs=1)
     _, _, resumed = run(case, tmp_path / "resumed", epochs=2, ckpt_path=checkpoint.last_model_path)
     # The resumed fit's history is the first fit's (which measured its own last step, 7) and then what the

@@ -8,14 +8,13 @@ import math
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import EarlyStopping
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.parametrizations import orthogonal
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
@@ -287,7 +286,7 @@ def test_a_window_is_the_last_steps_of_each_interval(tmp_path, tiny_trainer):
 def test_early_stopping_on_the_noise_has_a_value_after_the_first_epoch_of_a_short_run(tiny_trainer):
     pl.seed_everything(0)
     monitor = GradientNoiseMonitor(every_n_steps=8, window_steps=4, plot=False)
-    stopping = EarlyStopping(monitor="gradient_noise/snr", mode="max", patience=5)
+    stopping = pl.callbacks.EarlyStopping(monitor="gradient_noise/snr", mode="max", patience=5)
     trainer = tiny_trainer(max_epochs=2, callbacks=[monitor, stopping])
     trainer.fit(UserMLP(), DataLoader(user_data(64), batch_size=8))  # 8 steps an epoch
     assert trainer.global_step == 16 and math.isfinite(float(trainer.callback_metrics["gradient_noise/snr"]))

@@ -1,22 +1,21 @@
 """What a monitor leaves besides its logged values: the end-of-fit table (as wide as its keys, off with
 ``verbose=False``), the PNG (off by default; in the logger's directory, in TensorBoard as a figure, never under
 ``fast_dev_run``; ``plot=True`` without matplotlib is an error naming the extra), and its values in the progress bar
-and in ``trainer.callback_metrics`` for ``ModelCheckpoint(monitor=...)``."""
+and in ``trainer.callback_metrics`` for ``pl.callbacks.ModelCheckpoint(monitor=...)``."""
 
 from __future__ import annotations
 
 import sys
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.parametrizations import orthogonal
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ortho._extras import MissingExtraError
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.orthogonality_monitor import OrthogonalityMonitor
 
 LONG = "a_submodule_whose_name_is_long_enough_to_push_the_table_past_eighty_columns"
@@ -121,7 +120,7 @@ def test_values_reach_the_progress_bar_only_when_asked_and_model_checkpoint_can_
     key = f"orthogonality/{LONG}/weight/orthogonality_fro"
     trainer = fit(tmp_path, OrthogonalityMonitor(every_n_steps=2), logger=False)
     assert key in trainer.callback_metrics and key not in trainer.progress_bar_metrics
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", monitor=key, mode="min", save_top_k=1)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "checkpoints", monitor=key, mode="min", save_top_k=1)
     monitor = OrthogonalityMonitor(every_n_steps=2, prog_bar=True)
     trainer = fit(tmp_path, monitor, logger=False, max_epochs=2, callbacks=[checkpoint], enable_checkpointing=True)
     assert trainer.progress_bar_metrics[key] == monitor.history[-1]["values"][key]

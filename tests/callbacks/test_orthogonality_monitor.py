@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loggers import Logger
 from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.orthogonality_monitor import OrthogonalityMonitor
 from lightning_ortho.nn import AuxiliaryReflection, SVDLinear, orthogonal_map
 
@@ -68,7 +67,7 @@ class AuxMLP(PlainMLP):
         self.net = nn.Sequential(nn.Linear(8, 4), AuxiliaryReflection(4))
 
 
-class Recorder(Logger):
+class Recorder(pl.loggers.Logger):
     """A logger that keeps every ``log_metrics`` call (what any logger would receive)."""
 
     def __init__(self) -> None:

@@ -1,14 +1,12 @@
 import copy
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import RichProgressBar
-from pytorch_lightning.loggers.logger import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.transform_compression import TransformCompression
 from lightning_ortho.nn import SVDLinear
 from lightning_ortho.transforms.compression import FactorizedLinear, restore_factorized
@@ -67,7 +65,7 @@ class Recorder(pl.Callback):
         pl_module.train(was_training)
 
 
-class CaptureLogger(Logger):
+class CaptureLogger(pl.loggers.Logger):
     def __init__(self):
         super().__init__()
         self.logged = {}
@@ -250,7 +248,9 @@ def test_progress_of_compress_linear_stays_off_under_lightnings_rich_bar(
 
     monkeypatch.setattr(transform_compression, "compress_linear", recording)
     train, val = make_data()
-    bar = {"enable_progress_bar": True, "callbacks": [RichProgressBar()]} if rich_bar else {"callbacks": []}
+    bar = (
+        {"enable_progress_bar": True, "callbacks": [pl.callbacks.RichProgressBar()]} if rich_bar else {"callbacks": []}
+    )
     callback = TransformCompression(modules=["net.2"], s=3, m=4, iterations=1, verbose=False, progress=progress)
     bar["callbacks"].append(callback)
     tiny_trainer(max_epochs=1, limit_train_batches=1, **bar).fit(UserMLP(), train, val)

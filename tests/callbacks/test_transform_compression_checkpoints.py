@@ -5,9 +5,9 @@ fit(..., ckpt_path=...)``, and ``lightning-ortho predict | fit --ckpt_path`` wit
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.transform_compression import TransformCompression
 from lightning_ortho.cli import run_cli
 from lightning_ortho.models import OrthogonalClassifier

@@ -5,12 +5,11 @@ before training or kept dense instead of failing after it."""
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.transform_compression import TransformCompression
 from lightning_ortho.transforms import FactorizedLinear
 from tests.callbacks.test_transform_compression import UserMLP, make_data
@@ -30,7 +29,9 @@ def compression(**kwargs):
 def test_a_checkpoint_saved_before_compression_loads_into_the_compressed_model(tmp_path):
     train, val = make_data()
     model, folder = UserMLP(), tmp_path / "checkpoints"
-    every_epoch = ModelCheckpoint(dirpath=folder, filename="{epoch}", monitor="val_acc", mode="max", save_top_k=-1)
+    every_epoch = pl.callbacks.ModelCheckpoint(
+        dirpath=folder, filename="{epoch}", monitor="val_acc", mode="max", save_top_k=-1
+    )
     trainer = make_tiny_trainer(
         tmp_path, max_epochs=3, callbacks=[compression(finetune_epochs=1), every_epoch], enable_checkpointing=True
     )
@@ -52,7 +53,7 @@ def test_compression_after_the_last_checkpoint_is_saved_next_to_it_and_never_ove
     folder = tmp_path / "checkpoints"
     for name in ["compressed.ckpt", "compressed-v1.ckpt"]:
         model, callback = UserMLP(), compression()  # default: compress at the end of fit, after every checkpoint
-        checkpoints = ModelCheckpoint(dirpath=folder, save_last=True)
+        checkpoints = pl.callbacks.ModelCheckpoint(dirpath=folder, save_last=True)
         trainer = make_tiny_trainer(
             tmp_path, max_epochs=1, callbacks=[callback, checkpoints], enable_checkpointing=True
         )
@@ -71,7 +72,10 @@ def test_no_extra_checkpoint_when_one_was_saved_after_compression_or_none_is_kep
     # compressed after epoch 0, epoch 1 fine-tuned and checkpointed: that checkpoint holds the compressed model
     callback, folder = compression(finetune_epochs=1), tmp_path / "checkpoints"
     trainer = make_tiny_trainer(
-        tmp_path, max_epochs=2, callbacks=[callback, ModelCheckpoint(dirpath=folder)], enable_checkpointing=True
+        tmp_path,
+        max_epochs=2,
+        callbacks=[callback, pl.callbacks.ModelCheckpoint(dirpath=folder)],
+        enable_checkpointing=True,
     )
     trainer.fit(UserMLP(), train, val)
     assert callback.compressed_checkpoint is None and not list(folder.glob("compressed*"))

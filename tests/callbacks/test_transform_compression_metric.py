@@ -5,13 +5,13 @@ figures are those of the model before and after compression, also across process
 import copy
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanSquaredError
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.transform_compression import TransformCompression
 from lightning_ortho.transforms import FactorizedLinear
 from tests.callbacks.test_transform_compression import UserMLP, accuracy, make_data

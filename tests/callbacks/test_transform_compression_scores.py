@@ -6,11 +6,10 @@ overrides are those of training again after the compression's evaluation."""
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.transform_compression import TransformCompression
 from lightning_ortho.transforms.compression import FactorizedLinear
 from tests.callbacks.test_transform_compression import UserMLP, make_data
@@ -27,7 +26,7 @@ def test_every_checkpoint_carries_the_score_of_the_weights_it_holds(tmp_path, wh
     train, val = make_data()
     torch.manual_seed(0)
     model, callback = UserMLP(), compression(**when)
-    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_acc", mode="max", save_top_k=-1)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_acc", mode="max", save_top_k=-1)
     make_tiny_trainer(
         tmp_path, max_epochs=3, callbacks=[callback, checkpoints], enable_checkpointing=True, num_sanity_val_steps=0
     ).fit(model, train, val)
@@ -90,7 +89,7 @@ def test_the_compressed_checkpoint_holds_optimizer_state_of_the_compressed_param
     make_tiny_trainer(
         tmp_path,
         max_epochs=2,
-        callbacks=[callback, ModelCheckpoint(dirpath=tmp_path / "ck")],
+        callbacks=[callback, pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ck")],
         enable_checkpointing=True,
     ).fit(model, train, val)
     saved = torch.load(callback.compressed_checkpoint, weights_only=False)

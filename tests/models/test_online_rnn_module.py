@@ -4,11 +4,10 @@ import copy
 import math
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.models import OnlineRNNModule
 from lightning_ortho.online import InfluenceBalancingCell, TanhRNNCell
 from lightning_ortho.online.losses import masked_loss_sum
@@ -182,7 +181,7 @@ def test_fit_then_resume_equals_uninterrupted_fit_bit_for_bit(estimator, tmp_pat
     trainer(tmp_path / "straight", max_epochs=2).fit(straight, data)
 
     first, data = build(0)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     trainer(tmp_path / "first", max_epochs=1, enable_checkpointing=True, callbacks=[checkpoint]).fit(first, data)
     assert first.carry.window_steps == 3 and first.carry.pending is not None
     resumed, data = build(123)  # other initial weights and global RNG: the checkpoint must decide everything
@@ -389,7 +388,7 @@ def test_ddp_resume_restores_every_process_estimator_state(tmp_path, monkeypatch
         return module
 
     straight = run(tmp_path / "straight", 2)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     run(tmp_path / "first", 1, enable_checkpointing=True, callbacks=[checkpoint])
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["online_rnn_module"]
     assert saved["world_size"] == 2 and saved["window_steps"] == 3

@@ -4,10 +4,9 @@ import math
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules import AddingTaskDataModule
 from lightning_ortho.models import OnlineRNNModule
 from lightning_ortho.online import TanhRNNCell
@@ -19,7 +18,7 @@ def checkpointed(tmp_path, estimator="tbptt", update_every=4):
     """A checkpoint after one epoch of 3 chunks x 5 steps with an update every 4 steps: 3 updates, 3 steps pending."""
     pl.seed_everything(0)
     first = model(estimator, update_every=update_every)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     fit = trainer(tmp_path / "first", max_epochs=1, enable_checkpointing=True, callbacks=[checkpoint])
     fit.fit(first, TinyStreams(streams=3, steps=5, chunks_per_epoch=3))
     assert first.global_step == 3 and first.carry.window_steps == 3

@@ -4,10 +4,10 @@ import math
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules import AddingTaskDataModule
 from lightning_ortho.models import OnlineRNNModule
 from lightning_ortho.online import TanhRNNCell

@@ -4,9 +4,9 @@ and validation go exactly as with zeros there."""
 import math
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
+from lightning_ortho._lightning import pl
 from tests.models.test_online_rnn_module import TinyStreams, model, trainer
 
 

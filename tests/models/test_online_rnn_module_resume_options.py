@@ -4,9 +4,8 @@ left at their defaults and the same defaults spelt out are the same options."""
 import warnings
 
 import pytest
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.models import online_estimators
 from tests.models.test_online_rnn_module import TinyStreams, model, trainer
 
@@ -43,7 +42,7 @@ def test_a_required_option_set_on_one_side_only_differs():
 def _checkpoint(root, options):
     pl.seed_everything(0)
     first = model("uoro", update_every=2, estimator_options=options)
-    checkpoint = ModelCheckpoint(dirpath=root / "ckpt", save_last=True)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=root / "ckpt", save_last=True)
     fit = trainer(root / "first", max_epochs=1, limit_val_batches=0, enable_checkpointing=True, callbacks=[checkpoint])
     fit.fit(first, TinyStreams(streams=3, steps=5, chunks_per_epoch=3))
     return checkpoint.last_model_path

@@ -1,9 +1,9 @@
 """OnlineRNNModule runs small cells on one CPU thread (num_threads='auto') and gives the count back afterwards."""
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
+from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules import AddingTaskDataModule
 from lightning_ortho.models import OnlineRNNModule
 from lightning_ortho.online import TanhRNNCell
