@@ -9,8 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytorch_lightning as pl
 from _common import pyplot
+
+from lightning_ortho._lightning import pl
 
 
 class EpochRecorder(pl.Callback):

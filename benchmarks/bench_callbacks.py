@@ -6,7 +6,7 @@ closed-form log-determinants against the autograd path of JacobianDeterminantMon
     python benchmarks/bench_callbacks.py --skip-overhead | --skip-logdet
 
 1. Overhead (rows ``"section": "overhead"``). Three recipes' models, each trained in-process by a
-   ``pl.Trainer(max_steps=N, logger=CSVLogger(...), enable_progress_bar=False, enable_checkpointing=False,
+   ``pl.Trainer(max_steps=N, logger=pl.loggers.CSVLogger(...), enable_progress_bar=False, enable_checkpointing=False,
    enable_model_summary=False, limit_val_batches=0)`` with the recipe's other trainer settings, once without any
    monitor (``"none"``) and once with each monitor alone, at its defaults (``Monitor()``, no argument):
 
@@ -65,9 +65,9 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loggers import CSVLogger
+
+from lightning_ortho._lightning import pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, hardware_name, keep_freed_memory, median, pyplot, write_result  # noqa: E402
@@ -303,7 +303,7 @@ def fit_once(scenario: Scenario, label: str, steps: int, quick: bool, accelerato
         accelerator=accelerator,
         devices=1,
         max_steps=steps,
-        logger=CSVLogger(root, name=f"{scenario.name}-{label}"),  # the monitors log as in a user's run
+        logger=pl.loggers.CSVLogger(root, name=f"{scenario.name}-{label}"),  # the monitors log as in a user's run
         enable_progress_bar=False,
         enable_checkpointing=False,
         enable_model_summary=False,

@@ -346,7 +346,7 @@ def crossover(rows: list[dict], method: str, threads: int) -> int | None:
 
 # ------------------------------------------------------------------------------------------------ part 3: compression
 def _trainer(epochs: int, root: str, callbacks=()):
-    import pytorch_lightning as pl
+    from lightning_ortho._lightning import pl
 
     return pl.Trainer(
         max_epochs=epochs,
@@ -376,7 +376,7 @@ def accuracy(model: nn.Module, data, split: str) -> float:
 
 def finetune(model, data, epochs: int, root: str) -> tuple[list[float], float]:
     """Train ``model`` (seed 0) for ``epochs``; returns the validation accuracy after each epoch and the seconds."""
-    import pytorch_lightning as pl
+    from lightning_ortho._lightning import pl
 
     curve: list[float] = []
 
@@ -420,8 +420,7 @@ def compress_model(model: nn.Module, family: str, params: dict, fit: str, x_trai
 
 
 def measure_compression(epochs: int, finetune_epochs: int, grid, fits=FITS) -> tuple[list[dict], dict]:
-    import pytorch_lightning as pl
-
+    from lightning_ortho._lightning import pl
     from lightning_ortho.datamodules import DigitsDataModule
     from lightning_ortho.models import OrthogonalClassifier
 

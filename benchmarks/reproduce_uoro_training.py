@@ -29,8 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytorch_lightning as pl
 import torch
+
+from lightning_ortho._lightning import pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import pyplot, write_result  # noqa: E402
