@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow bench install clean
+.PHONY: demo test test-lightning test-slow bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,13 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The Lightning-facing tests again, with lightning-ortho built on the `lightning` package (import lightning as L)
+# instead of pytorch_lightning: the math packages' tests do not depend on it.
+test-lightning: install
+	LIGHTNING_ORTHO_LIGHTNING=lightning $(BIN)/python -m pytest -q tests/callbacks tests/models tests/datamodules \
+		tests/benchmarks tests/test_cli.py tests/test_cli_compression.py tests/test_cli_predict.py \
+		tests/test_cli_online_stages.py tests/test_scale.py
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
