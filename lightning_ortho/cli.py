@@ -68,8 +68,9 @@ class LightningOrthoCLI(LightningCLI):
 
     @rank_zero_only
     def _print_summary(self, stage: str) -> None:
-        from rich.console import Console
         from rich.table import Table
+
+        from lightning_ortho.callbacks._console import wide_console
 
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items() if v.numel() == 1}
         if not metrics:
@@ -79,12 +80,13 @@ class LightningOrthoCLI(LightningCLI):
         table.add_column("value", justify="right")
         for name in sorted(metrics):
             table.add_row(name, f"{metrics[name]:.4f}")
-        console = Console()
+        console = wide_console(table)
         console.print(table)
         if "val_acc" in metrics:
-            console.print(f"validation accuracy: {self._final_accuracy(stage, metrics)}")
+            # soft_wrap: one line however narrow the terminal (scripts read it)
+            console.print(f"validation accuracy: {self._final_accuracy(stage, metrics)}", soft_wrap=True)
         if "val_bpd" in metrics:
-            console.print(f"validation bits/dim: {metrics['val_bpd']:.4f}")
+            console.print(f"validation bits/dim: {metrics['val_bpd']:.4f}", soft_wrap=True)
 
     def _final_accuracy(self, stage: str, metrics: dict[str, float]) -> str:
         """``val_acc`` of the model the run ends with: a TransformCompression after the fit's last validation (at
@@ -98,6 +100,11 @@ class LightningOrthoCLI(LightningCLI):
             # both figures from the callback: the same batches (it runs every validation batch), before and after
             before = dense if callback.metric_before is None else callback.metric_before
             return f"{callback.metric_after:.4f} (compressed; {before:.4f} before compression)"
+        if callback.metric_name is None:
+            return (
+                f"{dense:.4f} of the dense model, before the layers were compressed at the end of fit (the compressed "
+                "model was not scored: give TransformCompression a metric)"
+            )
         after = "not measured" if callback.metric_after is None else f"{callback.metric_after:.4f}"
         return (
             f"{dense:.4f} of the dense model, before the layers were compressed at the end of fit (the compressed "
@@ -121,8 +128,9 @@ def run_cli(args: list[str] | None = None) -> LightningOrthoCLI:
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``lightning-ortho`` console script.
 
-    A missing dataset, or a data option that the data module cannot honour (``--data.root`` on a recipe with
-    embedded data), ends the command with its message and exit status 2, not a traceback.
+    A missing dataset, a data option that the data module cannot honour (``--data.root`` on a recipe with
+    embedded data), or an optional dependency that is not installed (the message names the extra) ends the command
+    with its message and exit status 2, not a traceback.
     """
     try:
         run_cli(args)
@@ -131,15 +139,20 @@ def main(args: list[str] | None = None) -> None:
         if found is None:
             raise
         from rich.console import Console
+        from rich.markup import escape
 
         title, message = found
-        Console(stderr=True).print(f"[bold red]{title}[/bold red] {message}", highlight=False, soft_wrap=True)
+        # escape: messages hold brackets that are not markup (pip install "lightning-ortho[vision]")
+        Console(stderr=True).print(
+            f"[bold red]{title}[/bold red] {escape(str(message))}", highlight=False, soft_wrap=True
+        )
         raise SystemExit(2) from None
 
 
 def _user_error(error: BaseException) -> tuple[str, BaseException] | None:
     """``(title, error)`` for the data errors a user fixes on the command line, found along the ``__cause__``
     chain (jsonargparse re-raises errors of the data module's constructor ``from`` them); ``None`` otherwise."""
+    from lightning_ortho._extras import MissingExtraError
     from lightning_ortho.datamodules import DataOptionError, DatasetFormatError, DatasetNotFoundError
 
     seen: set[int] = set()
@@ -152,6 +165,8 @@ def _user_error(error: BaseException) -> tuple[str, BaseException] | None:
             return "Dataset file damaged.", current
         if isinstance(current, DataOptionError):
             return "Data option not accepted.", current
+        if isinstance(current, MissingExtraError):
+            return "Optional dependency missing.", current
         current = current.__cause__
     return None
 

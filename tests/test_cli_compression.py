@@ -48,3 +48,19 @@ def test_compressed_during_fit_and_validated_after_the_line_is_the_last_validati
     line = final_line(capsys)
     assert re.fullmatch(r"validation accuracy: \d\.\d{4}", line), line
     assert line == f"validation accuracy: {float(cli.trainer.callback_metrics['val_acc']):.4f}"
+
+
+def test_compressed_at_the_end_of_fit_without_a_metric_the_line_says_the_compressed_model_was_not_scored(
+    tmp_path, capsys
+):
+    args = ["fit", "--config", str(RECIPE), "--trainer.max_epochs=1", f"--trainer.default_root_dir={tmp_path}"]
+    cli = run_cli(
+        [*args, *QUICK, "--trainer.callbacks.init_args.finetune_epochs=0", "--trainer.callbacks.init_args.metric=null"]
+    )
+    (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, TransformCompression)]
+    assert callback.metric_name is None and callback.metric_after is None
+    dense = float(cli.trainer.callback_metrics["val_acc"])
+    assert final_line(capsys) == (
+        f"validation accuracy: {dense:.4f} of the dense model, before the layers were compressed at the end of fit "
+        "(the compressed model was not scored: give TransformCompression a metric)"
+    )

@@ -80,7 +80,19 @@ cli = run_cli([
     f"--trainer.default_root_dir={folder}",
 ])
 fit = {"steps": cli.trainer.global_step, "val_acc": float(cli.trainer.callback_metrics["val_acc"])}
-print("RESULT" + json.dumps({"imported": imported, "errors": errors, "fit": fit}))
+
+import contextlib, io
+from lightning_ortho.cli import main
+
+stderr = io.StringIO()
+try:
+    with contextlib.redirect_stderr(stderr):
+        main(["fit", "--config", "recipes/fcnn_mnist.yaml", f"--data.init_args.root={folder}", "--trainer.fast_dev_run=1"])
+    code = 0
+except SystemExit as stop:
+    code = stop.code
+command = {"code": code, "stderr": stderr.getvalue()}
+print("RESULT" + json.dumps({"imported": imported, "errors": errors, "fit": fit, "command": command}))
 """
 
 EXPECTED = {
@@ -121,6 +133,13 @@ def test_each_use_of_a_missing_extra_names_the_extra(without_extras, use):
     kind, message = without_extras["errors"][use]
     assert kind == "MissingExtraError", message
     assert f'pip install "lightning-ortho[{EXPECTED[use]}]"' in message, message
+
+
+def test_the_command_ends_a_missing_extra_with_its_message_not_a_traceback(without_extras):
+    command = without_extras["command"]
+    assert command["code"] == 2, command
+    assert "Optional dependency missing." in command["stderr"] and "Traceback" not in command["stderr"]
+    assert 'pip install "lightning-ortho[vision]"' in command["stderr"]
 
 
 def test_the_extras_in_pyproject_install_what_the_errors_name():

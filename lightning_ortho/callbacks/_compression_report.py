@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from lightning_ortho._lightning import rank_zero_only
+from lightning_ortho.callbacks._console import wide_console
 
 
 @rank_zero_only
 def print_report(report: list[dict], metric_name: str | None, before: float | None, after: float | None) -> None:
     """A rich table of the compressed layers (sizes, codes, blocks, error, operations); its title is the metric of
     the model before and after compression (``metric_name=None``: there is no metric, the error % says it all)."""
-    from rich.console import Console
     from rich.table import Table
 
     def fmt(value: float | None) -> str:
@@ -35,4 +35,4 @@ def print_report(report: list[dict], metric_name: str | None, before: float | No
             str(ops("factorized_ops")),
             f"{row['ops_ratio']:.3f}",
         )
-    Console().print(table)
+    wide_console(table).print(table)  # not cut at 80 columns in a log file

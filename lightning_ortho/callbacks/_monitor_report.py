@@ -9,6 +9,7 @@ from typing import Any
 
 from lightning_ortho._extras import require
 from lightning_ortho._lightning import pl, rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning_ortho.callbacks._console import wide_console
 
 
 def check_plotting(owner: str) -> None:
@@ -36,7 +37,6 @@ def print_table(
 ) -> None:
     """Print ``key -> (last, min, max)`` as a rich table as wide as it needs (not cut at the terminal's or a pipe's
     80 columns), then ``notes`` as ``key: text`` lines."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
@@ -44,9 +44,7 @@ def print_table(
         table.add_column(column, justify="left" if column == "statistic" else "right", no_wrap=True)
     for key, (last, low, high) in summary.items():
         table.add_row(key, f"{last:.4g}", f"{low:.4g}", f"{high:.4g}")
-    console = Console()
-    width = max(console.width, Console(width=10_000).measure(table).maximum)  # the table's own width
-    console = Console(width=width)
+    console = wide_console(table)
     console.print(table)
     for key, text in (notes or {}).items():
         console.print(f"  {key}: {text}", soft_wrap=True, highlight=False)
