@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from lightning_ortho._lightning import Callback, pl, rank_zero_info
+from lightning_ortho._lightning import Callback, every_package, pl, rank_zero_info
 
 #: Sums a float64 tensor over the processes (the identity for one process); every process must call it.
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -31,7 +31,8 @@ class RecordsPredictions(Protocol):
     def prediction_summary(self, record: dict[str, torch.Tensor], reduce: Reduce) -> str: ...  # pragma: no cover
 
 
-class PredictionWriter(pl.callbacks.BasePredictionWriter, Callback):
+# Lightning's predict loop keeps the batch indices for writers of its own package: derive from every package's.
+class PredictionWriter(*every_package("callbacks.BasePredictionWriter"), Callback):
     """Saves the outputs of ``predict`` as a dict of tensors (``torch.save``) and logs its path and a summary.
 
     The file is ``dirpath / filename`` (``predictions.pt`` in the run directory, ``trainer.log_dir``, by default).

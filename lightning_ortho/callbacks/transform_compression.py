@@ -10,7 +10,7 @@ import torch
 import torchmetrics
 from torch import nn
 
-from lightning_ortho._lightning import Callback, pl, rank_zero_info
+from lightning_ortho._lightning import Callback, every_package, pl, rank_zero_info
 from lightning_ortho.callbacks._compression_metric import (
     BatchKeys,
     choose_metric,
@@ -26,7 +26,7 @@ from lightning_ortho.transforms.compression import (
 )
 from lightning_ortho.transforms.factorized_linear import keep_training_state, restore_factorized_on_load
 
-RichProgressBar = pl.callbacks.RichProgressBar
+RichProgressBar = every_package("callbacks.RichProgressBar")  # whichever Trainer runs the callback
 
 
 def _check_optional_int(value: object, name: str, low: int) -> None:

@@ -28,7 +28,11 @@ def test_the_package_the_program_imported_first_is_used():
     assert choose_package({}, {"lightning.pytorch": object()}) == "lightning"
     assert choose_package({}, {"pytorch_lightning": object()}) == "pytorch_lightning"
     assert choose_package({}, {"pytorch_lightning": object(), "lightning.pytorch": object()}) == "lightning"
-    assert choose_package({}, {}) == "pytorch_lightning"  # lightning-ortho's own dependency
+    # Neither imported yet: lightning where it is installed (lightning-ortho itself depends on pytorch_lightning only).
+    assert choose_package({}, {}, installed=["lightning", "pytorch_lightning"]) == "lightning"
+    assert choose_package({}, {}, installed=["pytorch_lightning"]) == "pytorch_lightning"
+    with pytest.raises(ImportError, match="pip install pytorch-lightning"):
+        choose_package({}, {}, installed=[])
 
 
 def test_the_environment_variable_wins():
@@ -37,6 +41,24 @@ def test_the_environment_variable_wins():
     assert choose_package({PACKAGE_VARIABLE: "pytorch-lightning"}, {"lightning.pytorch": 1}) == "pytorch_lightning"
     with pytest.raises(ValueError, match="use 'lightning' or 'pytorch_lightning'"):
         choose_package({PACKAGE_VARIABLE: "torch"}, imported)
+    with pytest.raises(ImportError, match="lightning is not installed"):
+        choose_package({PACKAGE_VARIABLE: "lightning"}, imported, installed=["pytorch_lightning"])
+
+
+CALLBACKS_FIRST = """
+from lightning_ortho.callbacks import OrthogonalityMonitor  # before the program's own Lightning import
+import lightning as L
+from lightning_ortho.models import OrthogonalClassifier
+
+assert isinstance(OrthogonalClassifier(depth=1), L.LightningModule)
+assert isinstance(OrthogonalityMonitor(), L.Callback)
+print("ok")
+"""
+
+
+def test_importing_a_callback_before_lightning_still_gives_lightning_modules(tmp_path: Path):
+    result = run(CALLBACKS_FIRST, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 MODULES_UNDER_LIGHTNING = """
@@ -78,5 +100,41 @@ def test_the_command_runs_a_recipe_under_lightning(recipe: str, tmp_path: Path):
         "print('ok')"
     )
     result = run(code, tmp_path, **{PACKAGE_VARIABLE: "lightning"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
+
+
+WRITER_UNDER_THE_OTHER_PACKAGE = """
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from lightning_ortho._lightning import PACKAGE
+from lightning_ortho.callbacks import PredictionWriter
+
+assert PACKAGE == "pytorch_lightning"  # the variable forces it; the project's Trainer is lightning's
+
+
+class Scores(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 4)
+
+    def predict_step(self, batch, batch_idx):
+        return self.layer(batch[0])
+
+
+x, y = torch.randn(10, 3), torch.arange(10) % 4
+writer = PredictionWriter(dirpath=".")
+L.Trainer(accelerator="cpu", logger=False, callbacks=[writer]).predict(
+    Scores(), DataLoader(TensorDataset(x, y), batch_size=4)
+)
+record = torch.load("predictions.pt")
+assert record["predictions"].shape == (10, 4) and torch.equal(record["targets"], y), record.keys()
+print("ok")
+"""
+
+
+def test_the_prediction_writer_serves_the_other_packages_trainer(tmp_path: Path):
+    result = run(WRITER_UNDER_THE_OTHER_PACKAGE, tmp_path, **{PACKAGE_VARIABLE: "pytorch_lightning"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
