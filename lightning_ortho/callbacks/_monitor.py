@@ -8,7 +8,13 @@ processes); the base does the rest. Probes are the first ``probe_size`` rows of 
 module receives in a training step (a forward hook, removed once it has fired), so a monitor never asks the model for
 data and works on models it has never seen. A module named in ``modules`` is probed whatever its mode (a frozen flow
 in eval mode is the common case); an automatically chosen one only while it trains (a frozen pretrained part is left
-alone). The last step of a fit is measured however the fit ends. A monitor that measured nothing, or never measured
+alone).
+
+When a monitor measures (one rule for every monitor, whatever the batches hold): at the end of the first training
+batch at or past each multiple of ``every_n_steps`` optimizer steps (``global_step``; a multiple crossed inside a
+batch, as under manual optimisation with several steps a batch, is measured at that batch's end; a batch that takes
+no step, as under gradient accumulation, crosses none), and at the end of the last batch of the fit however the fit
+ends; never before the fit's first optimizer step. A monitor that measured nothing, or never measured
 some watched module, in a fit says so in one warning at the end of fit, with the reason and what to change (at info
 level for a monitor from the environment switch when the fit was only too short). Each process keeps its own probe
 (its own shard of the data); statistics are reduced across processes as the measurement declares (``"mean"``
@@ -90,9 +96,12 @@ class Monitor(Callback):
         modules: which submodules to watch: ``None`` (every module the subclass can measure), or a list of names
             (``"encoder.0"``) and/or module classes (in a YAML config, ``modules: [torch.nn.Linear]``); a name must
             exist, and a class must match at least one module.
-        every_n_steps: measure after every ``every_n_steps``-th optimizer step (``global_step``), and after the
-            last training batch of fit, however the fit ends (max_epochs, max_steps, an early stop, max_time; at
-            least :attr:`min_every_n_steps`).
+        every_n_steps: measure at the end of the first training batch at or past each multiple of
+            ``every_n_steps`` optimizer steps (``global_step``: a multiple crossed inside a batch of several
+            optimizer steps is measured at that batch's end; under gradient accumulation, at the end of the batch
+            that steps), and at the end of the last training batch of fit, however the fit ends (max_epochs,
+            max_steps, an early stop, max_time); never before the first optimizer step. At least
+            :attr:`min_every_n_steps`.
         probe_size: rows of the probe batch (the first rows of each module's first input in a training step; a
             named module in any mode, an automatically chosen one in training mode).
         plot: at the end of fit (not under ``fast_dev_run``), write ``<Class>.png`` of the history into the first
@@ -166,6 +175,8 @@ class Monitor(Callback):
         self._eval_only: set[str] = set()  # auto-selected modules seen in a training step only in eval mode
         self._measured: set[str] = set()  # modules that got values in this fit
         self._fit_start_step = 0
+        self._batch_end_step = 0  # global_step at the end of the last training batch (or the fit's start)
+        self._batch_log_step: int | None = None  # that batch's logging step (None before the fit's first batch)
         self._fit_runs = 0  # measurements attempted in this fit
 
     @property
@@ -203,6 +214,11 @@ class Monitor(Callback):
         it can be measured, else the reason. A named module with a problem is a clear error (before any optimizer
         step); an auto-selected one is dropped into ``skipped``. Default: no check."""
         return None
+
+    def nothing_to_log(self, name: str) -> bool:
+        """Whether the watched module ``name`` has nothing to log because every statistic of it is constant by
+        construction (said in :meth:`notes`; not a module that went unmeasured). Default: no."""
+        return False
 
     def needs_probe(self) -> bool:
         """Whether :meth:`measure` needs a probe (monitors of parameters alone do not)."""
@@ -302,11 +318,21 @@ class Monitor(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        if step == self._last_step or not (step % self.every_n_steps == 0 or last_batch_of_fit(trainer, batch_idx)):
+        step, crossed = trainer.global_step, self.crossed_a_multiple(trainer)
+        if step == self._last_step or not (
+            crossed or (step > self._fit_start_step and last_batch_of_fit(trainer, batch_idx))
+        ):
             return
         self._last_step = step
         self.run(trainer, pl_module)
+
+    def crossed_a_multiple(self, trainer: pl.Trainer) -> bool:
+        """Called once at the end of every training batch: whether the optimizer steps of the batch that just
+        ended reached or passed a multiple of ``every_n_steps`` (the measuring rule of the module docstring). It also
+        keeps that batch's logging step, for a measurement after the loop (:meth:`measure_last_step`)."""
+        step, before = trainer.global_step, self._batch_end_step
+        self._batch_end_step, self._batch_log_step = step, logging_step(trainer)
+        return step // self.every_n_steps > before // self.every_n_steps
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The last step of a fit is measured however the fit ended. Most often on_train_batch_end already did (so the
@@ -320,7 +346,10 @@ class Monitor(Callback):
         step = trainer.global_step
         if step > self._fit_start_step and step != self._last_step:
             self._last_step = step
-            self.run(trainer, pl_module, logging_step(trainer, after_loop=True))
+            # The last batch's own logging step: after the loop, the loop's counter is one past it only when that
+            # batch stepped (under gradient accumulation the last batch of an early stop may not have).
+            log_step = self._batch_log_step
+            self.run(trainer, pl_module, logging_step(trainer, after_loop=True) if log_step is None else log_step)
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, log_step: int | None = None) -> dict[str, float]:
         """Measure every watched module that has its probe now (in eval mode; afterwards each submodule is back in
@@ -348,8 +377,9 @@ class Monitor(Callback):
                     logged[key] = value
                     self._measured.add(name)
         log_step = logging_step(trainer) if log_step is None else log_step
-        log_values(trainer, logged, log_step, self.prog_bar)
-        self.history.append({"step": trainer.global_step, "log_step": log_step, "values": logged})
+        if logged:  # a measurement that gave nothing to log (everything undefined or constant) leaves no record
+            log_values(trainer, logged, log_step, self.prog_bar)
+            self.history.append({"step": trainer.global_step, "log_step": log_step, "values": logged})
         return logged
 
     # ---------------------------------------------------------------------------------------- checkpointing
@@ -372,7 +402,8 @@ class Monitor(Callback):
     # ------------------------------------------------------------------------------------------------ report
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # After a checkpoint is restored: the steps of this fit count from here.
-        self._fit_start_step = trainer.global_step
+        self._fit_start_step = self._batch_end_step = trainer.global_step
+        self._batch_log_step = None
         self._measured, self._fit_runs = set(), 0
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

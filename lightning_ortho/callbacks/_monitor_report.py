@@ -21,12 +21,13 @@ def check_plotting(owner: str) -> None:
 def report_at_fit_end(monitor: Any, trainer: pl.Trainer) -> None:
     """``monitor``'s table (``verbose``) and figure (``plot``, not under ``fast_dev_run``). Called on every process:
     ``trainer.log_dir`` broadcasts under DDP; only rank zero prints and writes."""
-    if not monitor.history:
+    notes = monitor.notes()
+    if not monitor.history and not notes:
         return
     name = type(monitor).__name__
     if monitor.verbose:
-        print_table(f"{name} ({len(monitor.history)} measurements)", monitor.summary(), monitor.notes())
-    if monitor.plot and not trainer.fast_dev_run:
+        print_table(f"{name} ({len(monitor.history)} measurements)", monitor.summary(), notes)
+    if monitor.plot and monitor.history and not trainer.fast_dev_run:
         folder = Path(trainer.log_dir or trainer.default_root_dir)
         save_figure(monitor.history, monitor.prefix, folder / f"{name}.png", trainer, f"{monitor.prefix}/history")
 
@@ -51,12 +52,14 @@ def print_table(
 
 
 def history_figure(history: list[dict[str, Any]], prefix: str) -> Any:
-    """A matplotlib figure of the records ``{"step": int, "values": {"<prefix>/<module>/<statistic>": float}}``:
-    one panel per statistic, one line per module; ``None`` without values."""
-    import matplotlib
+    """A matplotlib ``Figure`` of the records ``{"log_step": int, "values": {"<prefix>/<module>/<statistic>":
+    float}}``: one panel per statistic, one line per module, against the step at which the values were logged (what
+    the loggers, TensorBoard and CSV, show); ``None`` without values.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Built with ``matplotlib.figure.Figure`` on an Agg canvas, without pyplot: the user's backend (a notebook's
+    inline one, say) and pyplot's list of open figures are left alone."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     # One panel per statistic, one line per module: a monitor of 24 layers draws 6 panels, not 144 (13 s).
     series: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
@@ -64,27 +67,28 @@ def history_figure(history: list[dict[str, Any]], prefix: str) -> Any:
         for key, value in record["values"].items():
             module, _, statistic = key.rpartition("/")
             steps, values = series.setdefault(statistic, {}).setdefault(module, ([], []))
-            steps.append(record["step"])
+            steps.append(record.get("log_step", record["step"]))  # (a history saved before log_step had step)
             values.append(value)
     if not series:
         return None
-    figure, axes = plt.subplots(len(series), 1, figsize=(7, 2.2 * len(series)), squeeze=False)
+    figure = Figure(figsize=(7, 2.2 * len(series)))
+    FigureCanvasAgg(figure)  # attaches itself as figure.canvas
+    axes = figure.subplots(len(series), 1, squeeze=False)
     for axis, (statistic, lines) in zip(axes[:, 0], series.items(), strict=True):
         for module, (steps, values) in lines.items():
             axis.plot(steps, values, marker=".", label=module.removeprefix(prefix).removeprefix("/") or "model")
         axis.set_title(statistic, fontsize=9)
         if 1 < len(lines) <= 12:
             axis.legend(fontsize=6)
-    axes[-1, 0].set_xlabel("global step")
+    axes[-1, 0].set_xlabel("logged step (the loggers' step, as in TensorBoard and the CSV)")
     figure.tight_layout()
     return figure
 
 
 @rank_zero_only
 def save_figure(history: list[dict[str, Any]], prefix: str, path: Path, trainer: pl.Trainer, tag: str) -> None:
-    """Write the history's figure to ``path`` (a PNG) and add it to every TensorBoard logger (``add_figure``)."""
-    import matplotlib.pyplot as plt
-
+    """Write the history's figure to ``path`` (a PNG) and add it to every TensorBoard logger (``add_figure``, at the
+    last logged step)."""
     figure = history_figure(history, prefix)
     if figure is None:
         return
@@ -93,8 +97,8 @@ def save_figure(history: list[dict[str, Any]], prefix: str, path: Path, trainer:
     for logger in trainer.loggers:
         experiment = getattr(logger, "experiment", None) if _is_tensorboard(logger) else None
         if experiment is not None and hasattr(experiment, "add_figure"):
-            experiment.add_figure(tag, figure, global_step=trainer.global_step, close=False)
-    plt.close(figure)
+            step = history[-1].get("log_step", trainer.global_step)
+            experiment.add_figure(tag, figure, global_step=step, close=False)
 
 
 def _is_tensorboard(logger: object) -> bool:
@@ -106,7 +110,7 @@ def warn_unmeasured(monitor: Any, trainer: pl.Trainer) -> None:
     this fit trained but a watched module of ``monitor`` (or every one) got no value, with each reason."""
     if trainer.global_step == monitor._fit_start_step or (not monitor._watched and monitor.skipped):
         return  # nothing trained, or the first forwards already warned that no module was left
-    missing = [name for name in monitor._watched if name not in monitor._measured]
+    missing = [n for n in monitor._watched if n not in monitor._measured and not monitor.nothing_to_log(n)]
     if not missing:
         return
     owner = type(monitor).__name__

@@ -48,20 +48,28 @@ class GradientNoiseMonitor(Monitor):
     * ``mean_grad_sq``: ``||G_bar||^2``, the squared norm of the window's mean gradient;
     * ``signal``: ``||G_bar||^2 - tr(Sigma_batch) / n``, the unbiased estimate of the true gradient's squared
       norm (it can be negative when the noise hides the signal);
-    * ``snr``: ``signal / batch_variance``, the signal-to-noise ratio of one step's gradient;
-    * ``noise_scale``: ``B_simple = B tr(Sigma_batch) / signal`` (``inf`` where ``signal <= 0``); with
-      ``smoothing > 0``, numerator and denominator are exponential moving averages over windows (as McCandlish
-      et al. advise: the ratio of two noisy estimates is noisier than either).
+    * ``snr``: ``signal / batch_variance``, the signal-to-noise ratio of one step's gradient (not logged where
+      ``batch_variance`` is 0: the same gradient at every step of the window);
+    * ``noise_scale``: ``B_simple = B tr(Sigma_batch) / signal`` (not logged where ``signal <= 0``: the noise hides
+      the signal and the ratio is undefined); with ``smoothing > 0``, numerator and denominator are exponential
+      moving averages over windows (as McCandlish et al. advise: the ratio of two noisy estimates is noisier than
+      either).
+
+    A group whose gradient is zero at every step of a window (an unused or gated submodule, steps whose loss is
+    masked out) has no gradient noise to measure: it is not measured in that window (nothing logged, its moving
+    averages unchanged), and a group that never had a gradient in a fit's windows is named in the end-of-fit
+    warning.
 
     Memory: one running mean per trainable parameter (Welford's update, numerically stable; a copy of the
     parameters in at least float32) and one number per parameter tensor; the partial window is saved in the
     checkpoint so that a resumed run measures the same windows as an uninterrupted one. One window is measured every
-    ``every_n_steps`` optimizer steps: the last ``window_steps`` steps of each interval (steps ``k every_n_steps -
-    window_steps .. k every_n_steps - 1``), whatever the batches (gradient accumulation, several optimizer steps
-    per batch under manual optimisation), so its values come after the same steps as every monitor's (multiples of
-    ``every_n_steps``); they are logged at the end of the batch in which the window closes (if two close in one
-    batch, the later one); a partial window at the end of fit is kept, not measured (a fit shorter than
-    ``every_n_steps`` measures nothing: lower ``every_n_steps``). A step whose gradient holds inf or NaN (a step the
+    ``every_n_steps`` optimizer steps: the last ``window_steps`` steps before each multiple of ``every_n_steps``
+    (steps ``k every_n_steps - window_steps .. k every_n_steps - 1``, counted before each step), whatever the
+    batches (gradient accumulation, several optimizer steps per batch under manual optimisation). A window closes
+    with the step that reaches the multiple, so its values are logged at the end of the first batch at or past that
+    multiple, the batch every monitor measures after (if two close in one batch, the later one); unlike the other
+    monitors, nothing is measured after the last batch of fit: a partial window at the end of fit is kept, not
+    measured (a fit shorter than ``every_n_steps`` measures nothing: lower ``every_n_steps``). A step whose gradient holds inf or NaN (a step the
     mixed-precision scaler skips) is left out, with one warning, and its window is dropped: it cannot complete in
     its interval, and is never continued in the next one (that would mix gradients an interval apart). When the
     model's trainable parameters change in a fit (layers replaced, e.g. by TransformCompression; parameters frozen
@@ -76,8 +84,9 @@ class GradientNoiseMonitor(Monitor):
 
     Args:
         modules: parameter groups (see above); ``None`` for the whole model and its top-level submodules.
-        every_n_steps: optimizer steps between measurements (the interval, as for every monitor), at least 2. The
-            per-step cost is paid on ``window_steps / every_n_steps`` of the steps (``every_n_steps =
+        every_n_steps: optimizer steps between measurements (the interval, as for every monitor: values at the end
+            of the first training batch at or past each multiple of ``every_n_steps``), at least 2. The per-step
+            cost is paid on ``window_steps / every_n_steps`` of the steps (``every_n_steps =
             window_steps`` reads every step). A fit that completes no window says so in a warning at its end (at
             info level for a monitor from ``LIGHTNING_ORTHO_MONITORS`` when the fit was just too short).
         window_steps: optimizer steps whose gradients make one measurement, at least 2 (20 or more gives usable
@@ -147,6 +156,7 @@ class GradientNoiseMonitor(Monitor):
         self._ema: dict[str, tuple[float, float]] = {}  # group -> (tr(Sigma), |G|^2) moving averages
         self._window_cycle: int | None = None  # global_step // every_n_steps of the window's steps (None: none yet)
         self._fit_skipped = 0  # steps left out for inf/NaN gradients in this fit
+        self._without_gradient: set[str] = set()  # groups whose gradient was zero over a window of this fit
         self._reset_window()
         self._pending_examples = 0
         self._last_batch_examples = 0
@@ -280,6 +290,11 @@ class GradientNoiseMonitor(Monitor):
             stats = self.statistics(group)
             if stats is None:
                 continue
+            if stats["mean_grad_sq"] == 0 and stats["batch_variance"] == 0:
+                # Every gradient of the window was zero (mean and spread 0): no noise to measure, and every ratio
+                # would be 0/0. Not measured in this window; said at the end of fit if it never had one.
+                self._without_gradient.add(group)
+                continue
             if self.smoothing:
                 trace, signal = stats["batch_size"] * stats["batch_variance"], stats["signal"]
                 if group in self._ema:
@@ -341,7 +356,7 @@ class GradientNoiseMonitor(Monitor):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self._fit_skipped = 0
+        self._fit_skipped, self._without_gradient = 0, set()
         if self._watch.changed(pl_module):
             # Restoring a checkpoint (after setup) may rebuild layers (e.g. compressed ones): the groups follow,
             # quietly, and the restored window stays, since it was measured on the parameters restored with it.
@@ -386,6 +401,12 @@ class GradientNoiseMonitor(Monitor):
         return self._next_window_end() >= trainer.global_step
 
     def unmeasured_reason(self, name: str, trainer: pl.Trainer) -> str:
+        if name in self._without_gradient:
+            return (
+                "its parameters had a zero gradient at every step of each window of this fit (they do not reach the "
+                "loss: an unused or gated submodule, or steps whose loss is masked out), so there is no gradient noise "
+                "to measure; leave it out of modules if that is intended"
+            )
         start, end = self._fit_start_step, trainer.global_step  # this fit ran the steps start .. end - 1
         steps, window, every = end - start, self.window_steps, self.every_n_steps
         what = (
@@ -413,8 +434,9 @@ class GradientNoiseMonitor(Monitor):
         if stats is None:
             return {}
         keys = ("batch_variance", "mean_grad_sq", "signal", "snr", "noise_scale")
-        # Every process holds the same all-reduced gradients: the mean over processes changes nothing.
-        return {key: Measurement(stats[key], "mean") for key in keys}
+        # Every process holds the same all-reduced gradients: the mean over processes changes nothing. A ratio that
+        # is not defined (snr without variance, noise_scale without a positive signal) has weight 0: not logged.
+        return {key: Measurement(stats[key], "mean", 1.0 if math.isfinite(stats[key]) else 0.0) for key in keys}
 
     # ------------------------------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -469,5 +491,5 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 
 def _noise_scale(trace: float, signal: float) -> float:
-    """``tr(Sigma) / |G|^2``; ``inf`` where the signal estimate is not positive (the noise hides it)."""
+    """``tr(Sigma) / |G|^2``; ``inf`` where the signal estimate is not positive (the noise hides it; not logged)."""
     return trace / signal if signal > 0 else math.inf

@@ -115,7 +115,8 @@ class InvertibilityMonitor(Monitor):
 
     Args:
         modules, every_n_steps, probe_size, plot, prog_bar, verbose, source: see
-            :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+            :class:`~lightning_ortho.callbacks._monitor.Monitor` (``every_n_steps``: at the end of the first training
+            batch at or past each multiple of ``every_n_steps`` optimizer steps, and of the last batch of fit).
         tolerance: largest relative round-trip error that counts as invertible (``1e-4`` suits float32).
 
     Raises:

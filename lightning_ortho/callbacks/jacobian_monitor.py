@@ -20,7 +20,14 @@ from lightning_ortho.callbacks._monitor import (
     outermost_modules,
 )
 from lightning_ortho.flows import FlowLayer
-from lightning_ortho.nn.capabilities import HasDenseJacobian, HasInverse, HasJacobianSigns, HasLogAbsDetJacobian
+from lightning_ortho.nn.capabilities import (
+    HasDenseJacobian,
+    HasInverse,
+    HasJacobianSigns,
+    HasLogAbsDetJacobian,
+    jacobian_sign_is_fixed,
+    log_abs_det_is_zero,
+)
 
 #: How ``log|det J|`` is found for a module (in :attr:`JacobianDeterminantMonitor.methods` and the end-of-fit notes).
 METHODS = ("closed_form", "flow", "autograd")
@@ -106,7 +113,12 @@ _SIGN_WORDS = {
     "pixel_signs": "its per-pixel jacobian_signs(x)",
     "slogdet": "slogdet of the autograd Jacobian",
     "unknown": "nowhere (unknown: negative_fraction is not logged)",
+    "fixed": "nowhere: fixed by construction (the layer declares jacobian_sign_is_fixed), so negative_fraction is "
+    "not logged",
 }
+#: The statistics a layer's declarations make constant by construction (not logged; said in the notes instead).
+_SIGN_KEYS = ("negative_fraction", "pixel_negative_fraction")
+_LOG_DET_KEYS = ("log_abs_det_mean", "log_abs_det_min", "log_abs_det_max")
 
 #: Up to this dimension a module's analytic ``jacobian(x)`` plus ``slogdet`` replaces its ``log_abs_det_jacobian``
 #: (cheaper there, and it gives the sign too).
@@ -129,6 +141,12 @@ class JacobianDeterminantMonitor(Monitor):
       of pixels whose per-pixel ``det J_g`` is not positive. Strictly between 0 and 1 means the sign changes
       between pixels: the determinant vanishes there and the layer is not invertible on this data (Theorem 4);
       ``min(p, 1 - p)`` is :meth:`Invertible1x1Conv.jacobian_sign_flips`.
+
+    A statistic that is constant by construction is not logged (the end-of-fit notes say so): the sign fractions
+    of a layer that declares ``jacobian_sign_is_fixed`` (our LU, Householder and ``aux_invertible`` 1x1
+    convolutions, ``AuxiliaryReflection(invertible=True)``: Theorem 2), and ``log_abs_det_*`` of one that declares
+    ``log_abs_det_is_zero`` (the Householder 1x1 convolution, a squeeze); see
+    :mod:`lightning_ortho.nn.capabilities`. A layer with both has nothing to log and is not measured.
     How ``log|det J|`` is found for a module (:attr:`methods`, by name; said under the end-of-fit table with the
     source of the sign, not logged: it does not change while training):
 
@@ -150,7 +168,8 @@ class JacobianDeterminantMonitor(Monitor):
 
     Args:
         modules, every_n_steps, probe_size, plot, prog_bar, verbose, source: see
-            :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+            :class:`~lightning_ortho.callbacks._monitor.Monitor` (``every_n_steps``: at the end of the first training
+            batch at or past each multiple of ``every_n_steps`` optimizer steps, and of the last batch of fit).
         max_autograd_dim: largest ``d`` measured by autograd (``d`` backward passes and an O(d^3) determinant per
             probe row), and largest last dimension whose analytic Jacobian is built for the sign.
 
@@ -181,8 +200,10 @@ class JacobianDeterminantMonitor(Monitor):
         #: module name -> ``"closed_form"``, ``"flow"`` or ``"autograd"`` (known from the module's first forward).
         self.methods: dict[str, str] = {}
         #: module name -> where the sign of ``det J`` comes from: ``"jacobian"``, ``"pixel_signs"``, ``"slogdet"``
-        #: or ``"unknown"`` (then ``negative_fraction`` is not logged).
+        #: ``"unknown"`` or ``"fixed"`` (then ``negative_fraction`` is not logged).
         self.sign_sources: dict[str, str] = {}
+        #: Watched modules whose every statistic is constant by construction (see the declarations above).
+        self.constant_only: set[str] = set()
 
     # ------------------------------------------------------------------------------------------- subclass API
     def candidates(self, pl_module: pl.LightningModule) -> Iterable[tuple[str, nn.Module]]:
@@ -196,6 +217,11 @@ class JacobianDeterminantMonitor(Monitor):
         return None  # a generic module: checked on its first forward
 
     def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:
+        sign_fixed, zero = jacobian_sign_is_fixed(module), log_abs_det_is_zero(module)
+        if zero and (sign_fixed or not isinstance(module, HasJacobianSigns | HasDenseJacobian)):
+            self.constant_only.add(name)  # nothing it could log changes: not measured at all
+            self.sign_sources[name] = "fixed" if sign_fixed else "unknown"
+            return {}
         device = module_device(module)
         x = probe if device is None else probe.to(device)
         method = self.methods.get(name)
@@ -212,7 +238,8 @@ class JacobianDeterminantMonitor(Monitor):
         except Exception as error:  # noqa: BLE001 - never crash training: report and log nan
             self._warn_once(name + "/error", f"{type(self).__name__}: {name!r} failed ({error!r}); logging nan.")
             log_det, signs = torch.full((rows,), math.nan, dtype=torch.float64), None
-            pixel = (math.nan, 0.0) if method == "flow" and isinstance(module, HasJacobianSigns) else None
+            flow_signs = method == "flow" and isinstance(module, HasJacobianSigns) and not sign_fixed
+            pixel = (math.nan, 0.0) if flow_signs else None
         log_det = log_det.detach().to(torch.float64)
         values = {
             "log_abs_det_mean": Measurement(float(log_det.mean()), "mean", float(rows)),
@@ -225,18 +252,34 @@ class JacobianDeterminantMonitor(Monitor):
             values["negative_fraction"] = Measurement(negative, "mean", 0.0 if signs is None else float(rows))
         if pixel is not None:
             values["pixel_negative_fraction"] = Measurement(pixel[0], "mean", pixel[1])
+        for key in (_SIGN_KEYS if sign_fixed else ()) + (_LOG_DET_KEYS if zero else ()):
+            values.pop(key, None)  # constant by construction: in the notes instead
+        if not values:
+            self.constant_only.add(name)
         return values
 
+    def nothing_to_log(self, name: str) -> bool:
+        return name in self.constant_only
+
     def notes(self) -> dict[str, str]:
-        return {
-            f"{self.prefix}/{name}" if name else self.prefix: f"log|det J| by {method}, sign of det J from "
-            + _SIGN_WORDS.get(self.sign_sources.get(name, "unknown"), "nowhere (unknown)")
-            for name, method in self.methods.items()
-            if name in self._watched
-        }
+        notes = {}
+        for name in self._watched:
+            method, module = self.methods.get(name), self._watched[name]
+            if method is None and name not in self.constant_only:
+                continue
+            log_det = (
+                "log|det J| = 0 by construction (the layer declares log_abs_det_is_zero: log_abs_det_* not logged)"
+                if log_abs_det_is_zero(module)
+                else f"log|det J| by {method}"
+            )
+            sign = _SIGN_WORDS.get(self.sign_sources.get(name, "unknown"), "nowhere (unknown)")
+            notes[f"{self.prefix}/{name}" if name else self.prefix] = f"{log_det}, sign of det J from {sign}"
+        return notes
 
     def _sign_possible(self, module: nn.Module, method: str, x: torch.Tensor) -> bool:
         """Whether the sign of ``det J`` can be known for ``module`` (the same on every process, unlike a failure)."""
+        if jacobian_sign_is_fixed(module):
+            return False
         if method == "autograd":
             return True
         if method == "flow":
@@ -255,34 +298,30 @@ class JacobianDeterminantMonitor(Monitor):
                 matrices = jacobian(x)
                 if matrices.shape == (*x.shape, d):
                     sign, log_abs = torch.linalg.slogdet(matrices.to(torch.float64))
-                    self.sign_sources[name] = "jacobian"
+                    self.sign_sources[name] = "fixed" if jacobian_sign_is_fixed(module) else "jacobian"
                     return per_sample(log_abs, x.shape[0]), sign.reshape(x.shape[0], -1).prod(1), None
             method = closed_form(module)
             value = method(x, _first_tensor(module(x))) if _takes_output(method) else method(x)
             log_det = per_sample(value, x.shape[0])
             signs = None
-            if jacobian is not None and d <= self.max_autograd_dim:
-                # A provably invertible layer (invertible=True: det J never vanishes on the connected R^d) has one
-                # sign everywhere: one row's Jacobian gives it, instead of a dense determinant per probe row.
-                constant = getattr(module, "invertible", False) is True
-                rows = x[:1] if constant else x
-                matrices = jacobian(rows)
-                if matrices.shape == (*rows.shape, d):
-                    signs = torch.sign(torch.linalg.det(matrices.to(torch.float64))).reshape(rows.shape[0], -1).prod(1)
-                    if constant:
-                        signs = signs.expand(x.shape[0])
-        self.sign_sources[name] = "unknown" if signs is None else "jacobian"
+            if jacobian is not None and d <= self.max_autograd_dim and not jacobian_sign_is_fixed(module):
+                matrices = jacobian(x)
+                if matrices.shape == (*x.shape, d):
+                    signs = torch.sign(torch.linalg.det(matrices.to(torch.float64))).reshape(x.shape[0], -1).prod(1)
+        fixed = jacobian_sign_is_fixed(module)
+        self.sign_sources[name] = "fixed" if fixed else "unknown" if signs is None else "jacobian"
         return log_det, signs, None
 
     def _flow(self, name: str, module: nn.Module, x: torch.Tensor) -> tuple:
         with torch.no_grad():
             log_det = per_sample(module(x)[1], x.shape[0])
             pixel, signs = None, None
-            if isinstance(module, HasJacobianSigns):
+            fixed = jacobian_sign_is_fixed(module)
+            if isinstance(module, HasJacobianSigns) and not fixed:
                 pixel_signs = module.jacobian_signs(x).reshape(x.shape[0], -1)
                 signs = pixel_signs.prod(1)
                 pixel = (float((pixel_signs <= 0).double().mean()), float(pixel_signs.numel()))
-        self.sign_sources[name] = "unknown" if signs is None else "pixel_signs"
+        self.sign_sources[name] = "fixed" if fixed else "unknown" if signs is None else "pixel_signs"
         return log_det, signs, pixel
 
     def _autograd(self, name: str, module: nn.Module, x: torch.Tensor) -> tuple:
@@ -291,7 +330,7 @@ class JacobianDeterminantMonitor(Monitor):
         except (RuntimeError, TypeError, ValueError):  # a module that cannot run in float64: its own dtype
             jacobians = autograd_jacobians(module, x, None)
         signs, log_det = torch.linalg.slogdet(jacobians.to(torch.float64))
-        self.sign_sources[name] = "slogdet"
+        self.sign_sources[name] = "fixed" if jacobian_sign_is_fixed(module) else "slogdet"
         return log_det, signs, None
 
     # ---------------------------------------------------------------------------------- checks and choosing

@@ -36,7 +36,7 @@ from torch import nn
 from torch.func import functional_call
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import Measurement, Monitor, Source, last_batch_of_fit
+from lightning_ortho.callbacks._monitor import Measurement, Monitor, Source
 from lightning_ortho.online import OnlineGradientEstimator
 from lightning_ortho.online.losses import masked_loss_sum
 
@@ -212,8 +212,9 @@ class OnlineEstimatorVarianceMonitor(Monitor):
     For a model trained online like :class:`~lightning_ortho.models.OnlineRNNModule` (an ``estimator`` of its
     ``cell``, a ``readout`` and a ``loss_name``; see :func:`online_parts`). The probe is the first
     ``probe_streams`` streams and ``probe_steps`` steps of the first training chunk (inputs, targets, mask),
-    captured in ``on_train_batch_start``. Every ``every_n_steps`` optimizer steps (at the first training batch end
-    at or past each multiple, and after the last batch of fit, however it ends), at the current parameters,
+    captured in ``on_train_batch_start``. Every ``every_n_steps`` optimizer steps (when every monitor measures: at
+    the end of the first training batch at or past each multiple, and of the last batch of fit), at the current
+    parameters,
     :func:`measure_estimator` runs the model's estimator ``draws`` times over the probe from a zero state and
     compares with backprop through time; logged as ``estimator_variance/<statistic>`` (statistics in the module
     docstring; the variance statistics, ``squared_bias_se`` included, only for an estimator that draws noise: a
@@ -229,7 +230,9 @@ class OnlineEstimatorVarianceMonitor(Monitor):
     weighted by probe streams.
 
     Args:
-        every_n_steps: optimizer steps between measurements.
+        every_n_steps: optimizer steps between measurements: at the end of the first training batch at or past
+            each multiple of ``every_n_steps`` (an :class:`~lightning_ortho.models.OnlineRNNModule` takes one step
+            per time step, several a batch), and of the last batch of fit.
         draws: independent noise draws per measurement (at least 2; a deterministic estimator runs once).
         probe_streams: streams of the probe (the first of the first chunk).
         probe_steps: time steps of the probe (``None``: the whole first chunk).
@@ -314,18 +317,6 @@ class OnlineEstimatorVarianceMonitor(Monitor):
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
         rows, steps = slice(0, self.probe_streams), slice(0, self.probe_steps)
         self.probe = {k: v[rows, steps].detach().clone() for k, v in (("x", x), ("y", y), ("mask", mask))}
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        step = trainer.global_step
-        if step == self._last_step or step == 0:
-            return
-        last = last_batch_of_fit(trainer, batch_idx)
-        if step // self.every_n_steps == max(self._last_step, 0) // self.every_n_steps and not last:
-            return
-        self._last_step = step
-        self.run(trainer, pl_module)
 
     def unmeasured_reason(self, name: str, trainer: pl.Trainer) -> str:
         if self.probe is None:

@@ -108,7 +108,7 @@ def plain_weight(module: nn.Module) -> torch.Tensor | None:
 class OrthogonalityMonitor(Monitor):
     """Log ``||Q^T Q - I||`` of every orthogonal map of the model and the singular-value spread of ``SVDLinear``.
 
-    Logged keys, every ``every_n_steps`` optimizer steps and at the end of fit:
+    Logged keys, every ``every_n_steps`` optimizer steps and at the end of fit (see ``every_n_steps``):
 
     * an orthogonal map of ours (``HouseholderProduct``, ``ParametrizedOrthogonal``; see the module docstring):
       ``orthogonality/<module>/orthogonality_fro`` and ``.../orthogonality_spectral``, ``||Q^T Q - I||`` in the Frobenius
@@ -131,7 +131,9 @@ class OrthogonalityMonitor(Monitor):
 
     Args:
         modules: ``None`` (every orthogonal map and ``SVDLinear`` found), or names and/or classes of submodules.
-        every_n_steps: measure after every ``every_n_steps``-th optimizer step and at the end of fit.
+        every_n_steps: measure at the end of the first training batch at or past each multiple of
+            ``every_n_steps`` optimizer steps, and of the last batch of fit (the rule of every monitor:
+            :class:`~lightning_ortho.callbacks._monitor.Monitor`).
         plot, prog_bar, verbose, source: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
 
     Raises:

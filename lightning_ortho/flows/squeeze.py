@@ -14,6 +14,8 @@ class Squeeze(FlowLayer):
         ValueError: ``H`` or ``W`` is odd.
     """
 
+    log_abs_det_is_zero = True  # a permutation of the entries
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_images(x, None, "Squeeze")
         n, c, h, w = x.shape

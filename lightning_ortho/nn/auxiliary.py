@@ -120,6 +120,9 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
         layer = cls(orthogonal.shape[0]).to(device=orthogonal.device, dtype=orthogonal.dtype)
         return layer.reset_orthogonal_(orthogonal)
 
+    #: Theorem 2 (``invertible=True``): ``det J`` vanishes for no input and no ``V``, so its sign never changes.
+    jacobian_sign_is_fixed = property(lambda self: self.invertible is True)
+
     @property
     def represents_every_orthogonal(self) -> bool:
         """True for the unconstrained ``n(x) = W x``: ``W = I - U`` represents any orthogonal ``U`` (Theorem 1)."""

@@ -8,6 +8,8 @@ import math
 import warnings
 
 import pytest
+from torch import nn
+from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from lightning_ortho._lightning import pl
@@ -56,6 +58,9 @@ def assert_windows(monitor, gradients, windows, batch_size, rel=1e-9):
     for record, window in zip(monitor.history, windows, strict=True):
         expected = brute_force([gradients.steps[i] for i in window], names, batch_size)
         for key in KEYS:
+            if not math.isfinite(expected[key]):  # undefined (noise_scale where the signal is not positive): not logged
+                assert f"gradient_noise/{key}" not in record["values"], (window, key)
+                continue
             assert close(record["values"][f"gradient_noise/{key}"], expected[key], rel), (window, key)
 
 
@@ -148,3 +153,34 @@ def test_a_resumed_fit_that_falls_between_two_windows_is_advised_a_shorter_inter
     assert message.endswith(
         "train to at least 10 optimizer steps, or use a shorter every_n_steps (every_n_steps=2 reads every step)."
     )
+
+
+class GatedBranch(UserMLP):
+    """A branch whose output is multiplied by 0 (a gate switched off): its gradient is exactly zero at every step,
+    in windows where the rest of the model has real gradient noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(6, 16)
+
+    def loss(self, batch):
+        x, y = batch
+        return F.cross_entropy(self.head(self.encoder(x) + 0.0 * self.gate(x)), y)
+
+
+def test_a_group_without_gradient_is_not_measured_and_nothing_undefined_is_logged(tmp_path):
+    pl.seed_everything(0)
+    monitor = GradientNoiseMonitor(every_n_steps=3, window_steps=2, plot=False, verbose=False)
+    run = trainer(tmp_path, max_steps=6, callbacks=[monitor])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.fit(GatedBranch(), DataLoader(user_data(8 * 6), batch_size=8))
+    assert [record["step"] for record in monitor.history] == [3, 6]
+    for record in monitor.history:
+        values = record["values"]
+        assert not any(key.startswith("gradient_noise/gate/") for key in values), values  # before: snr nan, inf
+        assert {"gradient_noise/head/snr", "gradient_noise/encoder/snr"} <= set(values)  # the others are measured
+        assert all(math.isfinite(value) for value in values.values()), values
+    assert not any(key.startswith("gradient_noise/gate/") for key in run.callback_metrics)
+    messages = [str(w.message) for w in caught if "never measured" in str(w.message)]
+    assert len(messages) == 1 and "'gate': its parameters had a zero gradient" in messages[0]

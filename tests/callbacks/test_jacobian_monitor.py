@@ -2,6 +2,7 @@
 brute-force autograd ``slogdet`` (float64) on the same probe."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -10,7 +11,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
+from lightning_ortho.flows import Invertible1x1Conv
+from lightning_ortho.flows.conv1x1.base import invertible_1x1_conv
 from lightning_ortho.nn import AuxiliaryReflection
+from tests.flows.references import autograd_log_det, pixel_jacobian_signs
 
 D = 4
 
@@ -127,7 +131,7 @@ def test_logged_statistics_equal_autograd_slogdet_on_the_probe(tiny_trainer):
     logged = monitor.history[-1]["values"]  # what was logged, as Python floats (the logger keeps float32)
     assert [record["step"] for record in monitor.history] == [1, 2]
     assert monitor.methods == {"flow": "flow", "mlp": "autograd", "reflection": "closed_form", "free": "closed_form"}
-    assert monitor.sign_sources == {"flow": "unknown", "mlp": "slogdet", "reflection": "jacobian", "free": "jacobian"}
+    assert monitor.sign_sources == {"flow": "unknown", "mlp": "slogdet", "reflection": "fixed", "free": "jacobian"}
     mixed = False
     for name in NAMES:
         probe = seen[name][:5]
@@ -140,6 +144,8 @@ def test_logged_statistics_equal_autograd_slogdet_on_the_probe(tiny_trainer):
         assert key + "log_abs_det_method" not in logged  # a constant: in the notes, not the metrics
         if name == "flow":
             assert key + "negative_fraction" not in logged  # a flow's forward gives log|det| only: sign unknown
+        elif name == "reflection":  # Theorem 2 fixes the sign (declared): a constant, not logged
+            assert key + "negative_fraction" not in logged and len(set(sign.tolist())) == 1
         else:
             negative = logged[key + "negative_fraction"]
             assert negative == float((sign <= 0).double().mean())
@@ -166,7 +172,7 @@ def test_closed_form_of_an_invertible_auxiliary_reflection_equals_autograd():
     assert monitor.methods["layer"] == "closed_form"
     assert closed["log_abs_det_mean"].value == pytest.approx(float(log_det.mean()), rel=1e-10)
     assert closed["log_abs_det_min"].value == pytest.approx(float(log_det.min()), rel=1e-10)
-    assert closed["negative_fraction"].value == float((sign <= 0).double().mean())
+    assert "negative_fraction" not in closed and len(set(sign.tolist())) == 1  # fixed by Theorem 2: not logged
     assert closed["log_abs_det_mean"].weight == 8 and closed["log_abs_det_min"].reduce == "min"
 
 
@@ -271,3 +277,53 @@ def test_automatic_choice_is_the_outermost_flows_and_closed_forms_and_skips_the_
 def test_arguments_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         JacobianDeterminantMonitor(**kwargs)
+
+
+class Convolutions(pl.LightningModule):
+    """One 1x1 convolution of each kind whose statistics differ in what construction fixes, applied in a row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleDict({kind: invertible_1x1_conv(4, kind) for kind in KINDS})
+
+    def training_step(self, batch, batch_idx):
+        x, total = batch[0], 0.0
+        for conv in self.convs.values():
+            x, log_det = conv(x)
+            total = total + log_det
+        return (0.5 * x.pow(2).flatten(1).sum(1) - total).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.05)
+
+
+KINDS = ("plain", "lu", "householder", "aux_invertible")
+
+
+def test_statistics_constant_by_construction_are_not_logged_but_noted(tiny_trainer):
+    pl.seed_everything(0)
+    monitor = JacobianDeterminantMonitor(modules=[Invertible1x1Conv], every_n_steps=2, probe_size=4, plot=False)
+    data = DataLoader(TensorDataset(torch.randn(32, 4, 3, 3, generator=torch.Generator().manual_seed(0))), 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiny_trainer(precision="64-true", max_epochs=2, callbacks=[monitor]).fit(Convolutions(), data)
+    assert not [w for w in caught if "measured" in str(w.message)]  # the Householder layer is not "unmeasured"
+    statistics = {kind: set() for kind in KINDS}
+    for record in monitor.history:
+        for key in record["values"]:
+            statistics[key.split("/")[1].removeprefix("convs.")].add(key.split("/")[-1])
+    log_det = {"log_abs_det_mean", "log_abs_det_min", "log_abs_det_max"}
+    signs = {"negative_fraction", "pixel_negative_fraction"}
+    # a dense W can cross det W = 0 while training: its sign is measured
+    assert statistics == {"plain": log_det | signs, "lu": log_det, "householder": set(), "aux_invertible": log_det}
+    notes = monitor.notes()
+    for kind in ("lu", "householder", "aux_invertible"):
+        assert "sign of det J from nowhere: fixed by construction" in notes[f"jacobian/convs.{kind}"], kind
+    assert notes["jacobian/convs.householder"].startswith("log|det J| = 0 by construction")
+    # what the declarations claim, checked independently: one sign for every pixel of random inputs, and
+    # log|det J| = 0 for the Householder convolution, whatever the parameters (here: after training)
+    model = Convolutions().double()
+    x = torch.randn(3, 4, 2, 2, dtype=torch.float64)
+    for kind in ("lu", "householder", "aux_invertible"):
+        assert len(set(pixel_jacobian_signs(model.convs[kind], x).flatten().tolist())) == 1, kind
+    assert float(autograd_log_det(model.convs["householder"], x).abs().max()) < 1e-10

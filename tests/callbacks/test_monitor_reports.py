@@ -103,8 +103,28 @@ class TensorBoardLogger(pl.loggers.Logger):
 def test_the_figure_goes_to_tensorboard(tmp_path):
     logger = TensorBoardLogger(tmp_path / "tb")
     fit(tmp_path, OrthogonalityMonitor(every_n_steps=2, plot=True), logger=logger)
-    assert logger.figures == [("orthogonality/history", 4, "Figure")]
+    # at the step of the last logged values (steps 2 and 4 are logged at the loggers' steps 1 and 3)
+    assert logger.figures == [("orthogonality/history", 3, "Figure")]
     assert (tmp_path / "tb" / "OrthogonalityMonitor.png").is_file()
+
+
+def test_plotting_leaves_the_users_backend_alone_and_draws_against_the_logged_steps(tmp_path):
+    import matplotlib
+
+    from lightning_ortho.callbacks._monitor_report import history_figure
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # a user's choice (a notebook's inline backend, say)
+    try:
+        monitor = OrthogonalityMonitor(every_n_steps=2, plot=True)
+        fit(tmp_path, monitor, logger=pl.loggers.CSVLogger(tmp_path, name="run"))
+        assert matplotlib.get_backend() == "svg"  # before: switched to Agg for the rest of the process
+    finally:
+        matplotlib.use(before)
+    assert (tmp_path / "run" / "version_0" / "OrthogonalityMonitor.png").is_file()
+    figure = history_figure(monitor.history, monitor.prefix)
+    assert list(figure.axes[0].lines[0].get_xdata()) == [r["log_step"] for r in monitor.history] == [1, 3]
+    assert "logged step" in figure.axes[-1].get_xlabel()
 
 
 def test_the_table_is_as_wide_as_its_keys_and_verbose_false_prints_none(tmp_path, capsys):

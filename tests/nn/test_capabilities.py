@@ -67,3 +67,48 @@ def test_the_monitors_find_layers_by_these_capabilities():
 
     assert closed_form(Renamed()) is None
     assert OrthogonalityMonitor._kind(HouseholderProduct(3)) == "map"  # found by its matrix()
+
+
+def test_a_capability_is_a_method_of_the_class_not_a_submodule_or_an_instance_attribute():
+    class Decoder(nn.Module):  # an autoencoder whose learned decoder is a submodule named `inverse`
+        def __init__(self):
+            super().__init__()
+            self.inverse, self.jacobian = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    class Attribute:  # a callable set on the instance only
+        def __init__(self):
+            self.inverse = lambda y: y
+
+    class Method(nn.Module):
+        def inverse(self, y):
+            return y
+
+    class Disabled(Method):  # a subclass that turns the capability off
+        inverse = None
+
+    assert callable(Decoder().inverse) and hasattr(Decoder(), "jacobian")  # what hasattr-based protocols accepted
+    for protocol in (HasInverse, HasDenseJacobian):
+        assert not isinstance(Decoder(), protocol) and not issubclass(Decoder, protocol), protocol
+    assert not isinstance(Attribute(), HasInverse)
+    assert isinstance(Method(), HasInverse) and issubclass(Method, HasInverse)
+    assert isinstance(Method(), nn.Linear | HasInverse)  # as the monitors test unions
+    assert not isinstance(Disabled(), HasInverse)
+    assert not has_inverse(Decoder()) and has_inverse(Method())
+
+
+def test_constant_statistics_are_declared_by_the_layers_whose_construction_fixes_them():
+    from lightning_ortho.nn.capabilities import jacobian_sign_is_fixed, log_abs_det_is_zero
+
+    fixed_sign = [LUConv1x1(4), HouseholderConv1x1(4), InvertibleAuxConv1x1(4), AuxiliaryReflection(3, invertible=True)]
+    assert all(jacobian_sign_is_fixed(layer) for layer in fixed_sign)
+    # the sign of det W of a dense W, and of an unconstrained auxiliary reflection, can change while training
+    assert not any(jacobian_sign_is_fixed(m) for m in (PlainConv1x1(4), AuxConv1x1(4), AuxiliaryReflection(3)))
+    assert log_abs_det_is_zero(HouseholderConv1x1(4)) and log_abs_det_is_zero(Squeeze())
+    assert not any(log_abs_det_is_zero(m) for m in (LUConv1x1(4), PlainConv1x1(4), AuxiliaryReflection(3)))
+
+    class Named(nn.Module):  # a submodule of that name is no declaration
+        def __init__(self):
+            super().__init__()
+            self.jacobian_sign_is_fixed = nn.Identity()
+
+    assert not jacobian_sign_is_fixed(Named())

@@ -78,6 +78,8 @@ class LUConv1x1(LinearConv1x1, kind="lu"):
     matrix; ``lower`` (strictly lower, unit diagonal added), ``upper`` (strictly upper) and ``log_s`` learn.
     """
 
+    jacobian_sign_is_fixed = True  # sign det M = det P * prod(sign_s), both fixed buffers
+
     def __init__(self, channels: int) -> None:
         super().__init__(channels)
         p, lower, upper = torch.linalg.lu(random_orthogonal(channels))
@@ -106,6 +108,8 @@ class HouseholderConv1x1(LinearConv1x1, kind="householder"):
 
     Submodule: ``householder`` (:class:`~lightning_ortho.nn.HouseholderProduct`), a random orthogonal ``Q`` at init.
     """
+
+    jacobian_sign_is_fixed = log_abs_det_is_zero = True  # det Q = (-1)^C: a product of C reflections
 
     def __init__(self, channels: int) -> None:
         super().__init__(channels)
