@@ -18,7 +18,7 @@ import lightning_ortho.callbacks.gradient_noise as gradient_noise_module
 from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor
 from tests.callbacks.test_gradient_noise_windows import KEYS, Gradients
-from tests.callbacks.test_gradient_variance import UserMLP, brute_force, close, trainer, user_data
+from tests.callbacks.test_gradient_variance import UserMLP, brute_force, close, logged, trainer, user_data
 
 
 class Codes(nn.Module):
@@ -70,7 +70,7 @@ def _assert_window(record, gradients, window, groups):
         expected = brute_force([gradients.steps[i] for i in window], members, batch_size=8)
         prefix = f"gradient_noise/{group}/" if group else "gradient_noise/"
         for key in KEYS:
-            assert close(record["values"][prefix + key], expected[key], 1e-9), (window, group, key)
+            assert close(logged(record, prefix + key), expected[key], 1e-9), (window, group, key)
 
 
 def test_a_layer_replaced_between_windows_is_measured_in_the_windows_after(tmp_path, monkeypatch):

@@ -1,12 +1,17 @@
 """The contract every monitor keeps, run over every ``Monitor`` subclass the package ships (found by
 ``Monitor.__subclasses__()`` after importing every callback module, so a new monitor is covered as soon as it has a
-case here): it measures every ``every_n_steps`` optimizer steps and after the last step of a fit however the fit
-ends; a resume from a checkpoint continues its history and steps exactly; its statistics reduce across two
-processes as one process computes them on the union of the probes; its values land at the steps of the model's
-``self.log`` values; a watched module in eval mode is measured and left in its mode."""
+case here): it measures at the end of the first batch at or past each multiple of ``every_n_steps`` and after the
+last batch of a fit however the fit ends, with one optimizer step a batch, several (manual optimisation, where
+``every_n_steps`` does not divide them) and gradient accumulation; nothing it logs, in its whole history and in the
+loggers, is NaN or infinite (a watched group without gradient included); a resume from a checkpoint (for
+GradientNoiseMonitor, one holding a partly filled window) continues its history and steps exactly; its statistics
+reduce across processes as one process computes them on the union of the probes (simulated for each monitor, and
+a real two-process DDP run); its values land at the steps of the model's ``self.log`` values; a watched module in
+eval mode is measured and left in its mode."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import importlib
 import math
@@ -35,10 +40,11 @@ from lightning_ortho.models import OnlineRNNModule
 from lightning_ortho.nn import AuxiliaryReflection
 from lightning_ortho.nn.eval_mode import eval_mode
 from lightning_ortho.online import TanhRNNCell
+from tests.conftest import free_port, make_tiny_trainer
 from tests.models.test_online_rnn_module import TinyStreams
 
 D = 4
-BATCHES = 7  # training batches an epoch
+BATCHES = 8  # training batches an epoch
 
 
 def shipped_monitors() -> list[type]:
@@ -56,9 +62,9 @@ def shipped_monitors() -> list[type]:
 
 # ---------------------------------------------------------------------------------------------- the models
 class Logged:
-    """The model side of the contract: ``self.log`` of the loss on every step, the global step the batch started
-    at (to find the batch a measurement followed), a chosen submodule put in eval mode at each epoch start, and a
-    stop requested after ``stop_after`` batches (a fit that ends before its last batch)."""
+    """The model side of the contract: ``self.log`` of the loss and of the batch's index on every batch (to find
+    the loggers' step of the batch a measurement followed), a chosen submodule put in eval mode at each epoch start,
+    and a stop requested after ``stop_after`` batches (a fit that ends before its last batch)."""
 
     frozen: str
     stop_after: int | None = None
@@ -69,14 +75,15 @@ class Logged:
     def log_step(self, loss: torch.Tensor | None, batch_idx: int) -> None:
         if loss is not None:  # (the online module logs its own)
             self.log("train_loss", loss.detach().float(), on_step=True, on_epoch=False, batch_size=1)
-        self.log("started_at", float(self.global_step), on_step=True, on_epoch=False, batch_size=1)
+        self.log("batch", float(batch_idx), on_step=True, on_epoch=False, batch_size=1)
         if self.stop_after is not None and batch_idx + 1 >= self.stop_after:
             self.trainer.should_stop = True
 
 
 class Everything(Logged, pl.LightningModule):
     """Something every monitor of any model can measure: an orthogonal map, an invertible reflection (closed-form
-    log-determinant, Newton inverse), a BatchNorm and a head."""
+    log-determinant, Newton inverse), a BatchNorm and a head; and a gated-off branch whose gradient is exactly zero
+    (a monitor of gradients must not log 0/0 for it)."""
 
     def __init__(self, frozen: str) -> None:
         super().__init__()
@@ -85,15 +92,36 @@ class Everything(Logged, pl.LightningModule):
         self.reflection = AuxiliaryReflection(D, invertible=True)
         self.norm = nn.BatchNorm1d(D)
         self.head = nn.Linear(D, 1)
+        self.gated = nn.Linear(D, 1)
+
+    def loss(self, x, y):
+        return F.mse_loss(self.head(self.norm(self.reflection(self.ortho(x)))) + 0.0 * self.gated(x), y)
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.mse_loss(self.head(self.norm(self.reflection(self.ortho(x)))), y)
+        loss = self.loss(*batch)
         self.log_step(loss, batch_idx)
         return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class TwoStepsABatch(Everything):
+    """Manual optimisation with two optimizer steps a batch (one per half), as an online model takes several."""
+
+    def __init__(self, frozen: str) -> None:
+        super().__init__(frozen)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        optimizer = self.optimizers()
+        for rows in (slice(0, 2), slice(2, 4)):
+            loss = self.loss(x[rows], y[rows])
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+        self.log_step(loss, batch_idx)
 
 
 class Online(Logged, OnlineRNNModule):
@@ -116,16 +144,37 @@ def loader() -> DataLoader:
     return DataLoader(TensorDataset(torch.randn(rows, D, generator=g), torch.randn(rows, 1, generator=g)), 4)
 
 
-def every_step_and_the_last(every: int, first: int, last: int) -> list[int]:
-    """The steps after which a monitor measures in a fit that ran steps ``first .. last - 1``."""
-    return [s for s in range(first + 1, last + 1) if s % every == 0 or s == last]
+class BatchEnds(pl.Callback):
+    """The test's own record of the global step at the end of every training batch, by batch index."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, int] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps[batch_idx] = trainer.global_step
+
+
+def first_batch_at_or_past_each_multiple(ends: list[int], every: int, first: int, last_batch: bool) -> list[int]:
+    """The batches after which the rule measures, from the global steps at the ends of a fit's batches (the fit
+    started at step ``first``): each batch whose steps reach or pass a multiple of ``every``, and (with
+    ``last_batch``) the fit's last batch if it stepped past the last measurement."""
+    batches, before = [], first
+    for b, s in enumerate(ends):
+        if s // every > before // every:
+            batches.append(b)
+        before = s
+    last = len(ends) - 1
+    if last_batch and ends and ends[-1] > first and (not batches or ends[batches[-1]] != ends[-1]):
+        batches.append(last)
+    return batches
 
 
 @dataclass
 class Case:
     """How to run one monitor class: its monitor (given ``every_n_steps``), the model and data, the submodule put in
-    eval mode (and watched, by name, where the monitor takes names), optimizer steps per batch, and the steps it
-    measures after in a fit of steps ``first .. last - 1``."""
+    eval mode (and watched, by name, where the monitor takes names), optimizer steps per batch, whether it also
+    measures after the last batch of a fit, and the layouts it runs in besides its own (``"two_steps"``: manual
+    optimisation with two steps a batch; ``"accumulate"``: gradient accumulation over two batches)."""
 
     monitor: Callable[[int], Monitor]
     model: Callable[[str], pl.LightningModule]
@@ -134,13 +183,11 @@ class Case:
     every: int
     steps_per_batch: int = 1
     named: bool = True
-    expected: Callable[[int, int, int], list[int]] = every_step_and_the_last
+    last_batch: bool = True
+    layouts: tuple[str, ...] = ("one_step", "two_steps", "accumulate")
 
 
-def every_step_only(every: int, first: int, last: int) -> list[int]:
-    """GradientNoiseMonitor measures when a window (the last steps of each interval) closes: not after a last step
-    inside an interval, whose window is incomplete."""
-    return [s for s in range(first + 1, last + 1) if s % every == 0]
+LAYOUTS = {"one_step": {}, "two_steps": {"model": TwoStepsABatch}, "accumulate": {"accumulate_grad_batches": 2}}
 
 
 CASES = {
@@ -161,32 +208,47 @@ CASES = {
         "reflection",
         3,
     ),
+    # A window is measured where it closes: not after a last batch inside an interval (its window is incomplete).
     "GradientNoiseMonitor": Case(
-        lambda every: GradientNoiseMonitor(modules=["norm"], every_n_steps=every, window_steps=2),
+        lambda every: GradientNoiseMonitor(modules=["norm", "gated"], every_n_steps=every, window_steps=2),
         Everything,
         loader,
         "norm",
         3,
-        expected=every_step_only,
+        last_batch=False,
     ),
+    # 5 optimizer steps a batch (one per time step), every_n_steps=3 does not divide them; manual optimisation
+    # only (Lightning has no accumulation for it)
     "OnlineEstimatorVarianceMonitor": Case(
         lambda every: OnlineEstimatorVarianceMonitor(every_n_steps=every, draws=2, probe_streams=2),
         Online,
         lambda: TinyStreams(streams=4, steps=5, chunks_per_epoch=BATCHES),
         "norm",
-        5,
+        3,
         steps_per_batch=5,
         named=False,
+        layouts=("one_step",),
     ),
 }
 MONITORS = shipped_monitors()
 
 
-def run(case: Case, root: Path, callbacks=(), stop_after=None, epochs=1, ckpt_path=None, every=None, monitor=None):
+def run(
+    case: Case,
+    root: Path,
+    callbacks=(),
+    stop_after=None,
+    epochs=1,
+    ckpt_path=None,
+    every=None,
+    monitor=None,
+    layout="one_step",
+):
     pl.seed_everything(0, verbose=False)
+    options = dict(LAYOUTS[layout])
     # float64 from construction: Lightning loads a checkpoint into the parameters before "64-true" converts them,
     # so a float32 model would round the checkpoint's float64 values (by ~1e-8) and no resume could be exact.
-    model = case.model(case.frozen).double()
+    model = options.pop("model", case.model)(case.frozen).double()
     model.stop_after = stop_after
     monitor = monitor or case.monitor(every or case.every)
     trainer = pl.Trainer(
@@ -202,6 +264,7 @@ def run(case: Case, root: Path, callbacks=(), stop_after=None, epochs=1, ckpt_pa
         num_sanity_val_steps=0,
         default_root_dir=root,
         callbacks=[*callbacks, monitor],
+        **options,
     )
     trainer.fit(model, case.data(), ckpt_path=ckpt_path)
     return trainer, model, monitor
@@ -222,33 +285,58 @@ def case(request) -> Case:
 
 
 # ------------------------------------------------------------------------------------------------ the contract
+def steps_per_batch(case: Case, layout: str) -> list[int]:
+    """Global steps at the ends of the batches of one epoch, as the layout steps the optimizer (reasoned, to check
+    the recorded ones against)."""
+    if layout == "accumulate":  # a step every second batch, and at the epoch's last batch
+        return [(b + 1) // 2 if b + 1 < BATCHES else (BATCHES + 1) // 2 for b in range(BATCHES)]
+    per = 2 if layout == "two_steps" else case.steps_per_batch
+    return [per * (b + 1) for b in range(BATCHES)]
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def layout(request, case) -> str:
+    if request.param not in case.layouts:
+        pytest.skip(f"{request.param} does not apply to this model")
+    return request.param
+
+
 @pytest.mark.filterwarnings("ignore:.*measured nothing", "ignore:.*never measured")
-def test_measures_every_n_steps_and_after_the_last_step_however_the_fit_ends(case, tmp_path):
-    per = case.steps_per_batch
-    trainer, _, monitor = run(case, tmp_path / "full")
-    assert trainer.global_step == BATCHES * per
-    assert [r["step"] for r in monitor.history] == case.expected(case.every, 0, BATCHES * per)
-    trainer, _, monitor = run(case, tmp_path / "stopped", stop_after=5)  # should_stop after the 5th batch
-    assert trainer.global_step == 5 * per
-    assert [r["step"] for r in monitor.history] == case.expected(case.every, 0, 5 * per)
-
-
-def test_logged_steps_are_the_steps_of_the_models_self_log_values(case, tmp_path):
-    # a fit that stops early: its last value is logged after the loop, at the last batch's step
-    trainer, _, monitor = run(case, tmp_path, stop_after=5)
+@pytest.mark.parametrize("stop_after", [None, 5], ids=["full", "stopped"])
+def test_measures_at_the_first_batch_at_or_past_each_multiple_and_the_last_one_logging_the_models_steps(
+    case, layout, stop_after, tmp_path
+):
+    ends = BatchEnds()
+    trainer, _, monitor = run(case, tmp_path, callbacks=[ends], stop_after=stop_after, layout=layout)
+    batch_ends = [ends.steps[b] for b in sorted(ends.steps)]
+    assert batch_ends == steps_per_batch(case, layout)[: stop_after or BATCHES]
+    assert trainer.global_step == batch_ends[-1]
+    measured_after = first_batch_at_or_past_each_multiple(batch_ends, case.every, 0, case.last_batch)
+    expected = [batch_ends[b] for b in measured_after]
+    assert [r["step"] for r in monitor.history] == expected
+    assert 0 not in expected
+    # Logged at the loggers' step of the batch each was measured after (the model's self.log of its index).
     rows = csv_rows(trainer)
-    # each batch's step in the loggers, by the global step after its optimizer steps
-    batch_step = {round(float(r["started_at"])) + case.steps_per_batch: int(r["step"]) for r in rows if r["started_at"]}
+    logger_step = {round(float(r["batch"])): int(r["step"]) for r in rows if r.get("batch")}
+    # The loggers' step of a batch counts the batches before it that stepped (Lightning does not log the values of
+    # a batch that only accumulates, so the last batch of a stopped accumulation fit has no row: its step is that).
+    stepped_before = [
+        sum(batch_ends[i] > (batch_ends[i - 1] if i else 0) for i in range(b)) for b in range(len(batch_ends))
+    ]
+    assert all(stepped_before[b] == step for b, step in logger_step.items()), (logger_step, stepped_before)
     prefix = f"{monitor.prefix}/"
-    logged = [(int(r["step"]), k) for r in rows for k, v in r.items() if k.startswith(prefix) and v != ""]
-    assert monitor.history and logged
+    logged = [(int(r["step"]), k, float(v)) for r in rows for k, v in r.items() if k.startswith(prefix) and v != ""]
+    assert bool(logged) == bool(expected)  # (a stopped accumulation fit closes no window of GradientNoiseMonitor)
+    for record, batch in zip(monitor.history, measured_after, strict=True):
+        assert record["log_step"] == stepped_before[batch], record
+        assert {k for s, k, _ in logged if s == record["log_step"]} == set(record["values"])
+    assert sorted({s for s, _, _ in logged}) == [r["log_step"] for r in monitor.history]
+    # Nothing undefined or infinite, over the whole history and everything the loggers got.
     for record in monitor.history:
-        assert record["log_step"] == batch_step[record["step"]], record  # the batch it was measured after
-        assert {k for s, k in logged if s == record["log_step"]} == set(record["values"])
-    assert sorted({s for s, _ in logged}) == [r["log_step"] for r in monitor.history]
-    for key, value in monitor.history[-1]["values"].items():  # and the trainer has them, for checkpoints
+        assert record["values"] and all(math.isfinite(v) for v in record["values"].values()), record
+    assert all(math.isfinite(value) for _, _, value in logged), [x for x in logged if not math.isfinite(x[2])]
+    for key, value in (monitor.history[-1]["values"] if monitor.history else {}).items():  # and the trainer's
         assert float(trainer.callback_metrics[key]) == pytest.approx(value, rel=1e-6), key
-        assert not math.isnan(value), key  # nothing undefined is logged
 
 
 @pytest.mark.filterwarnings("ignore:.*dataloader is not resumable", "ignore:.*measured nothing")
@@ -256,8 +344,10 @@ def test_a_resume_from_a_checkpoint_continues_the_history_and_steps_exactly(case
     _, _, straight = run(case, tmp_path / "straight", epochs=2)
     checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
     _, _, first = run(case, tmp_path / "first", callbacks=[checkpoint], epochs=1)
+    if isinstance(first, GradientNoiseMonitor):  # the checkpoint (step 8) holds a partly filled window: step 7 of 7-8
+        assert first._steps == 1 and first.window_steps == 2
     _, _, resumed = run(case, tmp_path / "resumed", epochs=2, ckpt_path=checkpoint.last_model_path)
-    # The resumed fit's history is the first fit's (which measured its own last step, 7) and then what the
+    # The resumed fit's history is the first fit's (which measured its own last step, 8) and then what the
     # uninterrupted fit measured after that step, at the same steps.
     after = [r for r in straight.history if r["step"] > first.history[-1]["step"]]
     assert first.history and after and resumed.history[: len(first.history)] == first.history
@@ -293,15 +383,14 @@ def test_two_processes_reduce_to_the_statistics_of_the_union_of_their_probes(cas
         captured.append((name, module, probe, measure(name, module, probe)))
         return captured[-1][-1]
 
+    if not monitor.needs_probe():
+        pytest.skip("no probe rows to split between simulated processes (see the real two-process run below)")
     monitor.measure = capture
     _, model, monitor = run(case, tmp_path, monitor=monitor)
     name, module, probe, whole = captured[-1]
-    if monitor.needs_probe():  # each process has its own probe: half of it
-        with eval_mode(model):
-            whole = measure(name, module, probe)
-            halves = measure(name, module, probe[:2]), measure(name, module, probe[2:])
-    else:  # every process reads the same parameters or all-reduced gradients
-        halves = whole, whole
+    with eval_mode(model):  # each process has its own probe: half of it
+        whole = measure(name, module, probe)
+        halves = measure(name, module, probe[:2]), measure(name, module, probe[2:])
     assert whole and halves[0].keys() == halves[1].keys() == whole.keys()  # the same reductions on each process
     single = SimpleNamespace(world_size=1)
     for key, measurement in whole.items():
@@ -325,3 +414,58 @@ def test_a_watched_module_in_eval_mode_is_measured_and_left_in_its_mode(case, tm
         assert keys
     if isinstance(frozen, nn.BatchNorm1d):
         assert int(frozen.num_batches_tracked) == 0  # its statistics never moved, measurements included
+
+
+class Reflections(pl.LightningModule):
+    """An unconstrained auxiliary reflection (its det J changes sign between rows) and a head: picklable for
+    ``ddp_spawn`` (no torch parametrization)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.free = AuxiliaryReflection(D)
+        with torch.no_grad():
+            self.free.weight.copy_(3 * torch.randn(D, D, generator=torch.Generator().manual_seed(3)))
+        self.head = nn.Linear(D, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.head(self.free(x)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def brute_force_log_det(module: nn.Module, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sign, log|det J|)`` per row from autograd Jacobians in float64 (the test's own reference)."""
+    module = copy.deepcopy(module).double().eval()
+    pairs = [torch.linalg.slogdet(torch.autograd.functional.jacobian(lambda t: module(t[None])[0], r)) for r in rows]
+    return torch.stack([s for s, _ in pairs]), torch.stack([v for _, v in pairs])
+
+
+def test_a_real_two_process_run_logs_the_statistics_of_the_union_of_the_probes(tmp_path, monkeypatch):
+    """ddp_spawn on two CPU processes, one step, 4 rows each (rank 0 the even rows, rank 1 the odd ones): each
+    process measures its own probe, the "mean" (weighted by rows), "min" and "max" reductions give what one process
+    computes on all 8 rows, and the two processes' own values differ (so the reduction is really tested)."""
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    pl.seed_everything(0, verbose=False)
+    model = Reflections()
+    g = torch.Generator().manual_seed(1)
+    data = DataLoader(TensorDataset(torch.randn(8, D, generator=g), torch.randn(8, 1, generator=g)), batch_size=4)
+    monitor = JacobianDeterminantMonitor(modules=["free"], every_n_steps=1, probe_size=4, verbose=False)
+    trainer = make_tiny_trainer(
+        tmp_path, precision="64-true", max_steps=1, strategy="ddp_spawn", devices=2, callbacks=[monitor]
+    )
+    trainer.fit(model, data)  # the parameters after the step come back to this process
+    x = data.dataset.tensors[0].double()
+    sign, log_det = brute_force_log_det(model.free, x)
+    per_process = [float(log_det[rank::2].mean()) for rank in (0, 1)]
+    assert abs(per_process[0] - per_process[1]) > 1e-3
+    metrics = trainer.callback_metrics
+    expected = {
+        "log_abs_det_mean": float(log_det.mean()),
+        "log_abs_det_min": float(log_det.min()),
+        "log_abs_det_max": float(log_det.max()),
+        "negative_fraction": float((sign <= 0).double().mean()),
+    }
+    for key, value in expected.items():
+        assert float(metrics[f"jacobian/free/{key}"]) == pytest.approx(value, rel=1e-6, abs=1e-12), key
