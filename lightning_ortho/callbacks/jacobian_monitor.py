@@ -143,8 +143,8 @@ class JacobianDeterminantMonitor(Monitor):
       ``min(p, 1 - p)`` is :meth:`Invertible1x1Conv.jacobian_sign_flips`.
 
     A statistic that is constant by construction is not logged (the end-of-fit notes say so): the sign fractions
-    of a layer that declares ``jacobian_sign_is_fixed`` (our LU, Householder and ``aux_invertible`` 1x1
-    convolutions, ``AuxiliaryReflection(invertible=True)``: Theorem 2), and ``log_abs_det_*`` of one that declares
+    of a layer that declares ``jacobian_sign_is_fixed`` (our LU and Householder 1x1 convolutions,
+    ``AuxiliaryReflection(invertible=True)``: Theorem 2), and ``log_abs_det_*`` of one that declares
     ``log_abs_det_is_zero`` (the Householder 1x1 convolution, a squeeze); see
     :mod:`lightning_ortho.nn.capabilities`. A layer with both has nothing to log and is not measured.
     How ``log|det J|`` is found for a module (:attr:`methods`, by name; said under the end-of-fit table with the

@@ -297,7 +297,7 @@ class Convolutions(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=0.05)
 
 
-KINDS = ("plain", "lu", "householder", "aux_invertible")
+KINDS = ("plain", "lu", "householder")
 
 
 def test_statistics_constant_by_construction_are_not_logged_but_noted(tiny_trainer):
@@ -315,15 +315,15 @@ def test_statistics_constant_by_construction_are_not_logged_but_noted(tiny_train
     log_det = {"log_abs_det_mean", "log_abs_det_min", "log_abs_det_max"}
     signs = {"negative_fraction", "pixel_negative_fraction"}
     # a dense W can cross det W = 0 while training: its sign is measured
-    assert statistics == {"plain": log_det | signs, "lu": log_det, "householder": set(), "aux_invertible": log_det}
+    assert statistics == {"plain": log_det | signs, "lu": log_det, "householder": set()}
     notes = monitor.notes()
-    for kind in ("lu", "householder", "aux_invertible"):
+    for kind in ("lu", "householder"):
         assert "sign of det J from nowhere: fixed by construction" in notes[f"jacobian/convs.{kind}"], kind
     assert notes["jacobian/convs.householder"].startswith("log|det J| = 0 by construction")
     # what the declarations claim, checked independently: one sign for every pixel of random inputs, and
     # log|det J| = 0 for the Householder convolution, whatever the parameters (here: after training)
     model = Convolutions().double()
     x = torch.randn(3, 4, 2, 2, dtype=torch.float64)
-    for kind in ("lu", "householder", "aux_invertible"):
+    for kind in ("lu", "householder"):
         assert len(set(pixel_jacobian_signs(model.convs[kind], x).flatten().tolist())) == 1, kind
     assert float(autograd_log_det(model.convs["householder"], x).abs().max()) < 1e-10

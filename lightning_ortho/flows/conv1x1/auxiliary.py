@@ -86,8 +86,6 @@ class InvertibleAuxConv1x1(AuxiliaryConv1x1, kind="aux_invertible"):
     orthogonal to machine precision in float32 and float64 alike.
     """
 
-    jacobian_sign_is_fixed = True  # Theorem 2: det J never vanishes on R^C (nor for any V), and Q is fixed
-
     def __init__(self, channels: int) -> None:
         super().__init__(channels)
         self.register_buffer("fixed_basis", torch.randn(channels, channels // 2))
