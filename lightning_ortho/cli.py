@@ -9,6 +9,7 @@ lightning-ortho predict --config recipes/fcnn_digits.yaml --ckpt_path=PATH   (wr
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 # Importing registers the subclasses that `class_path: ...` may name by their short names too. The callbacks
@@ -17,7 +18,7 @@ from typing import Any
 import lightning_ortho.callbacks
 import lightning_ortho.datamodules  # noqa: F401
 import lightning_ortho.models  # noqa: F401
-from lightning_ortho._lightning import pl, rank_zero_only
+from lightning_ortho._lightning import every_package, pl, rank_zero_only
 from lightning_ortho.callbacks.prediction_writer import PredictionWriter
 
 lightning_ortho.callbacks.import_all()
@@ -43,6 +44,22 @@ class LightningOrthoCLI(LightningCLI):
         parser.link_arguments("data.input_size", "model.init_args.cell.init_args.input_size", apply_on="instantiate")
         parser.link_arguments("data.output_size", "model.init_args.output_size", apply_on="instantiate")
 
+    def before_instantiate_classes(self) -> None:
+        # With --ckpt_path, LightningCLI feeds the checkpoint's saved hyperparameters back as the model's
+        # `dict_kwargs`. They were dumped with the link targets above, which a model without those arguments (Glow,
+        # the fast transform: no in_features or num_classes) never received and would now refuse: drop the keys the
+        # model's constructor does not take.
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        model = config.get("model")
+        extra = model.get("dict_kwargs") if model is not None and hasattr(model, "get") else None
+        if not extra or not model.get("class_path"):
+            return
+        module_name, _, class_name = model.class_path.rpartition(".")
+        parameters = inspect.signature(getattr(importlib.import_module(module_name), class_name)).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return
+        model.dict_kwargs = {key: value for key, value in extra.items() if key in parameters}
+
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         # The rich progress bar is a default, not a requirement: drop it when the user turns bars off.
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
@@ -52,7 +69,7 @@ class LightningOrthoCLI(LightningCLI):
         if self.subcommand == "predict":
             given = config.get("trainer", {}).get("callbacks") or []
             given = given if isinstance(given, list) else [given]
-            if not any(isinstance(c, pl.callbacks.BasePredictionWriter) for c in given):
+            if not any(isinstance(c, every_package("callbacks.BasePredictionWriter")) for c in given):
                 callbacks = [*self.trainer_defaults.get("callbacks", []), PredictionWriter()]
                 self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
         return super().instantiate_trainer(**kwargs)

@@ -86,14 +86,16 @@ class PredictionWriter(*every_package("callbacks.BasePredictionWriter"), Callbac
 
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Write the file(s) and summarise (every process: the summary's sums and the run directory are collective)."""
-        folder = Path(self.dirpath if self.dirpath is not None else trainer.log_dir)
+        # trainer.log_dir is None without a logger (fast_dev_run turns loggers off): the run's root folder then
+        folder = Path(self.dirpath or trainer.log_dir or trainer.default_root_dir)
         world, rank = trainer.world_size, trainer.global_rank
         reduce = _reducer(trainer, pl_module)
         lines = []
         for loader in sorted(self._outputs):
             record = _record(pl_module, self._outputs[loader], self._targets[loader])
             indices = self._indices[loader]
-            if world > 1 and indices and all(i is not None for i in indices):
+            # (loaders without a sampler, such as the online streams, report empty index lists: nothing to save)
+            if world > 1 and indices and all(i is not None for i in indices) and any(len(i) for i in indices):
                 record["index"] = torch.tensor([int(i) for batch in indices for i in batch], dtype=torch.long)
             stem = Path(self.filename).stem + (f"-dataloader{loader}" if len(self._outputs) > 1 else "")
             path = folder / (f"{stem}-rank{rank}.pt" if world > 1 else f"{stem}.pt")
