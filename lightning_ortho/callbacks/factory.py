@@ -62,7 +62,7 @@ MONITORS: dict[str, str] = {
     "orthogonality": "lightning_ortho.callbacks.orthogonality_monitor:OrthogonalityMonitor",
     "jacobian": "lightning_ortho.callbacks.jacobian_monitor:JacobianDeterminantMonitor",
     "invertibility": "lightning_ortho.callbacks.invertibility_monitor:InvertibilityMonitor",
-    "gradient_variance": "lightning_ortho.callbacks.gradient_variance:GradientVarianceMonitor",
+    "gradient_variance": "lightning_ortho.callbacks.gradient_noise:GradientNoiseMonitor",
 }
 
 MONITORS_VARIABLE = "LIGHTNING_ORTHO_MONITORS"

@@ -32,7 +32,11 @@ import lightning_ortho.callbacks
 from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._monitor import Measurement, Monitor
 from lightning_ortho.callbacks._monitor_values import reduce_measurement
-from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor, OnlineEstimatorVarianceMonitor
+from lightning_ortho.callbacks.gradient_variance import (
+    GradientNoiseMonitor,
+    GradientVarianceMonitor,
+    OnlineEstimatorVarianceMonitor,
+)
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
 from lightning_ortho.callbacks.orthogonality_monitor import OrthogonalityMonitor
@@ -211,6 +215,15 @@ CASES = {
     # A window is measured where it closes: not after a last batch inside an interval (its window is incomplete).
     "GradientNoiseMonitor": Case(
         lambda every: GradientNoiseMonitor(modules=["norm", "gated"], every_n_steps=every, window_steps=2),
+        Everything,
+        loader,
+        "norm",
+        3,
+        last_batch=False,
+    ),
+    # the same monitor under its second name (a subclass, so that configs can name it): the same contract
+    "GradientVarianceMonitor": Case(
+        lambda every: GradientVarianceMonitor(modules=["norm", "gated"], every_n_steps=every, window_steps=2),
         Everything,
         loader,
         "norm",
