@@ -12,7 +12,7 @@ import torch
 import torchmetrics
 from torchmetrics.classification import BinaryAccuracy, MulticlassAccuracy, MultilabelAccuracy
 
-from lightning_ortho._lightning import MisconfigurationException, pl, rank_zero_info
+from lightning_ortho._lightning import every_package, pl, rank_zero_info
 from lightning_ortho.nn.eval_mode import eval_mode
 
 BatchKeys = tuple[int | str, int | str]
@@ -95,7 +95,12 @@ def validation_loaders(trainer: pl.Trainer, pl_module: pl.LightningModule) -> li
         if hook is not None and hook.__qualname__ != "DataHooks.val_dataloader":
             try:
                 loaders = source.val_dataloader()
-            except (AttributeError, NotImplementedError, MisconfigurationException):
+            # (a data module of either Lightning package may say it has no loader: both packages' exception)
+            except (
+                AttributeError,
+                NotImplementedError,
+                *every_package("utilities.exceptions.MisconfigurationException"),
+            ):
                 loaders = None
     if loaders is None:
         return []

@@ -14,7 +14,8 @@ When a monitor measures (one rule for every monitor, whatever the batches hold):
 batch at or past each multiple of ``every_n_steps`` optimizer steps (``global_step``; a multiple crossed inside a
 batch, as under manual optimisation with several steps a batch, is measured at that batch's end; a batch that takes
 no step, as under gradient accumulation, crosses none), and at the end of the last batch of the fit however the fit
-ends; never before the fit's first optimizer step. A monitor that measured nothing, or never measured
+ends (except GradientNoiseMonitor, which reads complete windows of gradients only); never before the fit's first
+optimizer step. A monitor that measured nothing, or never measured
 some watched module, in a fit says so in one warning at the end of fit, with the reason and what to change (at info
 level for a monitor from the environment switch when the fit was only too short). Each process keeps its own probe
 (its own shard of the data); statistics are reduced across processes as the measurement declares (``"mean"``

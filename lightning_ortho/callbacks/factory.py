@@ -54,6 +54,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -143,9 +144,45 @@ def monitor_class(name: str) -> type:
         ) from error
 
 
+def monitors_for_lightning() -> list:
+    """The ``lightning.pytorch.callbacks_factory`` entry point: :func:`monitors_from_environment`, after
+    :func:`check_trainer_package` for a ``lightning`` Trainer."""
+    check_trainer_package("lightning")
+    return monitors_from_environment()
+
+
+def monitors_for_pytorch_lightning() -> list:
+    """The ``pytorch_lightning.callbacks_factory`` entry point: :func:`monitors_from_environment`, after
+    :func:`check_trainer_package` for a ``pytorch_lightning`` Trainer."""
+    check_trainer_package("pytorch_lightning")
+    return monitors_from_environment()
+
+
+def check_trainer_package(trainer_package: str) -> None:
+    """Warn (once) when a Trainer of ``trainer_package`` is built in a process whose lightning-ortho LightningModules
+    and data modules derive from the other Lightning package: that Trainer will refuse them with Lightning's bare
+    "must be a LightningModule", so say here which package lightning-ortho chose and how to choose the other.
+
+    Each package's Trainer calls its own entry-point group, so the caller's package is known; nothing is imported.
+    """
+    choice = sys.modules.get("lightning_ortho._lightning")
+    built = [name for name in ("lightning_ortho.models", "lightning_ortho.datamodules") if name in sys.modules]
+    if choice is None or not built or choice.PACKAGE == trainer_package:
+        return
+    warnings.warn(
+        f"lightning-ortho: this Trainer is {trainer_package}'s, but lightning-ortho's LightningModules and data "
+        f"modules in this process derive from {choice.PACKAGE} (chosen when lightning-ortho was first imported, "
+        f"before the program imported {trainer_package}): this Trainer refuses them. Import {trainer_package} "
+        f"before lightning_ortho, or set {choice.PACKAGE_VARIABLE}={trainer_package}. (lightning-ortho's callbacks "
+        "serve either Trainer.)",
+        stacklevel=2,
+    )
+
+
 def monitors_from_environment() -> list:
-    """The ``callbacks_factory`` entry point (of both Lightning packages): the monitors named in ``LIGHTNING_ORTHO_MONITORS``
-    (``[]`` when it is unset or empty), built with the settings of the other variables (see the module docstring).
+    """The monitors named in ``LIGHTNING_ORTHO_MONITORS`` (``[]`` when it is unset or empty), built with the settings
+    of the other variables (see the module docstring): what both Lightning packages' ``callbacks_factory`` entry
+    points return.
 
     Raises:
         ValueError: unknown monitor names or bad settings. ImportError: a named monitor cannot be imported.

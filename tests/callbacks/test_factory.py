@@ -101,12 +101,18 @@ def monitors_of(trainer: pl.Trainer) -> list:
 
 
 # ---------------------------------------------------------------------------------------------- entry point
-@pytest.mark.parametrize("group", ["pytorch_lightning.callbacks_factory", "lightning.pytorch.callbacks_factory"])
-def test_the_entry_point_is_registered(group):
+@pytest.mark.parametrize(
+    "group, function",
+    [
+        ("pytorch_lightning.callbacks_factory", factory.monitors_for_pytorch_lightning),
+        ("lightning.pytorch.callbacks_factory", factory.monitors_for_lightning),
+    ],
+)
+def test_the_entry_point_is_registered(group, function):
     points = importlib.metadata.entry_points(group=group)
     ours = [point for point in points if point.value.startswith("lightning_ortho.")]
     assert len(ours) == 1, "reinstall the package (pip install -e .) so that its entry point is registered"
-    assert ours[0].load() is monitors_from_environment
+    assert ours[0].load() is function
 
 
 def test_a_user_script_logs_the_monitors_only_when_the_environment_asks(tmp_path):

@@ -138,3 +138,26 @@ def test_the_prediction_writer_serves_the_other_packages_trainer(tmp_path: Path)
     result = run(WRITER_UNDER_THE_OTHER_PACKAGE, tmp_path, **{PACKAGE_VARIABLE: "pytorch_lightning"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+MODULES_FIRST = """
+import warnings
+from lightning_ortho.models import OrthogonalClassifier  # sorted before `from pytorch_lightning import ...`
+from pytorch_lightning import Trainer
+from lightning_ortho._lightning import PACKAGE
+
+assert PACKAGE == "lightning"  # installed beside pytorch_lightning, so chosen when neither had been imported
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    Trainer(accelerator="cpu", logger=False)
+messages = [str(w.message) for w in caught if "lightning-ortho: this Trainer" in str(w.message)]
+print(messages[0] if messages else "NO WARNING")
+"""
+
+
+def test_a_trainer_of_the_other_package_says_how_to_choose_it(tmp_path: Path):
+    result = run(MODULES_FIRST, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = result.stdout.strip().splitlines()[-1]
+    assert "this Trainer is pytorch_lightning's" in line and "derive from lightning" in line, line
+    assert f"{PACKAGE_VARIABLE}=pytorch_lightning" in line, line

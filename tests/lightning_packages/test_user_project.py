@@ -47,8 +47,9 @@ def test_every_monitor_logs_at_the_steps_of_self_log(package: str, route: str, t
     assert steps, "no monitor value was logged"
     for key, logged in steps.items():
         assert set(logged) <= own, f"{key} logged at {sorted(set(logged) - own)}, where the project logged nothing"
-    # Each monitor measured after steps 3, 6, 9 and 12: logged with the self.log values of those batches.
-    measured = {key.split("/")[0] for key in steps}
-    assert len(measured) >= 1
+    # Each monitor measured after steps 3, 6, 9 and 12: logged with the self.log values of those batches (a statistic
+    # undefined at some measurement, such as a negative noise-scale estimate, is left out of that one).
+    by_monitor: dict[str, set[int]] = {}
     for key, logged in steps.items():
-        assert 2 in logged and 11 in logged, f"{key}: {logged}"
+        by_monitor.setdefault(key.split("/")[0], set()).update(logged)
+    assert by_monitor == dict.fromkeys(["orthogonality", "jacobian", "invertibility", "gradient_noise"], {2, 5, 8, 11})
