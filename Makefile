@@ -1,11 +1,11 @@
 # Two commands do all set-up on a fresh machine:
-#   make demo   create .venv, install, train the paper's FCNN on the bundled digits, print validation accuracy
+#   make demo   create .venv, install (core), train the paper's FCNN on the bundled digits, print validation accuracy
 #   make test   create .venv, install with the test extra, run the default test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-pytorch-lightning test-slow bench install clean
+.PHONY: demo test test-pytorch-lightning test-slow bench install install-core clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,11 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[test]"
 
-demo: install
+# The demo needs only the core install (no extra).
+install-core: $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+
+demo: install-core
 	$(BIN)/lightning-ortho fit --config recipes/fcnn_digits.yaml
 
 test: install
