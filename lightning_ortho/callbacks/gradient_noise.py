@@ -30,6 +30,8 @@ import torch
 from torch import nn
 
 from lightning_ortho._lightning import pl, rank_zero_info, rank_zero_warn
+from lightning_ortho.callbacks._gradient_noise_unmeasured import next_window_end, why_unmeasured
+from lightning_ortho.callbacks._gradient_window import GradientWindow, batch_rows, noise_scale
 from lightning_ortho.callbacks._monitor import Measurement, ModuleSpec, Monitor, Source
 from lightning_ortho.callbacks._watched_parameters import WatchedParameters, some
 
@@ -157,10 +159,9 @@ class GradientNoiseMonitor(Monitor):
         self._window_cycle: int | None = None  # global_step // every_n_steps of the window's steps (None: none yet)
         self._fit_skipped = 0  # steps left out for inf/NaN gradients in this fit
         self._without_gradient: set[str] = set()  # groups whose gradient was zero over a window of this fit
-        self._reset_window()
+        self._window = GradientWindow()  # the window in progress
         self._pending_examples = 0
         self._last_batch_examples = 0
-        self._skipped_last = False
         self._finished: dict[str, dict[str, float]] | None = None  # a closed window's statistics, not yet logged
 
     def state_key_fields(self) -> dict[str, Any]:
@@ -208,7 +209,7 @@ class GradientNoiseMonitor(Monitor):
             return False
         old_groups, dropped = list(self._groups), self._steps
         new, gone = self._regroup(pl_module)
-        self._reset_window()
+        self._window = GradientWindow()
         groups = ", ".join(f"{g or 'the whole model'!r}: {len(names)} tensors" for g, names in self._groups.items())
         lost = [repr(g) for g in old_groups if g not in self._groups]
         message = (
@@ -236,18 +237,15 @@ class GradientNoiseMonitor(Monitor):
         return self._watch.build(pl_module, self._watched)
 
     # ------------------------------------------------------------------------------------------ the window
-    def _reset_window(self) -> None:
-        self._means: dict[str, torch.Tensor] = {}  # parameter -> running mean of its gradient
-        self._m2: dict[str, float] = {}  # parameter -> sum_t ||g_t - G_bar||^2 (Welford)
-        self._counts: dict[str, int] = {}  # parameter -> gradients in the window
-        self._steps = 0  # optimizer steps in the window
-        self._examples = 0  # their global batch sizes, summed
-        self._skipped = 0
+    @property
+    def _steps(self) -> int:
+        """Optimizer steps in the window in progress."""
+        return self._window.steps
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        rows = _rows(batch)
+        rows = batch_rows(batch)
         self._last_batch_examples = rows
         self._pending_examples += rows
 
@@ -265,7 +263,7 @@ class GradientNoiseMonitor(Monitor):
         if self._window_cycle is not None and self._window_cycle != cycle:
             # What is left of an earlier interval's window is incomplete (a step was skipped for inf/NaN, or a
             # restored window): drop it rather than finish it with gradients an interval later.
-            self._reset_window()
+            self._window = GradientWindow()
         self._window_cycle = cycle
         names, grads, suspect = self._watch.read(optimizer)
         if suspect:  # the model's parameters may have changed (e.g. a re-created optimizer holds new ones)
@@ -275,12 +273,12 @@ class GradientNoiseMonitor(Monitor):
                 self._watch.accept(optimizer)
         if not names:
             return
-        self._accumulate(names, grads)
-        if self._skipped_last:
+        if not self._accumulate(names, grads):
             return
-        self._steps += 1
-        self._examples += self.batch_size if self.batch_size is not None else examples * trainer.world_size
-        if self._steps >= self.window_steps:
+        window = self._window
+        window.steps += 1
+        window.examples += self.batch_size if self.batch_size is not None else examples * trainer.world_size
+        if window.steps >= self.window_steps:
             self._close_window()
 
     def _close_window(self) -> None:
@@ -302,49 +300,24 @@ class GradientNoiseMonitor(Monitor):
                     trace = self.smoothing * old_trace + (1 - self.smoothing) * trace
                     signal = self.smoothing * old_signal + (1 - self.smoothing) * signal
                 self._ema[group] = (trace, signal)
-                stats["noise_scale"] = _noise_scale(trace, signal)
+                stats["noise_scale"] = noise_scale(trace, signal)
             finished[group] = stats
         self._finished = finished  # a second window closing in the same batch replaces the first (both smoothed)
-        self._reset_window()
+        self._window = GradientWindow()
 
-    def _accumulate(self, names: list[str], grads: list[torch.Tensor]) -> None:
-        """Welford's update of each parameter's mean: ``delta = g - mean``, ``mean += delta / n``,
-        ``m2 += (n - 1) / n ||delta||^2`` (``= delta . (g - new mean)``)."""
-        self._skipped_last = False
-        means = []
-        for name, g in zip(names, grads, strict=True):
-            mean = self._means.get(name)
-            dtype = torch.promote_types(g.dtype, torch.float32)
-            if mean is None:
-                mean = torch.zeros_like(g, dtype=dtype)
-            elif mean.device != g.device:  # loaded from a checkpoint
-                mean = mean.to(g.device)
-            means.append(mean)
-        grads = [g.to(m.dtype) for g, m in zip(grads, means, strict=True)]
-        deltas = torch._foreach_sub(grads, means)
-        squares = torch.stack([n.double() for n in torch._foreach_norm(deltas)]).square().tolist()  # one sync
-        if not all(math.isfinite(s) for s in squares):
-            self._skipped += 1
-            self._fit_skipped += 1
-            self._skipped_last = True
-            self._warn_once(
-                "nonfinite",
-                f"{type(self).__name__}: a gradient holds inf or NaN (a step the mixed-precision scaler skips, or a"
-                " diverging run); such steps are left out of the noise statistics, and the window holding one is "
-                "dropped (the next window starts with the next interval).",
-            )
-            return
-        by_count: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for name, mean, delta, square in zip(names, means, deltas, squares, strict=True):
-            count = self._counts.get(name, 0) + 1
-            self._counts[name] = count
-            self._m2[name] = self._m2.get(name, 0.0) + (count - 1) / count * square
-            self._means[name] = mean
-            pair = by_count.setdefault(count, ([], []))
-            pair[0].append(mean)
-            pair[1].append(delta)
-        for count, (group_means, group_deltas) in by_count.items():
-            torch._foreach_add_(group_means, group_deltas, alpha=1.0 / count)
+    def _accumulate(self, names: list[str], grads: list[torch.Tensor]) -> bool:
+        """Add one step's gradients to the window; ``False`` (with one warning per monitor) where one holds inf or
+        NaN: the step is left out."""
+        if self._window.accumulate(names, grads):
+            return True
+        self._fit_skipped += 1
+        self._warn_once(
+            "nonfinite",
+            f"{type(self).__name__}: a gradient holds inf or NaN (a step the mixed-precision scaler skips, or a"
+            " diverging run); such steps are left out of the noise statistics, and the window holding one is "
+            "dropped (the next window starts with the next interval).",
+        )
+        return False
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -372,62 +345,14 @@ class GradientNoiseMonitor(Monitor):
     def statistics(self, group: str) -> dict[str, float] | None:
         """The current window's statistics of one group (``None`` before two gradients), without smoothing:
         ``batch_variance``, ``mean_grad_sq``, ``signal``, ``snr``, ``noise_scale``, ``batch_size``, ``steps``."""
-        names = [n for n in self._groups.get(group, []) if self._counts.get(n, 0) >= 2]
-        if not names or not self._steps:
-            return None
-        means = [self._means[n] for n in names]
-        mean_sq = sum(float(v) ** 2 for v in torch._foreach_norm(means))
-        variance = sum(self._m2[n] / (self._counts[n] - 1) for n in names)
-        signal = mean_sq - sum(self._m2[n] / (self._counts[n] - 1) / self._counts[n] for n in names)
-        batch = self._examples / self._steps
-        return {
-            "batch_variance": variance,
-            "mean_grad_sq": mean_sq,
-            "signal": signal,
-            "snr": _ratio(signal, variance),
-            "noise_scale": _noise_scale(batch * variance, signal),
-            "batch_size": batch,
-            "steps": float(self._steps),
-        }
-
-    def _next_window_end(self) -> int:
-        """The last step of the first window that ends in this fit or later (``k every_n_steps - 1 >=`` the fit's
-        first step, ``k >= 1``)."""
-        k = max(1, -(-(self._fit_start_step + 1) // self.every_n_steps))
-        return k * self.every_n_steps - 1
+        return self._window.statistics(self._groups.get(group, []))
 
     def fit_too_short(self, name: str, trainer: pl.Trainer) -> bool:
         # No window ends inside this fit's steps; were one to end there, a missing value is no matter of length.
-        return self._next_window_end() >= trainer.global_step
+        return next_window_end(self._fit_start_step, self.every_n_steps) >= trainer.global_step
 
     def unmeasured_reason(self, name: str, trainer: pl.Trainer) -> str:
-        if name in self._without_gradient:
-            return (
-                "its parameters had a zero gradient at every step of each window of this fit (they do not reach the "
-                "loss: an unused or gated submodule, or steps whose loss is masked out), so there is no gradient noise "
-                "to measure; leave it out of modules if that is intended"
-            )
-        start, end = self._fit_start_step, trainer.global_step  # this fit ran the steps start .. end - 1
-        steps, window, every = end - start, self.window_steps, self.every_n_steps
-        what = (
-            f"no window of window_steps={window} optimizer steps was completed in this fit's {steps} steps (steps "
-            f"{start}..{end - 1}; a window is the last window_steps steps of every every_n_steps={every}"
-        )
-        if not self.fit_too_short(name, trainer):
-            if self._fit_skipped:
-                return (
-                    f"{what}): {self._fit_skipped} of them had inf or NaN gradients and were left out, which drops "
-                    "their window; a mixed-precision scaler skips steps while it lowers its scale, most often in the "
-                    "first steps: train longer, or check the run for divergence"
-                )
-            return f"{what}; a window restored incomplete from a checkpoint is dropped)"
-        window_end = self._next_window_end()
-        advice = [f"train to at least {window_end + 1} optimizer steps"]
-        if every > window and steps >= window:  # long enough for a window, but it fell between two
-            advice.append(f"use a shorter every_n_steps (every_n_steps={window} reads every step)")
-        if self.min_every_n_steps <= steps < window:  # shorter than one window, long enough for a smaller one
-            advice.append(f"use a smaller window_steps (at least {self.min_every_n_steps})")
-        return f"{what}, and the next one ends at step {window_end}): " + ", or ".join(advice)
+        return why_unmeasured(self, name, trainer)
 
     def measure(self, name: str, module: nn.Module, probe: torch.Tensor | None) -> dict[str, Measurement]:
         stats = (self._finished or {}).get(name)
@@ -441,26 +366,14 @@ class GradientNoiseMonitor(Monitor):
     # ------------------------------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state["window"] = {
-            "means": {n: m.detach().cpu().clone() for n, m in self._means.items()},
-            "m2": dict(self._m2),
-            "counts": dict(self._counts),
-            "steps": self._steps,
-            "examples": self._examples,
-            "skipped": self._skipped,
-            "cycle": self._window_cycle,
-        }
+        state["window"] = {**self._window.state_dict(), "cycle": self._window_cycle}
         state["ema"] = dict(self._ema)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         window = state_dict.get("window")
-        self._reset_window()
-        if window is not None:
-            self._means = dict(window["means"])
-            self._m2, self._counts = dict(window["m2"]), dict(window["counts"])
-            self._steps, self._examples, self._skipped = window["steps"], window["examples"], window["skipped"]
+        self._window = GradientWindow() if window is None else GradientWindow.from_state(window)
         # The interval the window's steps belong to (None from an older checkpoint: taken as the one resumed in).
         self._window_cycle = None if window is None else window.get("cycle")
         self._ema = dict(state_dict.get("ema", {}))
@@ -468,28 +381,3 @@ class GradientNoiseMonitor(Monitor):
 
 def _trainable(module: nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters())
-
-
-def _rows(batch: Any) -> int:
-    """Rows of the first tensor in a batch (a tensor, or nested in lists, tuples and dicts); 0 if none."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            rows = _rows(item)
-            if rows:
-                return rows
-    return 0
-
-
-def _ratio(numerator: float, denominator: float) -> float:
-    if denominator > 0:
-        return numerator / denominator
-    return math.nan if numerator == 0 else math.copysign(math.inf, numerator)
-
-
-def _noise_scale(trace: float, signal: float) -> float:
-    """``tr(Sigma) / |G|^2``; ``inf`` where the signal estimate is not positive (the noise hides it; not logged)."""
-    return trace / signal if signal > 0 else math.inf
