@@ -5,17 +5,13 @@ checkpoints, and a report at the end of fit.
 A monitor subclass says which modules it watches (:meth:`Monitor.candidates`) and what it measures on one module
 and its probe (:meth:`Monitor.measure`, returning :class:`Measurement` values with their reduction across
 processes); the base does the rest. Probes are the first ``probe_size`` rows of the first input each monitored
-module receives in a training step (a forward hook, removed once it has fired), so a monitor never asks the model for
-data and works on models it has never seen. A module named in ``modules`` is probed whatever its mode (a frozen flow
-in eval mode is the common case); an automatically chosen one only while it trains (a frozen pretrained part is left
-alone).
+module receives in a training step (a forward hook, removed once it has fired: see
+:mod:`~lightning_ortho.callbacks._monitor_probes`, also for the modules probed in eval mode), so a monitor never asks
+the model for data and works on models it has never seen.
 
-When a monitor measures (one rule for every monitor, whatever the batches hold): at the end of the first training
-batch at or past each multiple of ``every_n_steps`` optimizer steps (``global_step``; a multiple crossed inside a
-batch, as under manual optimisation with several steps a batch, is measured at that batch's end; a batch that takes
-no step, as under gradient accumulation, crosses none), and at the end of the last batch of the fit however the fit
-ends (except GradientNoiseMonitor, which reads complete windows of gradients only); never before the fit's first
-optimizer step. A monitor that measured nothing, or never measured
+When a monitor measures: at the end of the first training batch at or past each multiple of ``every_n_steps``
+optimizer steps, and at the end of the last batch of the fit (the rule in full:
+:mod:`~lightning_ortho.callbacks._monitor_schedule`). A monitor that measured nothing, or never measured
 some watched module, in a fit says so in one warning at the end of fit, with the reason and what to change (at info
 level for a monitor from the environment switch when the fit was only too short). Each process keeps its own probe
 (its own shard of the data); statistics are reduced across processes as the measurement declares (``"mean"``
@@ -36,8 +32,10 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from lightning_ortho._lightning import Callback, pl, rank_zero_warn
+from lightning_ortho._lightning import Callback, pl
+from lightning_ortho.callbacks._monitor_probes import hook_watched_modules, missing_probe_reason
 from lightning_ortho.callbacks._monitor_report import check_plotting, report_at_fit_end, warn_unmeasured
+from lightning_ortho.callbacks._monitor_schedule import crossed_a_multiple, last_batch_of_fit
 from lightning_ortho.callbacks._monitor_selection import outermost_modules, select_modules
 from lightning_ortho.callbacks._monitor_source import (
     Source,
@@ -68,20 +66,6 @@ __all__ = [
     "logging_step",
     "outermost_modules",
 ]
-
-
-def last_batch_of_fit(trainer: pl.Trainer, batch_idx: int) -> bool:
-    """Whether the training batch ``batch_idx`` that just ended is the last one of the fit (its last epoch's last
-    batch, or the batch that reaches ``max_steps``).
-
-    A loader without a length (an ``IterableDataset`` without ``__len__``) has ``num_training_batches = inf``; there
-    the loop's own ``is_last_batch`` (its data fetcher looks one batch ahead) tells the last batch of an epoch."""
-    epoch_loop = trainer.fit_loop.epoch_loop
-    last_of_epoch = batch_idx + 1 == trainer.num_training_batches or bool(epoch_loop.batch_progress.is_last_batch)
-    max_epochs = trainer.max_epochs
-    return (last_of_epoch and max_epochs is not None and trainer.current_epoch + 1 == max_epochs) or (
-        trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
-    )
 
 
 def _check_positive_int(value: object, name: str, owner: str) -> int:
@@ -259,14 +243,8 @@ class Monitor(Callback):
         self._remove_hooks()
         self._explicit = set(self._watched) if self.modules is not None else set()
         self._eval_only = set()
-        if type(self).first_forward_problem is not Monitor.first_forward_problem:
-            for name, module in self._watched.items():
-                if name not in self._first_checked:
-                    self._hooks.append(module.register_forward_hook(self._first_forward(name)))
-        if self.needs_probe():
-            for name, module in self._watched.items():
-                if name not in self.probes:
-                    self._probe_hooks[name] = module.register_forward_hook(self._capture(name, trainer))
+        check_first_forward = type(self).first_forward_problem is not Monitor.first_forward_problem
+        hook_watched_modules(self, trainer, check_first_forward)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._remove_hooks()
@@ -275,46 +253,6 @@ class Monitor(Callback):
         for handle in [*self._hooks, *self._probe_hooks.values()]:
             handle.remove()
         self._hooks, self._probe_hooks = [], {}
-
-    def _first_forward(self, name: str):  # noqa: ANN202
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            if name in self._first_checked or name not in self._watched:
-                return
-            reason = self.first_forward_problem(name, module, args, output)
-            if reason is None:
-                self._first_checked.add(name)
-                return
-            if name in self._explicit:
-                raise ValueError(f"{type(self).__name__}: cannot monitor {name!r}: {reason}")
-            self.skipped[name] = reason
-            del self._watched[name]
-            self.probes.pop(name, None)
-            if not self._watched:
-                rank_zero_warn(
-                    f"{type(self).__name__}: no module left to measure: "
-                    + "; ".join(f"{n!r}: {r}" for n, r in self.skipped.items())
-                    + " Pass modules=[...] naming the modules to watch."
-                )
-
-        return hook
-
-    def _capture(self, name: str, trainer: pl.Trainer):  # noqa: ANN202
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            # A probe is a training input: not a sanity-check or validation batch (the trainer's stage says which,
-            # whatever the module's mode).
-            if name in self.probes or not trainer.training or not args or not isinstance(args[0], torch.Tensor):
-                return
-            if not module.training and name not in self._explicit:
-                # An automatically chosen module the user froze is left alone (said at the end of fit); a named one
-                # is measured in any mode.
-                self._eval_only.add(name)
-                return
-            self.probes[name] = args[0][: self.probe_size].detach().clone()
-            handle = self._probe_hooks.pop(name, None)
-            if handle is not None:  # the probe is fixed: stop paying for the hook on every later forward
-                handle.remove()
-
-        return hook
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -329,11 +267,12 @@ class Monitor(Callback):
 
     def crossed_a_multiple(self, trainer: pl.Trainer) -> bool:
         """Called once at the end of every training batch: whether the optimizer steps of the batch that just
-        ended reached or passed a multiple of ``every_n_steps`` (the measuring rule of the module docstring). It also
-        keeps that batch's logging step, for a measurement after the loop (:meth:`measure_last_step`)."""
+        ended reached or passed a multiple of ``every_n_steps`` (the measuring rule of
+        :mod:`~lightning_ortho.callbacks._monitor_schedule`). It also keeps that batch's logging step, for a
+        measurement after the loop (:meth:`measure_last_step`)."""
         step, before = trainer.global_step, self._batch_end_step
         self._batch_end_step, self._batch_log_step = step, logging_step(trainer)
-        return step // self.every_n_steps > before // self.every_n_steps
+        return crossed_a_multiple(before, step, self.every_n_steps)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The last step of a fit is measured however the fit ended. Most often on_train_batch_end already did (so the
@@ -420,16 +359,7 @@ class Monitor(Callback):
     def unmeasured_reason(self, name: str, trainer: pl.Trainer) -> str:
         """Why the watched module ``name`` got no value in this fit, and what to change (said at the end of fit)."""
         if self.needs_probe() and name not in self.probes:
-            if name in self._eval_only:
-                return (
-                    "it ran only in eval mode in training, and an automatically chosen module is measured only while "
-                    f"it trains (a frozen part is left alone); name it (modules=[{name!r}, ...]) to measure it in any "
-                    "mode"
-                )
-            return (
-                "it was never called as a module with a batch tensor in a training step, so it has no probe; call it "
-                "as module(x) in training_step (not module.forward(x) or another method)"
-            )
+            return missing_probe_reason(self, name)
         if self._fit_runs:
             return "its measurement gave no value (see the warnings above)"
         steps = trainer.global_step - self._fit_start_step
