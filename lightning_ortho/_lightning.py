@@ -23,60 +23,15 @@ package (``pl.Trainer``, ``pl.LightningModule``, ``pl.callbacks``, ``pl.cli``, .
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
-from collections.abc import Iterable, Mapping
 from types import ModuleType
 
-#: Environment variable that forces the package: ``lightning`` or ``pytorch_lightning``.
-PACKAGE_VARIABLE = "LIGHTNING_ORTHO_LIGHTNING"
-
-#: Distribution name -> (its trainer package, its fabric package).
-PACKAGES: dict[str, tuple[str, str]] = {
-    "lightning": ("lightning.pytorch", "lightning.fabric"),
-    "pytorch_lightning": ("pytorch_lightning", "lightning_fabric"),
-}
-_ALIASES = {"lightning.pytorch": "lightning", "pytorch-lightning": "pytorch_lightning", "pl": "pytorch_lightning"}
-
-
-def _installed(name: str) -> bool:
-    top = PACKAGES[name][0].split(".")[0]
-    return importlib.util.find_spec(top) is not None
-
-
-def choose_package(
-    environ: Mapping[str, str] | None = None,
-    imported: Mapping[str, object] | None = None,
-    installed: Iterable[str] | None = None,
-) -> str:
-    """The Lightning package to build on, ``"lightning"`` or ``"pytorch_lightning"``, by the rule in the module
-    docstring (``environ``, ``imported`` and ``installed`` default to ``os.environ``, ``sys.modules`` and the
-    packages Python can find).
-
-    Raises:
-        ValueError: ``LIGHTNING_ORTHO_LIGHTNING`` names neither package.
-        ImportError: the package it names, or any Lightning package, is not installed.
-    """
-    environ = os.environ if environ is None else environ
-    imported = sys.modules if imported is None else imported
-    installed = [name for name in PACKAGES if _installed(name)] if installed is None else list(installed)
-    raw = environ.get(PACKAGE_VARIABLE, "").strip()
-    if raw:
-        name = _ALIASES.get(raw.lower(), raw.lower())
-        if name not in PACKAGES:
-            raise ValueError(f"{PACKAGE_VARIABLE}={raw!r}: use 'lightning' or 'pytorch_lightning'.")
-        if name not in installed:
-            raise ImportError(f"{PACKAGE_VARIABLE}={raw!r} but {name} is not installed: pip install {name}.")
-        return name
-    already = [name for name, (trainer_package, _) in PACKAGES.items() if trainer_package in imported]
-    if already:
-        return already[0]
-    for name in PACKAGES:  # lightning first: installed beside our pytorch_lightning, it is the user's choice
-        if name in installed:
-            return name
-    raise ImportError("lightning-ortho needs PyTorch Lightning: pip install pytorch-lightning (or lightning).")
-
+from lightning_ortho._lightning_choice import (
+    PACKAGE_VARIABLE,
+    PACKAGES,
+    LightningChoiceError,
+    _installed,
+    choose_package,
+)
 
 PACKAGE: str = choose_package()
 pl: ModuleType = importlib.import_module(PACKAGES[PACKAGE][0])
@@ -117,6 +72,7 @@ __all__ = [
     "PACKAGES",
     "PACKAGE_VARIABLE",
     "Callback",
+    "LightningChoiceError",
     "MisconfigurationException",
     "choose_package",
     "every_package",

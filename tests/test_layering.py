@@ -23,7 +23,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "lightning_ortho"
 PACKAGE = "lightning_ortho"
 LIGHTNING = frozenset({"pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics"})
 MATH_PACKAGES = ("nn", "flows", "online", "transforms")
-LIGHTNING_SIDE = ("_lightning", "models", "callbacks", "datamodules", "cli")
+LIGHTNING_SIDE = ("_lightning_choice", "_lightning", "models", "callbacks", "datamodules", "cli", "command")
 #: Layer of every subpackage (or top-level module) of lightning_ortho: an import may go to the same or a lower layer.
 #: The top-level ``__init__`` runs on ``import lightning_ortho.nn``, so it sits with the math packages.
 LAYERS = {
@@ -33,11 +33,13 @@ LAYERS = {
     "flows": 0,
     "online": 0,
     "transforms": 0,
+    "_lightning_choice": 1,
     "_lightning": 1,
     "models": 1,
     "callbacks": 1,
     "datamodules": 1,
     "cli": 2,
+    "command": 2,
 }
 
 

@@ -45,6 +45,25 @@ def test_the_environment_variable_wins():
         choose_package({PACKAGE_VARIABLE: "lightning"}, imported, installed=["pytorch_lightning"])
 
 
+@pytest.mark.parametrize("value", ["bogus", "lightning"])
+def test_the_command_refuses_a_package_it_cannot_use_in_one_line(value: str, tmp_path: Path):
+    # "lightning" while lightning is hidden: a package that is not installed
+    hide = "import sys; sys.modules['lightning'] = None\n" if value == "lightning" else ""
+    code = f"{hide}from lightning_ortho.command import main\nmain(['fit', '--config', 'nowhere.yaml'])"
+    result = run(code, tmp_path, **{PACKAGE_VARIABLE: value})
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Lightning package not available."), result.stderr
+    assert PACKAGE_VARIABLE in lines[0]
+
+
+def test_the_console_script_is_the_command_module():
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"lightning-ortho": "lightning_ortho.command:main"}
+
+
 CALLBACKS_FIRST = """
 from lightning_ortho.callbacks import OrthogonalityMonitor  # before the program's own Lightning import
 import lightning as L
