@@ -41,13 +41,18 @@ def _gated(hook: Callable) -> Callable:
 def stands_aside_for_a_users_monitor(monitor: Any, trainer: pl.Trainer) -> bool:
     """Whether ``monitor``, from the environment, stands aside because the Trainer has a user's monitor of its class
     (the user's settings win); said at info level."""
-    if monitor.source != "environment" or not any(
-        isinstance(other, type(monitor)) and getattr(other, "source", "user") == "user" for other in trainer.callbacks
-    ):
+    if monitor.source != "environment":
         return False
-    rank_zero_info(
-        f"lightning-ortho: the Trainer already has a {type(monitor).__name__}; the one from {MONITORS_VARIABLE} "
-        "stands aside."
+    users = [
+        other
+        for other in trainer.callbacks
+        if isinstance(other, type(monitor)) and getattr(other, "source", "user") == "user"
+    ]
+    if not users:
+        return False
+    rank_zero_info(  # named by the user's class (GradientVarianceMonitor is a GradientNoiseMonitor)
+        f"lightning-ortho: the Trainer already has a {type(users[0]).__name__}; the {type(monitor).__name__} from "
+        f"{MONITORS_VARIABLE} stands aside."
     )
     return True
 

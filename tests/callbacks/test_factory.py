@@ -253,6 +253,24 @@ def test_a_users_own_monitor_wins_over_the_environment(monkeypatch, tiny_trainer
     assert [record["step"] for record in mine.history] == [3, 4]
 
 
+def test_standing_aside_names_the_users_monitor_by_its_own_class(monkeypatch, tiny_trainer):
+    from lightning_ortho.callbacks import _monitor_source
+    from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor, GradientVarianceMonitor
+
+    said = []
+    monkeypatch.setattr(_monitor_source, "rank_zero_info", said.append)
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_variance")
+    mine = GradientVarianceMonitor(every_n_steps=2, window_steps=2)
+    trainer = tiny_trainer(max_epochs=1, callbacks=[mine])
+    (from_environment,) = [c for c in trainer.callbacks if c is not mine and isinstance(c, GradientNoiseMonitor)]
+    trainer.fit(Net(), loader())
+    assert from_environment.idle
+    assert said == [
+        "lightning-ortho: the Trainer already has a GradientVarianceMonitor; the GradientNoiseMonitor from "
+        "LIGHTNING_ORTHO_MONITORS stands aside."
+    ]
+
+
 def test_monitors_from_the_environment_pickle_and_checkpoint(monkeypatch, tiny_trainer, tmp_path):
     monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "orthogonality")
     monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "2")
