@@ -213,23 +213,18 @@ CASES = {
         3,
     ),
     # A window is measured where it closes: not after a last batch inside an interval (its window is incomplete).
-    "GradientNoiseMonitor": Case(
-        lambda every: GradientNoiseMonitor(modules=["norm", "gated"], every_n_steps=every, window_steps=2),
-        Everything,
-        loader,
-        "norm",
-        3,
-        last_batch=False,
-    ),
-    # the same monitor under its second name (a subclass, so that configs can name it): the same contract
-    "GradientVarianceMonitor": Case(
-        lambda every: GradientVarianceMonitor(modules=["norm", "gated"], every_n_steps=every, window_steps=2),
-        Everything,
-        loader,
-        "norm",
-        3,
-        last_batch=False,
-    ),
+    # (and the same monitor under its second name: a subclass, so that configs can name it)
+    **{
+        cls.__name__: Case(
+            lambda every, cls=cls: cls(modules=["norm", "gated"], every_n_steps=every, window_steps=2),
+            Everything,
+            loader,
+            "norm",
+            3,
+            last_batch=False,
+        )
+        for cls in (GradientNoiseMonitor, GradientVarianceMonitor)
+    },
     # 5 optimizer steps a batch (one per time step), every_n_steps=3 does not divide them; manual optimisation
     # only (Lightning has no accumulation for it)
     "OnlineEstimatorVarianceMonitor": Case(
