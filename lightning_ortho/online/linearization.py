@@ -333,4 +333,10 @@ def linearize(cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: Paramet
     fast: Callable | None = getattr(cell, "linearize", None) if closed_form else None
     if fast is not None:
         return fast(x, h, layout)
+    if closed_form:  # nn's OrthogonalRNNCell cannot offer a method from online (nn never imports online)
+        from lightning_ortho.online.orthogonal_linearization import orthogonal_linearization
+
+        lin = orthogonal_linearization(cell, x, h, layout)
+        if lin is not None:
+            return lin
     return StepLinearization(cell, x, h, layout)
