@@ -19,8 +19,11 @@ Cost of one block (eqs. 7-8): ``||Y - X B_ij^T||^2 = ||Y||^2 + ||X||^2 + C_ij^(t
 
     C_ij^(t) = -2 tr Z + 2 [(1 - g11) Z_ii + (1 - g22) Z_jj - g12 Z_ij - g21 Z_ji].
 
-Every pick (eq. 10) evaluates this for all pairs ``i < j`` and all candidate cores from the current ``Z``
-(vectorised; no cached, stale costs as in the author's code).
+Every pick (eq. 10) minimises this over all pairs ``i < j`` and all candidate cores of the current ``Z``. A block
+on ``(i, j)`` changes only rows or columns ``i, j`` of ``Z``, so only the costs of the pairs that hold ``i`` or
+``j`` change: :class:`~lightning_ortho.transforms.block_cost_table.BlockCostTable` recomputes those (``O(n)``
+pairs per pick instead of ``n (n - 1) / 2``) and makes exactly the choice of a full scan (:func:`best_block`,
+kept as the reference: ``rescan=True``). No cost is ever stale, unlike the author's code.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lightning_ortho.transforms.binary_cores import G1_INDICES, IDENTITY_INDEX, SWAP_INDEX, binary_cores
+from lightning_ortho.transforms.block_cost_table import BlockCostTable
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
@@ -111,14 +115,27 @@ def _right_transposed(z: torch.Tensor, i: int, j: int, core: torch.Tensor) -> No
     z[:, [i, j]] = cols @ core.T
 
 
+def _choose(z: torch.Tensor, candidates: torch.Tensor, table: BlockCostTable | None) -> tuple[int, int, int, float]:
+    """One block choice by eq. (10): from the incremental ``table``, or by :func:`best_block` (every pair) without."""
+    return best_block(z, candidates) if table is None else table.choose()
+
+
 def greedy_init(
-    z: torch.Tensor, m: int, candidates: torch.Tensor, on_step: Callable[[], object] | None = None
+    z: torch.Tensor,
+    m: int,
+    candidates: torch.Tensor,
+    on_step: Callable[[], object] | None = None,
+    *,
+    rescan: bool = False,
 ) -> tuple[list[tuple[int, int]], list[int]]:
     """Step 2: from ``Z = Y^T X``, ``m`` times pick ``B_k`` by eq. (10), then ``Z <- Z B_k^T`` (``X <- X B_k^T``).
 
     Args:
         z: ``(n, n)`` float64 ``Y^T X`` (not modified). m: number of blocks. candidates: ``(T,)`` core indices.
         on_step: called with no argument after each pick (progress reporting).
+        rescan: ``False`` (default): each pick updates only the costs of the pairs that share a coordinate with the
+            last block (:class:`~lightning_ortho.transforms.block_cost_table.BlockCostTable`, ``O(n)`` pairs);
+            ``True``: each pick recomputes every pair (:func:`best_block`, ``O(n^2)``). Both make the same picks.
 
     Returns:
         ``pairs`` (``m`` tuples ``(i, j)``, ``i < j``) and ``index`` (``m`` core indices), block 0 acting first.
@@ -127,11 +144,14 @@ def greedy_init(
     pairs: list[tuple[int, int]] = []
     index: list[int] = []
     z = z.clone()
+    table = None if rescan else BlockCostTable(z, candidates)
     for _ in range(m):
-        i, j, k, _cost = best_block(z, candidates)
+        i, j, k, _cost = _choose(z, candidates, table)
         pairs.append((i, j))
         index.append(k)
         _right_transposed(z, i, j, cores[k])
+        if table is not None:
+            table.touch(i, j)
         if on_step is not None:
             on_step()
     return pairs, index
@@ -143,6 +163,8 @@ def sweep(
     index: list[int],
     candidates: torch.Tensor,
     on_step: Callable[[], object] | None = None,
+    *,
+    rescan: bool = False,
 ) -> None:
     """One sweep of step 4, re-picking every block in place in ``pairs`` / ``index`` (codes fixed).
 
@@ -152,19 +174,25 @@ def sweep(
         pairs, index: the blocks (``m`` entries each), modified in place.
         candidates: ``(T,)`` int64 candidate core indices.
         on_step: called with no argument after each re-pick (progress reporting).
+        rescan: as in :func:`greedy_init` (``False``: incremental costs; ``True``: every pair at every pick).
 
     For ``k = 1..m``: ``Z <- B_k Z`` (so ``Z = Y_k X_k^T``, eq. 12 with the blocks ``< k`` already re-picked),
     ``B_k <-`` eq. (10) on ``Z``, ``Z <- Z B_k^T``.
     """
     cores = binary_cores(z.dtype, z.device)
     z = z.clone()
+    table = None if rescan else BlockCostTable(z, candidates)
     for k in range(len(pairs)):
         i, j = pairs[k]
         _left(z, i, j, cores[index[k]])
-        i, j, t, _cost = best_block(z, candidates)
+        if table is not None:
+            table.touch(i, j)
+        i, j, t, _cost = _choose(z, candidates, table)
         pairs[k] = (i, j)
         index[k] = t
         _right_transposed(z, i, j, cores[t])
+        if table is not None:
+            table.touch(i, j)
         if on_step is not None:
             on_step()
 

@@ -171,13 +171,13 @@ def test_recovers_a_known_b_transform_in_most_trials() -> None:
 
 def test_candidates_widen_at_first_convergence(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[int] = []
-    original = b_dla.best_block
+    original = b_dla._choose
 
-    def spy(z: torch.Tensor, candidates: torch.Tensor) -> tuple[int, int, int, float]:
+    def spy(z: torch.Tensor, candidates: torch.Tensor, table: object) -> tuple[int, int, int, float]:
         seen.append(int(candidates.numel()))
-        return original(z, candidates)
+        return original(z, candidates, table)
 
-    monkeypatch.setattr(b_dla, "best_block", spy)
+    monkeypatch.setattr(b_dla, "_choose", spy)
     y, _ = _data(5, 80, 6)
     m = 4
     result = learn_b_transform(y, m, 2, iterations=30, tol=1e-5)

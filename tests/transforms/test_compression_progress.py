@@ -38,7 +38,7 @@ def counting(monkeypatch, module, name):
 
 
 def test_the_planned_block_choices_are_announced_before_learning_and_are_those_made(monkeypatch, caplog):
-    picks = counting(monkeypatch, b_dla, "best_block")  # one call per block choice (eq. 10)
+    picks = counting(monkeypatch, b_dla, "_choose")  # one call per block choice (eq. 10)
     announced = []
     # iterations=2 sweeps: the stopping rule needs 3 sweeps, so every planned choice is made
     monkeypatch.setattr(b_dla, "greedy_init", _after_announcement(b_dla.greedy_init, caplog, announced))
@@ -157,7 +157,7 @@ def test_the_b_plan_prices_the_sweeps_that_may_widen_and_says_when_it_may_stop_e
 def timed_learner(monkeypatch, greedy_pick, sweep_pick, data_pass, family="b"):
     """Make a learner's work take fake seconds: each greedy pick, sweep re-pick and pass over the data."""
     learner, (init, sweep, pick_name), learner_class = {
-        "b": (b_dla, ("greedy_init", "sweep", "best_block"), b_dla.BTransformLearner),
+        "b": (b_dla, ("greedy_init", "sweep", "_choose"), b_dla.BTransformLearner),
         "shear": (s_dla, ("shear_greedy_init", "shear_sweep", "_pick"), s_dla.ShearTransformLearner),
     }[family]
     clock, phase = FakeClock(), ["greedy"]
