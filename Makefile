@@ -33,8 +33,11 @@ test-pytorch-lightning: install
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
+# One benchmark (default: the small-size overhead table; BENCH=bench_orthogonal etc.), then the README's tables.
+BENCH ?= bench_small
 bench: install
-	$(BIN)/python benchmarks/bench_orthogonal.py
+	$(BIN)/python -m benchmarks.$(BENCH)
+	$(BIN)/python -m benchmarks.report
 
 clean:
 	rm -rf $(VENV) lightning_logs .pytest_cache *.egg-info

@@ -9,8 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import pyplot
-
+from benchmarks._common import pyplot
 from lightning_ortho._lightning import pl
 
 

@@ -1,9 +1,9 @@
 """What the monitors of lightning_ortho.callbacks cost: the training time they add at their defaults, and the cost of
 closed-form log-determinants against the autograd path of JacobianDeterminantMonitor as d grows.
 
-    python benchmarks/bench_callbacks.py            # both parts (about 9 minutes on one thread of a 2-core machine)
-    python benchmarks/bench_callbacks.py --quick    # tiny models and steps, seconds (used by the tests)
-    python benchmarks/bench_callbacks.py --skip-overhead | --skip-logdet
+    python -m benchmarks.bench_callbacks            # both parts (about 9 minutes on one thread of a 2-core machine)
+    python -m benchmarks.bench_callbacks --quick    # tiny models and steps, seconds (used by the tests)
+    python -m benchmarks.bench_callbacks --skip-overhead | --skip-logdet
 
 1. Overhead (rows ``"section": "overhead"``). Three recipes' models, each trained in-process by a
    ``pl.Trainer(max_steps=N, logger=pl.loggers.CSVLogger(...), enable_progress_bar=False, enable_checkpointing=False,
@@ -45,20 +45,18 @@ closed-form log-determinants against the autograd path of JacobianDeterminantMon
    copy of the module, ``closed_form`` against ``autograd``, largest absolute difference (target 1e-8).
 
 Threads: ``--threads`` (default 1: this 2-core machine is shared, and one thread keeps a second job on the other
-core from doubling the times). Writes benchmarks/results/bench_callbacks-HARDWARE.json (+ .png).
+core from doubling the times). Writes benchmarks/results/bench_callbacks-HARDWARE.json (+ .png); README table:
+bench_callbacks_render.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import io
 import logging
 import math
 import os
-import random
-import sys
 import tempfile
 import time
 import warnings
@@ -67,24 +65,33 @@ from pathlib import Path
 
 import torch
 
+import lightning_ortho.callbacks._monitor as monitor_module
+from benchmarks._common import (
+    benchmark_parser,
+    configured,
+    interleave,
+    keep_freed_memory,
+    median,
+    parse_args,
+    print_claims,
+    pyplot,
+    result_path,
+    write_result,
+)
+from benchmarks.bench_callbacks_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
 from lightning_ortho._lightning import pl
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, keep_freed_memory, median, pyplot, write_result  # noqa: E402
-
-import lightning_ortho.callbacks._monitor as monitor_module  # noqa: E402
-from lightning_ortho.callbacks import (  # noqa: E402
+from lightning_ortho.callbacks import (
     GradientNoiseMonitor,
     InvertibilityMonitor,
     JacobianDeterminantMonitor,
     OnlineEstimatorVarianceMonitor,
     OrthogonalityMonitor,
 )
-from lightning_ortho.datamodules import AddingTaskDataModule, DigitsDataModule  # noqa: E402
-from lightning_ortho.flows import Invertible1x1Conv  # noqa: E402
-from lightning_ortho.models import GlowModule, OnlineRNNModule, OrthogonalClassifier  # noqa: E402
-from lightning_ortho.nn import AuxiliaryReflection  # noqa: E402
-from lightning_ortho.online import TanhRNNCell  # noqa: E402
+from lightning_ortho.datamodules import AddingTaskDataModule, DigitsDataModule
+from lightning_ortho.flows import Invertible1x1Conv
+from lightning_ortho.models import GlowModule, OnlineRNNModule, OrthogonalClassifier
+from lightning_ortho.nn import AuxiliaryReflection
+from lightning_ortho.online import TanhRNNCell
 
 TARGET = 1.05
 #: model -> optimizer steps of one timed fit (full, quick).
@@ -107,8 +114,7 @@ OUTSIDE_LOOP = frozenset({"setup", "teardown", "on_fit_start", "on_fit_end", "on
 class Scenario:
     """One recipe's model: how to build it and its data (``quick`` -> module), the recipe's trainer settings, its
     monitors (``label -> (config, factory)``, config ``"defaults"`` or ``"recipe"``) and the monitors it cannot
-    have (``label -> reason``). (A plain class: the tests load this script without registering it as a module,
-    where ``@dataclass`` fails.)"""
+    have (``label -> reason``)."""
 
     def __init__(
         self,
@@ -351,21 +357,31 @@ def measure_overhead(
             if not quick:  # warm-up: lazy imports, allocator, matplotlib's first PNG; not timed
                 for label in labels:
                     fit_once(scenario, label, max(STEPS[name][1], steps // 4), quick, accelerator, root)
-            runs: dict[str, list[dict]] = {label: [] for label in labels}
-            for round_index in range(rounds):
-                order = labels[:]
-                random.shuffle(order)
-                for label in order:
-                    runs[label].append(fit_once(scenario, label, steps, quick, accelerator, root))
-                base = runs["none"][-1]
+
+            def progress(round_index, timing, name=name, scenario=scenario, labels=labels):
+                base = timing.results["none"][-1]
                 log(
                     f"{name} round {round_index + 1}/{rounds}: none {base['loop_s']:.3f} s; "
                     + ", ".join(
                         f"{label.split(' ')[0]}{'*' if scenario.monitors[label][0] == 'recipe' else ''} "
-                        f"x{runs[label][-1]['loop_s'] / base['loop_s']:.3f}"
+                        f"x{timing.results[label][-1]['loop_s'] / base['loop_s']:.3f}"
                         for label in labels[1:]
                     )
                 )
+
+            # Each call is one fit; what is compared is the training loop's time it returns (loop_s), not the call's.
+            timing = interleave(
+                {
+                    label: lambda label=label, scenario=scenario, steps=steps: fit_once(
+                        scenario, label, steps, quick, accelerator, root
+                    )
+                    for label in labels
+                },
+                rounds=rounds,
+                warmup=0,
+                after_round=progress,
+            )
+            runs: dict[str, list[dict]] = timing.results
             base_loop = [r["loop_s"] for r in runs["none"]]
             base_fit = [r["fit_s"] for r in runs["none"]]
             rows.append(
@@ -446,15 +462,6 @@ def logdet_functions(module: torch.nn.Module, x: torch.Tensor) -> dict[str, Call
     }
 
 
-def time_call(function: Callable[[], object], min_time: float) -> float:
-    """Seconds per call, over as many calls as fill ``min_time`` (at least one)."""
-    number, start = 0, time.perf_counter()
-    while number == 0 or time.perf_counter() - start < min_time:
-        function()
-        number += 1
-    return (time.perf_counter() - start) / number
-
-
 def measure_logdet(dims, rounds: int, min_time: float, probe: int = LOGDET_PROBE, log=print) -> list[dict]:
     rows = []
     for d in dims:
@@ -466,17 +473,10 @@ def measure_logdet(dims, rounds: int, min_time: float, probe: int = LOGDET_PROBE
         closed = logdet_functions(exact, x.double())["closed_form"]()
         autograd = logdet_functions(exact, x.double())["autograd"]()
         difference = float((closed - autograd).abs().max())
-        for function in functions.values():  # warm-up
-            function()
-        times: dict[str, list[float]] = {method: [] for method in functions}
-        for _ in range(rounds):
-            order = list(functions)
-            random.shuffle(order)
-            for method in order:
-                times[method].append(time_call(functions[method], min_time))
+        timing = interleave(functions, rounds=rounds, min_time=min_time)
         row = {"section": "logdet", "d": d, "probe_size": probe, "rounds": rounds}
         for method in LOGDET_METHODS:
-            row[f"{method}_ms"] = 1e3 * median(times[method])
+            row[f"{method}_ms"] = 1e3 * timing.median(method)
         row["autograd_over_closed_form"] = row["autograd_ms"] / row["closed_form_ms"]
         row["monitor_closed_form_over_closed_form"] = row["monitor_closed_form_ms"] / row["closed_form_ms"]
         row["max_abs_difference_f64"] = difference
@@ -605,16 +605,11 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny models, steps and d (smoke test)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds of the overhead section")
+    parser = benchmark_parser("bench_callbacks", __doc__, threads=1)
     parser.add_argument("--models", nargs="+", default=list(STEPS), choices=list(STEPS))
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-logdet", action="store_true")
-    parser.add_argument("--output-suffix", default="", help="appended to the result file name (e.g. -quick)")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     # Lightning's info lines off for the timed fits; the levels are given back at the end, since tests call main()
     # in their own process and later tests read those loggers.
     quiet = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")]
@@ -622,53 +617,43 @@ def main(argv: list[str] | None = None) -> Path:
     for logger in quiet:
         logger.setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    device = torch.device(args.device)
-    default_threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    random.seed(0)
-    allocator = keep_freed_memory() if device.type == "cpu" else None
-    started, load_before = time.perf_counter(), os.getloadavg()
-    rows: list[dict] = []
-    extra: dict = {"threads": args.threads, "allocator": allocator or "default", "target_ratio": TARGET}
     try:
-        if not args.skip_overhead:
-            rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
-            accelerator = "gpu" if device.type == "cuda" else "cpu"
-            overhead, setups = measure_overhead(args.models, rounds, args.quick, accelerator)
-            rows += overhead
-            extra["overhead"] = {"rounds": rounds, "models": setups}
-        if not args.skip_logdet:
-            dims = QUICK_LOGDET_DIMS if args.quick else LOGDET_DIMS
-            logdet_rounds = QUICK_LOGDET_ROUNDS if args.quick else LOGDET_ROUNDS
-            min_time = QUICK_LOGDET_MIN_TIME if args.quick else LOGDET_MIN_TIME
-            rows += measure_logdet(dims, logdet_rounds, min_time)
-            extra["logdet"] = {
-                "module": "AuxiliaryReflection(d, invertible=True), float32",
-                "probe_size": LOGDET_PROBE,
-                "rounds": logdet_rounds,
-                "min_time_s": min_time,
-                "max_autograd_dim": JacobianDeterminantMonitor().max_autograd_dim,
-                "fits": exponents(rows),
+        with configured(args) as device:
+            allocator = keep_freed_memory() if device.type == "cpu" else None
+            started, load_before = time.perf_counter(), os.getloadavg()
+            rows: list[dict] = []
+            extra: dict = {"threads": args.threads, "allocator": allocator or "default", "target_ratio": TARGET}
+            if not args.skip_overhead:
+                rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
+                accelerator = "gpu" if device.type == "cuda" else "cpu"
+                overhead, setups = measure_overhead(args.models, rounds, args.quick, accelerator)
+                rows += overhead
+                extra["overhead"] = {"rounds": rounds, "models": setups}
+            if not args.skip_logdet:
+                dims = QUICK_LOGDET_DIMS if args.quick else LOGDET_DIMS
+                logdet_rounds = QUICK_LOGDET_ROUNDS if args.quick else LOGDET_ROUNDS
+                min_time = QUICK_LOGDET_MIN_TIME if args.quick else LOGDET_MIN_TIME
+                rows += measure_logdet(dims, logdet_rounds, min_time)
+                extra["logdet"] = {
+                    "module": "AuxiliaryReflection(d, invertible=True), float32",
+                    "probe_size": LOGDET_PROBE,
+                    "rounds": logdet_rounds,
+                    "min_time_s": min_time,
+                    "max_autograd_dim": JacobianDeterminantMonitor().max_autograd_dim,
+                    "fits": exponents(rows),
+                }
+            extra["total_seconds"] = round(time.perf_counter() - started, 1)
+            extra["load_average"] = {
+                "start": [round(v, 2) for v in load_before],
+                "end": [round(v, 2) for v in os.getloadavg()],
             }
+            claims = claims_from(rows)
+            path = write_result("bench_callbacks", device, rows, claims, args, extra=extra)
+            plot(rows, result_path("bench_callbacks", device, args, ".png"))
     finally:
-        torch.set_num_threads(default_threads)
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
-    extra["total_seconds"] = round(time.perf_counter() - started, 1)
-    extra["load_average"] = {
-        "start": [round(v, 2) for v in load_before],
-        "end": [round(v, 2) for v in os.getloadavg()],
-    }
-    torch.set_num_threads(args.threads)  # the hardware name says the threads measured with
-    try:
-        claims = claims_from(rows)
-        suffix = args.output_suffix or ("-quick" if args.quick else "")
-        path = write_result("bench_callbacks", device, rows, claims, suffix=suffix, extra=extra)
-        plot(rows, RESULTS / f"bench_callbacks-{hardware_name(device)}{suffix}.png")
-    finally:
-        torch.set_num_threads(default_threads)
-    for claim in claims:
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    print_claims(claims)
     print(f"wrote {path} ({extra['total_seconds']} s)")
     return path
 

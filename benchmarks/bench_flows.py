@@ -1,14 +1,16 @@
 """Speed of the invertible 1x1 convolutions of lightning_ortho.flows, side by side, and Newton statistics.
 
-    python benchmarks/bench_flows.py            # c in {12, 24, 48} (a few minutes on 2 CPU cores)
-    python benchmarks/bench_flows.py --quick    # smoke run
+    python -m benchmarks.bench_flows            # c in {12, 24, 48} (a few minutes on 2 CPU cores)
+    python -m benchmarks.bench_flows --quick    # smoke run
 
 For each kind (plain, lu, householder, aux, aux_invertible) on a batch of 32 images of 16x16 pixels
 (8192 pixel vectors of c channels): forward + log-determinant, the backward pass after it, and the inverse.
 The auxiliary log-determinant (Lemma 1 with one eigendecomposition of W, O(c^2) per pixel) is also timed
 against the per-pixel route: Theorem 3's Jacobian for every pixel and torch.linalg.slogdet (O(c^3) per pixel).
 Newton statistics (iterations mean/max, failures, worst relative residual) for aux with a perturbed W and
-for aux_invertible with a random V.
+for aux_invertible with a random V. Every kind's forward+backward and each inverse are named callables of one
+interleaved loop (a random order per round, after one untimed round); forward+backward repeat for at least 0.2 s
+per round, the inverse is one call per round; the best round is reported.
 
 Targets: aux log-det >= 10x faster than per-pixel slogdet at c = 48; aux forward+log-det within 2x of LU.
 Writes benchmarks/results/bench_flows-HARDWARE.json.
@@ -16,19 +18,23 @@ Writes benchmarks/results/bench_flows-HARDWARE.json.
 
 from __future__ import annotations
 
-import argparse
-import random
-import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import keep_freed_memory, median, time_forward_backward, write_result  # noqa: E402
-
-from lightning_ortho.flows import CONV1X1_KINDS, Invertible1x1Conv, invertible_1x1_conv  # noqa: E402
-from lightning_ortho.flows.conv1x1 import to_rows  # noqa: E402
+from benchmarks._common import (
+    benchmark_parser,
+    configured,
+    interleave,
+    keep_freed_memory,
+    parse_args,
+    print_claims,
+    reject,
+    write_result,
+)
+from benchmarks._render import claims_table
+from lightning_ortho.flows import CONV1X1_KINDS, Invertible1x1Conv, invertible_1x1_conv
+from lightning_ortho.flows.conv1x1 import to_rows
 
 
 class PerPixelSlogdet(torch.nn.Module):
@@ -61,39 +67,35 @@ def measure(channels_list, batch: int, side: int, rounds: int, min_time: float) 
         layers = {kind: perturbed(invertible_1x1_conv(channels, kind), 0.1) for kind in CONV1X1_KINDS}
         modules = dict(layers)
         modules["aux (per-pixel slogdet)"] = PerPixelSlogdet(layers["aux"])
-        times = {name: {"forward": [], "backward": [], "inverse": []} for name in modules}
         outputs = {kind: layers[kind](x)[0].detach() for kind in CONV1X1_KINDS}
 
-        def run(module):
+        def step(module):
             def forward():
                 module.zero_grad(set_to_none=True)
                 x.grad = None
                 y, log_det = module(x)
                 return y.square().mean() - log_det.mean()
 
-            return time_forward_backward(forward, lambda loss: loss.backward(), torch.device("cpu"), min_time=min_time)
+            return {"forward": forward, "backward": lambda loss: loss.backward()}
 
-        for module in modules.values():
-            run(module)
-        for _ in range(rounds):
-            order = list(modules)
-            random.shuffle(order)
-            for name in order:
-                forward_s, backward_s = run(modules[name])
-                times[name]["forward"].append(forward_s)
-                times[name]["backward"].append(backward_s)
-                if name in layers:
-                    with torch.no_grad():
-                        start = time.perf_counter()
-                        layers[name].inverse(outputs[name])
-                        times[name]["inverse"].append(time.perf_counter() - start)
-        for name, measured in times.items():
+        def inverse(kind):
+            def call():
+                with torch.no_grad():
+                    layers[kind].inverse(outputs[kind])
+
+            return call
+
+        calls = {name: step(module) for name, module in modules.items()}
+        calls.update({f"{kind} inverse": inverse(kind) for kind in layers})
+        # Forward+backward repeat for min_time per round, an inverse is one call per round; one warm-up round.
+        timing = interleave(calls, rounds=rounds, min_time={name: min_time for name in modules})
+        for name in modules:
             row = {"channels": channels, "pixels": batch * side * side, "kind": name}
-            row["forward_logdet_ms"] = 1e3 * min(measured["forward"])
-            row["backward_ms"] = 1e3 * min(measured["backward"])
-            row["forward_logdet_median_ms"] = 1e3 * median(measured["forward"])
-            if measured["inverse"]:
-                row["inverse_ms"] = 1e3 * min(measured["inverse"])
+            row["forward_logdet_ms"] = 1e3 * timing.best(name, "forward")
+            row["backward_ms"] = 1e3 * timing.best(name, "backward")
+            row["forward_logdet_median_ms"] = 1e3 * timing.median(name, "forward")
+            if name in layers:
+                row["inverse_ms"] = 1e3 * timing.best(f"{name} inverse")
             if name in ("aux", "aux_invertible"):
                 with torch.no_grad():
                     _, result = layers[name].inverse_with_result(outputs[name], raise_on_failure=False)
@@ -154,32 +156,47 @@ def claims_from(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    random.seed(0)
-    allocator = keep_freed_memory()
-    if args.quick:
-        rows = measure((4, 8), batch=4, side=4, rounds=1, min_time=0.01)
-    else:
-        rows = measure((12, 24, 48), batch=32, side=16, rounds=5, min_time=0.2)
-    claims = claims_from(rows)
-    for row in rows:  # the whole training step of the layer, relative to LU's
-        lu = next(r for r in rows if r["channels"] == row["channels"] and r["kind"] == "lu")
-        row["step_vs_lu"] = (row["forward_logdet_ms"] + row["backward_ms"]) / (
-            lu["forward_logdet_ms"] + lu["backward_ms"]
-        )
-    path = write_result(
-        "bench_flows",
-        torch.device("cpu"),
-        rows,
-        claims,
-        suffix="-quick" if args.quick else "",
-        extra={"allocator": allocator or "default"},
-    )
-    for claim in claims:
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    parser = benchmark_parser("bench_flows", __doc__)
+    args = parse_args(parser, argv)
+    reject(parser, args, device="bench_flows runs on the CPU only")
+    with configured(args) as device:
+        allocator = keep_freed_memory()
+        if args.quick:
+            rows = measure((4, 8), batch=4, side=4, rounds=args.rounds or 1, min_time=0.01)
+        else:
+            rows = measure((12, 24, 48), batch=32, side=16, rounds=args.rounds or 5, min_time=0.2)
+        claims = claims_from(rows)
+        for row in rows:  # the whole training step of the layer, relative to LU's
+            lu = next(r for r in rows if r["channels"] == row["channels"] and r["kind"] == "lu")
+            row["step_vs_lu"] = (row["forward_logdet_ms"] + row["backward_ms"]) / (
+                lu["forward_logdet_ms"] + lu["backward_ms"]
+            )
+        path = write_result("bench_flows", device, rows, claims, args, extra={"allocator": allocator or "default"})
+    print_claims(claims)
     return path
+
+
+def render(data: dict) -> str:
+    lines = [
+        f"**{data['hardware']}** ({data.get('hardware_description', '')}), torch {data['torch']}, {data['date']}: "
+        f"`{data['command']}`. One 1x1 convolution on 32 images of 16x16 pixels (best of 5 interleaved rounds; "
+        f"allocator: {data.get('allocator', 'default')}).",
+        "",
+        "| c | kind | forward + log-det (ms) | backward (ms) | forward + backward vs LU | inverse (ms) "
+        "| Newton iterations mean / max | failed pixels |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        newton = (
+            f"{row['newton_iterations_mean']:.1f} / {row['newton_iterations_max']}" if "newton_failures" in row else ""
+        )
+        inverse = f"{row['inverse_ms']:.2f}" if "inverse_ms" in row else ""
+        lines.append(
+            f"| {row['channels']} | {row['kind']} | {row['forward_logdet_ms']:.2f} | {row['backward_ms']:.2f} "
+            f"| {row['step_vs_lu']:.1f}x | {inverse} "
+            f"| {newton} | {row.get('newton_failures', '')} |"
+        )
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Time per step and peak memory of the online gradient estimators of lightning_ortho.online against backprop
 through time, on a tanh RNN with a linear readout and a loss at every step.
 
-    python benchmarks/bench_online.py           # H in {32, 64, 128, 512}, T in {10^2, 10^3, 10^4} (12 minutes, one core)
-    python benchmarks/bench_online.py --quick   # tiny H and T, seconds (used by the tests)
+    python -m benchmarks.bench_online           # H in {32, 64, 128, 512}, T in {10^2, 10^3, 10^4} (12 minutes, one core)
+    python -m benchmarks.bench_online --quick   # tiny H and T, seconds (used by the tests)
 
 Model: ``TanhRNNCell(INPUT_SIZE, H)``, ``nn.Linear(H, OUTPUTS)`` readout, loss ``MSE(readout(h_t), y_t)`` at every
 step, ``BATCH`` independent streams; inputs and targets cycle through a fixed pool of POOL random draws (so the
@@ -54,31 +54,40 @@ reason.
 
 Targets (issue): UORO's peak memory at T = 10^4 within 1.1x of T = 10^2; a UORO step (state projection) within
 3x of a forward step; RTRL's O(H^4) time (fitted exponent of time per step vs H); BPTT's memory growing with T.
-Writes benchmarks/results/bench_online-HARDWARE.json (+ .png).
+Writes benchmarks/results/bench_online-HARDWARE.json (+ .png); README table: bench_online_render.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import gc
 import importlib
 import math
 import multiprocessing
 import os
-import random
 import re
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, keep_freed_memory, median, pyplot, write_result  # noqa: E402
-
-from lightning_ortho.online import RTRL, UORO, TanhRNNCell, TruncatedBPTT  # noqa: E402
+from benchmarks._common import (
+    TOTAL,
+    benchmark_parser,
+    configured,
+    interleave,
+    keep_freed_memory,
+    parse_args,
+    print_claims,
+    pyplot,
+    reject,
+    result_path,
+    time_call,
+    write_result,
+)
+from benchmarks.bench_online_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
+from lightning_ortho.online import RTRL, UORO, TanhRNNCell, TruncatedBPTT
 
 INPUT_SIZE, OUTPUTS, BATCH, POOL = 32, 8, 8, 64
 TBPTT_K = 10
@@ -238,19 +247,13 @@ class Runner:
 
 
 # -- time ----------------------------------------------------------------------------------------------------------
-def timed(runner: Runner, steps: int) -> float:
-    start = time.perf_counter()
-    runner.run(steps)
-    return (time.perf_counter() - start) / steps
-
-
 def measure_time(
     hiddens, rounds: int, round_seconds: float, bptt_min_steps: int, max_steps: int = MAX_STEPS
 ) -> list[dict]:
     rows = []
     for hidden in hiddens:
         problem = Problem(hidden)
-        runners, steps, times = {}, {}, {}
+        runners, steps = {}, {}
         for key in METHODS:
             reason = skip_reason(key, hidden)
             if reason:
@@ -258,23 +261,23 @@ def measure_time(
                 continue
             runners[key] = Runner(key, problem)
             runners[key].run(TBPTT_K + 2)  # warm-up: allocator, lazy init, TruncatedBPTT's window full
-            estimate = timed(runners[key], MIN_STEPS)
+            estimate = time_call(lambda key=key: runners[key].run(MIN_STEPS))[0][TOTAL] / MIN_STEPS
             want = max(MIN_STEPS, min(max_steps, math.ceil(round_seconds / estimate)))
             steps[key] = max(want, bptt_min_steps) if key == "bptt" else want
-            times[key] = []
-        for _ in range(rounds):
-            order = list(runners)
-            random.shuffle(order)
-            for key in order:
-                times[key].append(timed(runners[key], steps[key]))
-        for key, measured in times.items():
-            row = _base_row("time", key, hidden) | {"T": steps[key], "rounds": len(measured)}
-            row["time_per_step_ms"] = 1e3 * min(measured)
-            row["time_per_step_median_ms"] = 1e3 * median(measured)
-            if "forward" in times:
-                row["ratio_to_forward_step"] = min(measured) / min(times["forward"])
-            if "bptt" in times:
-                row["ratio_to_bptt_step"] = min(measured) / min(times["bptt"])
+        # one call = steps[key] steps of the runner's stream; the warm-up above replaces interleave's
+        timing = interleave(
+            {key: lambda key=key: runners[key].run(steps[key]) for key in runners}, rounds=rounds, warmup=0
+        )
+        for key in runners:
+            row = _base_row("time", key, hidden) | {"T": steps[key], "rounds": timing.rounds(key)}
+            row["time_per_step_ms"] = 1e3 * timing.best(key) / steps[key]
+            row["time_per_step_median_ms"] = 1e3 * timing.median(key) / steps[key]
+            if "forward" in runners:
+                row["ratio_to_forward_step"] = (timing.best(key) / steps[key]) / (
+                    timing.best("forward") / steps["forward"]
+                )
+            if "bptt" in runners:
+                row["ratio_to_bptt_step"] = (timing.best(key) / steps[key]) / (timing.best("bptt") / steps["bptt"])
             rows.append(row)
             print(
                 f"time   H={hidden:4d} {label(*METHODS[key]):26s} {row['time_per_step_ms']:10.3f} ms/step"
@@ -399,9 +402,9 @@ def run_isolated(ctx, args: tuple, timeout: float) -> dict:
         TimeoutError: no answer within ``timeout`` seconds (the process is killed).
         RuntimeError: the process raised, or died without answering (killed for memory).
     """
-    # The function is pickled by reference: take it from the module as registered under its name (the tests
-    # load this file without registering it), which the child imports from the same sys.path.
-    entry = importlib.import_module(Path(__file__).stem)._worker_entry
+    # The function is pickled by reference: take it from the package module (not __main__ under python -m), which
+    # the child imports from the same sys.path.
+    entry = importlib.import_module("benchmarks.bench_online")._worker_entry
     receiver, sender = ctx.Pipe(duplex=False)
     process = ctx.Process(target=entry, args=(sender, args), daemon=True)
     process.start()
@@ -618,47 +621,44 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny H and T for smoke tests")
-    parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 5; 2 quick)")
+    parser = benchmark_parser("bench_online", __doc__)
     parser.add_argument("--memory-budget", type=float, default=None, help="seconds per memory configuration")
-    parser.add_argument("--output-suffix", default="", help="appended to the result file name (e.g. -quick)")
-    args = parser.parse_args(argv)
-    random.seed(0)
-    started = time.perf_counter()
-    allocator = keep_freed_memory()
-    if args.quick:
-        time_hidden, memory_hidden, lengths = QUICK_TIME_HIDDEN, QUICK_MEMORY_HIDDEN, QUICK_LENGTHS
-        rounds, round_seconds, bptt_steps, max_steps = args.rounds or 2, 0.01, 20, 50
-    else:
-        time_hidden, memory_hidden, lengths = FULL_TIME_HIDDEN, FULL_MEMORY_HIDDEN, FULL_LENGTHS
-        rounds, round_seconds, bptt_steps, max_steps = args.rounds or 5, ROUND_SECONDS, BPTT_MIN_STEPS, MAX_STEPS
-    budget = args.memory_budget if args.memory_budget is not None else MEMORY_BUDGET_S
-    rows = measure_time(time_hidden, rounds, round_seconds, bptt_steps, max_steps)
-    rows += measure_memory(memory_hidden, lengths, rows, budget, QUICK_MEMORY_METHODS if args.quick else tuple(METHODS))
-    claims = claims_from(rows)
-    extra = {
-        "setup": {
-            "cell": f"TanhRNNCell(input_size={INPUT_SIZE}, H)",
-            "readout": f"nn.Linear(H, {OUTPUTS}), MSE loss at every step",
-            "B": BATCH,
-            "tbptt_k": TBPTT_K,
-            "uoro": "rescaling='gir'",
-            "timing_rounds": rounds,
-            "memory_budget_s": budget,
-            "allocator": allocator or "default",
-        },
-        "memory_method": (
-            "a fresh process per configuration: its peak resident set during the run (VmHWM, reset just before) "
-            "minus its resident set after setup and a freed warm-up run; glibc mmap threshold fixed at 128 KiB"
-        ),
-    }
-    suffix = args.output_suffix or ("-quick" if args.quick else "")
-    extra["total_seconds"] = round(time.perf_counter() - started, 1)
-    path = write_result("bench_online", torch.device("cpu"), rows, claims, suffix=suffix, extra=extra)
-    plot(rows, RESULTS / f"bench_online-{hardware_name(torch.device('cpu'))}{suffix}.png")
-    for claim in claims:
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    args = parse_args(parser, argv)
+    reject(parser, args, device="bench_online runs on the CPU only")
+    with configured(args) as device:
+        started = time.perf_counter()
+        allocator = keep_freed_memory()
+        if args.quick:
+            time_hidden, memory_hidden, lengths = QUICK_TIME_HIDDEN, QUICK_MEMORY_HIDDEN, QUICK_LENGTHS
+            rounds, round_seconds, bptt_steps, max_steps = args.rounds or 2, 0.01, 20, 50
+        else:
+            time_hidden, memory_hidden, lengths = FULL_TIME_HIDDEN, FULL_MEMORY_HIDDEN, FULL_LENGTHS
+            rounds, round_seconds, bptt_steps, max_steps = args.rounds or 5, ROUND_SECONDS, BPTT_MIN_STEPS, MAX_STEPS
+        budget = args.memory_budget if args.memory_budget is not None else MEMORY_BUDGET_S
+        rows = measure_time(time_hidden, rounds, round_seconds, bptt_steps, max_steps)
+        methods = QUICK_MEMORY_METHODS if args.quick else tuple(METHODS)
+        rows += measure_memory(memory_hidden, lengths, rows, budget, methods)
+        claims = claims_from(rows)
+        extra = {
+            "setup": {
+                "cell": f"TanhRNNCell(input_size={INPUT_SIZE}, H)",
+                "readout": f"nn.Linear(H, {OUTPUTS}), MSE loss at every step",
+                "B": BATCH,
+                "tbptt_k": TBPTT_K,
+                "uoro": "rescaling='gir'",
+                "timing_rounds": rounds,
+                "memory_budget_s": budget,
+                "allocator": allocator or "default",
+            },
+            "memory_method": (
+                "a fresh process per configuration: its peak resident set during the run (VmHWM, reset just before) "
+                "minus its resident set after setup and a freed warm-up run; glibc mmap threshold fixed at 128 KiB"
+            ),
+        }
+        extra["total_seconds"] = round(time.perf_counter() - started, 1)
+        path = write_result("bench_online", device, rows, claims, args, extra=extra)
+        plot(rows, result_path("bench_online", device, args, ".png"))
+    print_claims(claims)
     print(f"wrote {path} ({extra['total_seconds']:.0f} s)")
     return path
 

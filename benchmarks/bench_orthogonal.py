@@ -1,10 +1,10 @@
 """Speed of one d x d orthogonal(-like) map on a batch, side by side with nn.Linear in the same run, and of one
 training epoch of the paper's FCNN with each map.
 
-    python benchmarks/bench_orthogonal.py               # full grid + FCNN epochs (about 20 minutes on 2 CPU cores)
-    python benchmarks/bench_orthogonal.py --skip-fcnn   # the map grid only (about 17 minutes)
-    python benchmarks/bench_orthogonal.py --quick       # small grid, tiny FCNN, seconds (used by the tests)
-    python benchmarks/bench_orthogonal.py --device cuda
+    python -m benchmarks.bench_orthogonal               # full grid + FCNN epochs (about 20 minutes on 2 CPU cores)
+    python -m benchmarks.bench_orthogonal --skip-fcnn   # the map grid only (about 17 minutes)
+    python -m benchmarks.bench_orthogonal --quick       # small grid, tiny FCNN, seconds (used by the tests)
+    python -m benchmarks.bench_orthogonal --device cuda
 
 Maps: nn.Linear(d, d, bias=False) (the one-matmul baseline), one auxiliary reflection (ours), d Householder
 reflections (ours, sequential and compact WY), PyTorch's orthogonal parametrisations (householder, cayley,
@@ -29,15 +29,11 @@ replaces SVDLinear's two maps and nothing else. Epoch seconds (forward, loss, ba
 best of interleaved rounds (3 by default; a method past FCNN_SLOW_BUDGET seconds stops after two);
 ``epoch_ratio_to_aux`` is how many times longer than aux's epoch.
 
-Writes benchmarks/results/bench_orthogonal-HARDWARE.json (+ .png).
+Writes benchmarks/results/bench_orthogonal-HARDWARE.json (+ .png); README table: bench_orthogonal_render.py.
 """
 
 from __future__ import annotations
 
-import argparse
-import random
-import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -45,11 +41,20 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, median, pyplot, synchronize, time_forward_backward, write_result  # noqa: E402
-from _peers import import_peer  # noqa: E402
-
-from lightning_ortho.nn import AuxiliaryReflection, HouseholderProduct, ParametrizedOrthogonal, SVDLinear  # noqa: E402
+from benchmarks._common import (
+    benchmark_parser,
+    configured,
+    interleave,
+    parse_args,
+    print_claims,
+    pyplot,
+    result_path,
+    synchronizer,
+    write_result,
+)
+from benchmarks._peers import import_peer
+from benchmarks.bench_orthogonal_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
+from lightning_ortho.nn import AuxiliaryReflection, HouseholderProduct, ParametrizedOrthogonal, SVDLinear
 
 GEOTORCH = "geotorch==0.4.0"
 #: method -> geotorch.orthogonal's ``triv`` (its default is "expm").
@@ -131,7 +136,7 @@ def measure(
             torch.manual_seed(0)
             x = torch.randn(batch, d, device=device, requires_grad=True)
             grad = torch.randn(batch, d, device=device)
-            modules, times = {}, {}
+            modules = {}
             for method in methods:
                 reason = skip_reason(method, d, batch, device, geotorch_missing)
                 if reason:
@@ -139,35 +144,30 @@ def measure(
                     continue
                 torch.manual_seed(0)
                 modules[method] = build(method, d, geotorch).to(device)
-                times[method] = {"forward": [], "backward": [], "both": []}
 
-            def run(module):
+            def calls(module: nn.Module) -> dict:
                 def forward():
                     module.zero_grad(set_to_none=True)
                     x.grad = None
                     return module(x)
 
-                return time_forward_backward(forward, lambda y: y.backward(grad), device, min_time=min_time)
+                return {"forward": forward, "backward": lambda y: y.backward(grad)}
 
-            for module in modules.values():  # warm-up (allocator, lazy init, LAPACK workspaces)
-                run(module)
-            for round_index in range(rounds):
-                # Methods that already spent SLOW_METHOD_BUDGET seconds stop after two rounds.
-                order = [m for m in modules if round_index < 2 or sum(times[m]["both"]) < SLOW_METHOD_BUDGET]
-                random.shuffle(order)
-                for method in order:
-                    forward_s, backward_s = run(modules[method])
-                    times[method]["forward"].append(forward_s)
-                    times[method]["backward"].append(backward_s)
-                    times[method]["both"].append(forward_s + backward_s)
-            for method, measured in times.items():
-                row = {"d": d, "batch": batch, "method": method}
-                row["rounds"] = len(measured["both"])
-                for kind in ("forward", "backward", "both"):
-                    row[f"{kind}_ms"] = 1e3 * min(measured[kind])
-                    row[f"{kind}_median_ms"] = 1e3 * median(measured[kind])
-                    if "linear" in times:
-                        row[f"{kind}_ratio_to_linear"] = min(measured[kind]) / min(times["linear"][kind])
+            # Methods that already spent SLOW_METHOD_BUDGET seconds stop after two rounds.
+            timing = interleave(
+                {method: calls(module) for method, module in modules.items()},
+                rounds=rounds,
+                min_time=min_time,
+                synchronize=synchronizer(device),
+                budget=SLOW_METHOD_BUDGET,
+            )
+            for method in modules:
+                row = {"d": d, "batch": batch, "method": method, "rounds": timing.rounds(method)}
+                for kind, phase in (("forward", "forward"), ("backward", "backward"), ("both", "total")):
+                    row[f"{kind}_ms"] = 1e3 * timing.best(method, phase)
+                    row[f"{kind}_median_ms"] = 1e3 * timing.median(method, phase)
+                    if "linear" in modules:
+                        row[f"{kind}_ratio_to_linear"] = timing.ratio(method, "linear", phase)
                 rows.append(row)
                 print(
                     f"d={d:5d} B={batch:6d} {method:24s} fwd {row['forward_ms']:9.2f} ms  fwd+bwd {row['both_ms']:9.2f} ms"
@@ -199,7 +199,7 @@ def fcnn_data(d: int, images: int, seed: int = 0) -> tuple[torch.Tensor, torch.T
     try:
         if side * side != d:
             raise ValueError(f"d = {d} is not the number of pixels of a square image")
-        import mnist5k
+        from benchmarks import mnist5k
 
         raw = mnist5k.prepare() / "MNIST" / "raw"
         pixels = np.frombuffer((raw / "train-images-idx3-ubyte").read_bytes(), np.uint8, offset=16)
@@ -221,11 +221,9 @@ def fcnn_data(d: int, images: int, seed: int = 0) -> tuple[torch.Tensor, torch.T
     return x.reshape(images, d), y, f"mnist5k: {images} of the 4,000 real MNIST training images ({size}, pixels / 255)"
 
 
-def train_epoch(model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor, batches, device) -> tuple[float, float]:
-    """Seconds of one pass over ``batches`` (index tensors): forward, cross-entropy, backward, Adam step; and
-    the mean training loss."""
-    synchronize(device)
-    start = time.perf_counter()
+def train_epoch(model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor, batches, device) -> float:
+    """One pass over ``batches`` (index tensors): forward, cross-entropy, backward, Adam step; returns the mean
+    training loss (read after the pass, so that timing it needs no host sync inside)."""
     total = torch.zeros((), device=device)
     for index in batches:
         loss = nn.functional.cross_entropy(model(x[index]), y[index])
@@ -233,8 +231,7 @@ def train_epoch(model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor, b
         loss.backward()
         optimizer.step()
         total += loss.detach()
-    synchronize(device)
-    return time.perf_counter() - start, float(total) / len(batches)
+    return float(total) / len(batches)
 
 
 def measure_fcnn(
@@ -254,7 +251,7 @@ def measure_fcnn(
     x, y, source = data or fcnn_data(d, images)
     x, y = x.to(device), y.to(device)
     base = {"section": "fcnn_epoch", "d": d, "batch": FCNN_BATCH, "images": len(y)}
-    skipped, models, optimizers, times, losses = {}, {}, {}, {}, {}
+    skipped, models, optimizers = {}, {}, {}
     for method in methods:
         if method in GEOTORCH_METHODS and geotorch_missing:
             skipped[method] = f"geotorch not available: {geotorch_missing}"
@@ -262,30 +259,35 @@ def measure_fcnn(
         torch.manual_seed(0)
         models[method] = build_fcnn(method, d, geotorch).to(device)
         optimizers[method] = torch.optim.Adam(models[method].parameters(), lr=FCNN_LR)
-        times[method], losses[method] = [], []
     generator = torch.Generator().manual_seed(0)
     warm_up = [torch.randperm(len(y), generator=generator)[:FCNN_BATCH].to(device)]
     for method in models:  # one untimed step each (allocator, lazy init, LAPACK workspaces)
         train_epoch(models[method], optimizers[method], x, y, warm_up, device)
-    batches = []
-    for round_index in range(rounds):
-        batches = torch.randperm(len(y), generator=generator).to(device).split(FCNN_BATCH)
-        order = [m for m in models if round_index < 2 or sum(times[m]) < FCNN_SLOW_BUDGET]
-        random.shuffle(order)
-        for method in order:
-            seconds, loss = train_epoch(models[method], optimizers[method], x, y, batches, device)
-            times[method].append(seconds)
-            losses[method].append(loss)
+    batches = [torch.randperm(len(y), generator=generator).to(device).split(FCNN_BATCH)]  # this round's order
+
+    def next_round(index, timing) -> None:
+        if index + 1 < rounds:
+            batches[0] = torch.randperm(len(y), generator=generator).to(device).split(FCNN_BATCH)
+
+    timing = interleave(
+        {m: lambda m=m: train_epoch(models[m], optimizers[m], x, y, batches[0], device) for m in models},
+        rounds=rounds,
+        warmup=0,
+        synchronize=synchronizer(device),
+        budget=FCNN_SLOW_BUDGET,
+        after_round=next_round,
+    )
     rows = []
     for method in methods:
         if method in skipped:
             rows.append({**base, "method": method, "skipped": skipped[method]})
             continue
-        row = {**base, "method": method, "batches": len(batches), "rounds": len(times[method])}
-        row["epoch_s"], row["epoch_median_s"] = min(times[method]), median(times[method])
-        if "aux" in times:
-            row["epoch_ratio_to_aux"] = row["epoch_s"] / min(times["aux"])
-        row["train_loss_first_epoch"], row["train_loss_last_epoch"] = losses[method][0], losses[method][-1]
+        row = {**base, "method": method, "batches": len(batches[0]), "rounds": timing.rounds(method)}
+        row["epoch_s"], row["epoch_median_s"] = timing.best(method), timing.median(method)
+        if "aux" in models:
+            row["epoch_ratio_to_aux"] = timing.ratio(method, "aux")
+        losses = timing.results[method]
+        row["train_loss_first_epoch"], row["train_loss_last_epoch"] = losses[0], losses[-1]
         rows.append(row)
         print(
             f"FCNN d={d} {method:16s} epoch {row['epoch_s']:8.3f} s"
@@ -400,46 +402,41 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small grid for smoke tests")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--output-suffix", default="", help="appended to the result file name (e.g. -quick)")
+    parser = benchmark_parser("bench_orthogonal", __doc__)
     parser.add_argument("--skip-fcnn", action="store_true", help="time the single maps only, no FCNN epochs")
     parser.add_argument("--fcnn-rounds", type=int, default=None, help="epochs per FCNN method (default 3; 1 quick)")
-    args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    random.seed(0)
-    dims, batches = (QUICK_DIMS, QUICK_BATCHES) if args.quick else (FULL_DIMS, FULL_BATCHES)
-    rounds = args.rounds or (2 if args.quick else 5)
-    geotorch, missing = load_geotorch()
-    peer = {"requirement": GEOTORCH, "triv": GEOTORCH_METHODS}
-    peer.update({"skipped": missing} if missing else {"version": geotorch.__version__, "path": "benchmarks/.peers"})
-    print(f"geotorch: {peer.get('version') or 'skipped: ' + missing}", flush=True)
-    rows = measure(
-        dims, batches, rounds, 0.02 if args.quick else 0.2, device, geotorch=geotorch, geotorch_missing=missing
-    )
-    extra: dict = {"peers": {"geotorch": peer}}
-    if not args.skip_fcnn:
-        d, images = FCNN_QUICK if args.quick else FCNN_FULL
-        fcnn_rounds = args.fcnn_rounds or (1 if args.quick else 3)
-        fcnn_rows, source = measure_fcnn(d, images, fcnn_rounds, device, geotorch=geotorch, geotorch_missing=missing)
-        rows += fcnn_rows
-        extra["fcnn"] = {
-            "model": f"{FCNN_DEPTH} SVDLinear(d, d) layers with ReLU, then Linear(d, {FCNN_CLASSES}), as OrthogonalClassifier",
-            "d": d,
-            "images": images,
-            "batch_size": FCNN_BATCH,
-            "optimizer": f"Adam lr {FCNN_LR:g}",
-            "rounds": fcnn_rounds,
-            "data": source,
-        }
-    claims = claims_from(rows)
-    suffix = args.output_suffix or ("-quick" if args.quick else "")
-    path = write_result("bench_orthogonal", device, rows, claims, suffix=suffix, extra=extra)
-    plot(rows, RESULTS / f"bench_orthogonal-{hardware_name(device)}{suffix}.png")
-    for claim in claims:
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    args = parse_args(parser, argv)
+    with configured(args) as device:
+        dims, batches = (QUICK_DIMS, QUICK_BATCHES) if args.quick else (FULL_DIMS, FULL_BATCHES)
+        rounds = args.rounds or (2 if args.quick else 5)
+        geotorch, missing = load_geotorch()
+        peer = {"requirement": GEOTORCH, "triv": GEOTORCH_METHODS}
+        peer.update({"skipped": missing} if missing else {"version": geotorch.__version__, "path": "benchmarks/.peers"})
+        print(f"geotorch: {peer.get('version') or 'skipped: ' + missing}", flush=True)
+        rows = measure(
+            dims, batches, rounds, 0.02 if args.quick else 0.2, device, geotorch=geotorch, geotorch_missing=missing
+        )
+        extra: dict = {"peers": {"geotorch": peer}}
+        if not args.skip_fcnn:
+            d, images = FCNN_QUICK if args.quick else FCNN_FULL
+            fcnn_rounds = args.fcnn_rounds or (1 if args.quick else 3)
+            fcnn_rows, source = measure_fcnn(
+                d, images, fcnn_rounds, device, geotorch=geotorch, geotorch_missing=missing
+            )
+            rows += fcnn_rows
+            extra["fcnn"] = {
+                "model": f"{FCNN_DEPTH} SVDLinear(d, d) layers with ReLU, then Linear(d, {FCNN_CLASSES}), as OrthogonalClassifier",
+                "d": d,
+                "images": images,
+                "batch_size": FCNN_BATCH,
+                "optimizer": f"Adam lr {FCNN_LR:g}",
+                "rounds": fcnn_rounds,
+                "data": source,
+            }
+        claims = claims_from(rows)
+        path = write_result("bench_orthogonal", device, rows, claims, args, extra=extra)
+        plot(rows, result_path("bench_orthogonal", device, args, ".png"))
+    print_claims(claims)
     print(f"wrote {path}")
     return path
 

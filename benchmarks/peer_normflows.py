@@ -1,10 +1,10 @@
 """The Glow of reproduce_glow.py's budget, built with the public `normflows` library, as a peer.
 
-    python benchmarks/peer_normflows.py            # 3 seeds x 10 epochs on the embedded digits
-    python benchmarks/peer_normflows.py --quick
+    python -m benchmarks.peer_normflows            # 3 seeds x 10 epochs on the embedded digits
+    python -m benchmarks.peer_normflows --quick
 
 `normflows` is installed only for this script, into benchmarks/.peers (git-ignored), with
-`pip install --no-deps --target benchmarks/.peers normflows==1.7.3`; the script does that on first use.
+`pip install --no-deps --target benchmarks/.peers normflows==1.7.3` (benchmarks/_peers.py) on first use.
 Model: normflows.MultiscaleFlow with L = 3 levels of K = 4 GlowBlocks (affine coupling with sigmoid scale,
 LU 1x1 convolution, ActNorm; hidden 32 channels) and GlowBase priors, trained with Adam (lr 1e-3, 50 warm-up
 steps, gradient clipping 50) on the same dequantised digits (17 levels), batch 64. Bits/dim are computed
@@ -16,43 +16,30 @@ Writes benchmarks/results/peer_normflows-HARDWARE.json.
 
 from __future__ import annotations
 
-import argparse
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-PEERS = HERE / ".peers"
-sys.path.insert(0, str(HERE))
-from _common import write_result  # noqa: E402
-from _reproduce import aggregate  # noqa: E402
+from benchmarks._common import benchmark_parser, configured, parse_args, reject, write_result
+from benchmarks._peers import import_peer
+from benchmarks._render import render_reproduction as render  # noqa: F401  (python -m benchmarks.report finds it)
+from benchmarks._reproduce import aggregate
+from lightning_ortho.datamodules import DigitsDataModule
+from lightning_ortho.flows import bits_per_dim, dequantize
 
-from lightning_ortho.datamodules import DigitsDataModule  # noqa: E402
-from lightning_ortho.flows import bits_per_dim, dequantize  # noqa: E402
+NORMFLOWS = "normflows==1.7.3"
 
 
 def import_normflows():
-    if not (PEERS / "normflows").exists():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--target",
-                str(PEERS),
-                "normflows==1.7.3",
-            ],
-            check=True,
-        )
-    sys.path.insert(0, str(PEERS))
-    import normflows
+    """The pinned normflows, installed into benchmarks/.peers on first use.
 
+    Raises:
+        RuntimeError: it cannot be installed or imported (the reason from ``_peers.import_peer``).
+    """
+    normflows, error = import_peer("normflows", NORMFLOWS)
+    if normflows is None:
+        raise RuntimeError(f"peer_normflows needs {NORMFLOWS}: {error}")
     return normflows
 
 
@@ -75,11 +62,16 @@ def build(nf, levels: int, steps: int, hidden: int, channels: int = 1, size: int
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
+    parser = benchmark_parser("peer_normflows", __doc__)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=3)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
+    reject(parser, args, rounds="peer_normflows trains (see --seeds)", device="peer_normflows trains on the CPU only")
+    with configured(args) as device:
+        return _run(args, device)
+
+
+def _run(args, device) -> Path:
     if args.quick:
         args.epochs, args.seeds = 1, 1
     nf = import_normflows()
@@ -138,10 +130,7 @@ def main(argv: list[str] | None = None) -> Path:
         "batch_size": 64,
         "optimizer": "Adam lr 1e-3, 50 warm-up steps, clip 50",
     }
-    suffix = "-quick" if args.quick else ""
-    return write_result(
-        "peer_normflows", torch.device("cpu"), rows, [], suffix=suffix, extra={"curves": curves, "setup": setup}
-    )
+    return write_result("peer_normflows", device, rows, [], args, extra={"curves": curves, "setup": setup})
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Section 3.1 / Figure 3 of "One Reflection Suffice": the SVD-parametrised FCNN at the paper's d = 784.
 
-    python benchmarks/reproduce_fcnn.py            # digits: 3 seeds x every map x 10 epochs (~40 minutes on 2 cores,
+    python -m benchmarks.reproduce_fcnn            # digits: 3 seeds x every map x 10 epochs (~40 minutes on 2 cores,
                                                    # almost all of it matrix_exp's backward pass)
-    python benchmarks/reproduce_fcnn.py --data mnist5k   # 5,000 real MNIST images (~1.5 hours)
-    python benchmarks/reproduce_fcnn.py --methods "householder lr=1e-4" --merge   # rerun one, keep the rest
-    python benchmarks/reproduce_fcnn.py --quick    # smoke run
+    python -m benchmarks.reproduce_fcnn --data mnist5k   # 5,000 real MNIST images (~1.5 hours)
+    python -m benchmarks.reproduce_fcnn --methods "householder lr=1e-4" --merge   # rerun one, keep the rest
+    python -m benchmarks.reproduce_fcnn --quick    # smoke run
 
 The FCNN of Appendix B.1 (three SVD layers U diag(s) V^T of width 784, ReLU, a final linear layer, Adam with
 PyTorch's defaults, singular values U(0.99, 1.01)) with U and V one auxiliary reflection each (aux), 784
@@ -22,20 +22,15 @@ Writes benchmarks/results/reproduce_fcnn-HARDWARE.json and .png.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, command_line, hardware_name, write_result  # noqa: E402
-from _reproduce import aggregate, final_means, plot_curves, train_once  # noqa: E402
-from mnist5k import prepare as prepare_mnist5k  # noqa: E402
-
-from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule  # noqa: E402
-from lightning_ortho.models import OrthogonalClassifier  # noqa: E402
+from benchmarks._common import benchmark_parser, configured, parse_args, print_claims, reject, result_path, write_result
+from benchmarks._render import render_reproduction as render  # noqa: F401  (python -m benchmarks.report finds it)
+from benchmarks._reproduce import aggregate, final_means, plot_curves, train_once
+from benchmarks.mnist5k import prepare as prepare_mnist5k
+from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule
+from lightning_ortho.models import OrthogonalClassifier
 
 #: label -> (orthogonal map, Adam learning rate). The paper uses Adam's defaults (lr 1e-3) for every map;
 #: d normal reflections train poorly at that rate here, so the same map at lr 1e-4 is reported beside it.
@@ -51,8 +46,7 @@ METHODS = {
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
+    parser = benchmark_parser("reproduce_fcnn", __doc__)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=128)
@@ -60,24 +54,28 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--merge", action="store_true", help="keep the other methods' rows of an existing result file")
     parser.add_argument("--data", choices=["digits", "mnist5k"], default="digits")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
+    reject(parser, args, rounds="reproduce_fcnn trains (see --seeds)", device="reproduce_fcnn trains on the CPU only")
+    with configured(args) as device:
+        return _run(args, device)
+
+
+def _run(args, device) -> Path:
     mnist = args.data == "mnist5k"
     if mnist:
         args.image_size = 28
     if args.quick:
         args.epochs, args.seeds, args.image_size = 1, 1, (28 if mnist else 8)
     root = prepare_mnist5k() if mnist else None
-    device = torch.device("cpu")
     rows = []
-    suffix = "-quick" if args.quick else ""
     benchmark = "reproduce_fcnn_mnist5k" if mnist else "reproduce_fcnn"
-    previous = RESULTS / f"{benchmark}-{hardware_name(device)}{suffix}.json"
+    previous = result_path(benchmark, device, args)
     commands: list[str] = []
     if args.merge and previous.exists():
         old = json.loads(previous.read_text())
         rows = [r for r in old["rows"] if r["method"] not in args.methods]
         commands = old.get("commands", [old["command"]])
-    commands = [*commands, command_line()]  # every run whose rows are in this file
+    commands = [*commands, args.command]  # every run whose rows are in this file
     setup = {
         "epochs": args.epochs,
         "seeds": args.seeds,
@@ -94,9 +92,9 @@ def main(argv: list[str] | None = None) -> Path:
     def save() -> Path:
         curves = aggregate(rows)
         extra = {"command": " && ".join(commands), "commands": commands, "curves": curves, "setup": setup}
-        path = write_result(benchmark, device, rows, claims_from(curves), suffix=suffix, extra=extra)
+        path = write_result(benchmark, device, rows, claims_from(curves), args, extra=extra)
         title = f"FCNN, {'MNIST (5k)' if mnist else 'digits'}, d={args.image_size**2}"
-        plot_curves(curves, RESULTS / f"{benchmark}-{hardware_name(device)}{suffix}.png", title)
+        plot_curves(curves, result_path(benchmark, device, args, ".png"), title)
         return path
 
     # Seed-major order, and the result file rewritten after every run: a long run stopped early keeps whole
@@ -121,9 +119,7 @@ def main(argv: list[str] | None = None) -> Path:
                     flush=True,
                 )
             path = save()
-    claims = json.loads(path.read_text())["claims"]
-    for claim in claims:
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    print_claims(json.loads(path.read_text())["claims"])
     return path
 
 

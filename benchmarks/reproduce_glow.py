@@ -1,7 +1,7 @@
 """Section 3.3 / Figure 5 of "One Reflection Suffice" on the embedded digits: Glow with each 1x1 convolution.
 
-    python benchmarks/reproduce_glow.py            # 3 seeds x 5 kinds x 10 epochs (~15 minutes on 2 CPU cores)
-    python benchmarks/reproduce_glow.py --quick    # smoke run
+    python -m benchmarks.reproduce_glow            # 3 seeds x 5 kinds x 10 epochs (~15 minutes on 2 CPU cores)
+    python -m benchmarks.reproduce_glow --quick    # smoke run
 
 Glow (L = 3 scales, K = 4 steps, C = 32 hidden channels) trained by maximum likelihood on scikit-learn's 8x8
 digits (17 grey levels, uniform dequantisation) with the same budget for every kind of 1x1 convolution:
@@ -17,20 +17,26 @@ Writes benchmarks/results/reproduce_glow-HARDWARE.json, .png, and a grid of samp
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, keep_freed_memory, write_result  # noqa: E402
-from _reproduce import aggregate, final_means, plot_curves, train_once  # noqa: E402
-
-from lightning_ortho.datamodules import DigitsDataModule  # noqa: E402
-from lightning_ortho.flows import CONV1X1_KINDS, dequantize, diagnostics  # noqa: E402
-from lightning_ortho.models import GlowModule  # noqa: E402
-from lightning_ortho.nn import NewtonInverseError  # noqa: E402
+from benchmarks._common import (
+    benchmark_parser,
+    configured,
+    keep_freed_memory,
+    parse_args,
+    print_claims,
+    reject,
+    result_path,
+    write_result,
+)
+from benchmarks._render import render_reproduction as render  # noqa: F401  (python -m benchmarks.report finds it)
+from benchmarks._reproduce import aggregate, final_means, plot_curves, train_once
+from lightning_ortho.datamodules import DigitsDataModule
+from lightning_ortho.flows import CONV1X1_KINDS, dequantize, diagnostics
+from lightning_ortho.models import GlowModule
+from lightning_ortho.nn import NewtonInverseError
 
 
 def inversion_check(model: GlowModule, data: DigitsDataModule) -> dict:
@@ -48,18 +54,22 @@ def inversion_check(model: GlowModule, data: DigitsDataModule) -> dict:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
+    parser = benchmark_parser("reproduce_glow", __doc__)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--hidden-channels", type=int, default=32)
     parser.add_argument("--kinds", nargs="+", default=list(CONV1X1_KINDS), choices=list(CONV1X1_KINDS))
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
+    reject(parser, args, rounds="reproduce_glow trains (see --seeds)", device="reproduce_glow trains on the CPU only")
+    with configured(args) as device:
+        return _run(args, device)
+
+
+def _run(args, device) -> Path:
     allocator = keep_freed_memory()  # as bench_flows: page faults would otherwise dominate CPU epoch times
     if args.quick:
         args.epochs, args.seeds, args.steps, args.hidden_channels = 1, 1, 1, 8
-    device = torch.device("cpu")
     rows, inversions, sample_grids = [], [], {}
     for kind in args.kinds:
         for seed in range(args.seeds):
@@ -99,7 +109,6 @@ def main(argv: list[str] | None = None) -> Path:
                     pass
     curves = aggregate(rows, metric="val_bpd")
     claims = claims_from(curves, inversions)
-    suffix = "-quick" if args.quick else ""
     setup = {
         "epochs": args.epochs,
         "seeds": args.seeds,
@@ -115,13 +124,12 @@ def main(argv: list[str] | None = None) -> Path:
         device,
         rows,
         claims,
-        suffix=suffix,
+        args,
         extra={"allocator": allocator or "default", "curves": curves, "inversions": inversions, "setup": setup},
     )
-    hardware = hardware_name(device)
     plot_curves(
         curves,
-        RESULTS / f"reproduce_glow-{hardware}{suffix}.png",
+        result_path("reproduce_glow", device, args, ".png"),
         "Glow, digits",
         ylabel="validation bits/dim",
         log_y=False,
@@ -130,9 +138,8 @@ def main(argv: list[str] | None = None) -> Path:
         from torchvision.utils import make_grid, save_image
 
         grid = torch.cat([make_grid(g, nrow=16, padding=1, pad_value=1.0) for g in sample_grids.values()], dim=1)
-        save_image(grid, RESULTS / f"reproduce_glow-{hardware}{suffix}-samples.png")
-    for claim in claims:
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+        save_image(grid, result_path("reproduce_glow", device, args, "-samples.png"))
+    print_claims(claims)
     return path
 
 

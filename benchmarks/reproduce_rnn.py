@@ -1,8 +1,9 @@
 """Section 3.2 / Figure 4 of "One Reflection Suffice": pixel-by-pixel classification with orthogonal RNNs.
 
-    python benchmarks/reproduce_rnn.py            # digits: 3 seeds x 4 transitions x 20 epochs (~10 minutes on 2 CPU cores)
-    python benchmarks/reproduce_rnn.py --data mnist5k --epochs 12   # real MNIST, 784 steps (~2 hours)
-    python benchmarks/reproduce_rnn.py --quick    # smoke run
+    python -m benchmarks.reproduce_rnn            # digits: 3 seeds x 4 transitions x 20 epochs (~10 minutes on 2 CPU cores)
+    python -m benchmarks.reproduce_rnn --data mnist5k --epochs 12   # real MNIST, 784 steps (~2 hours)
+    python -m benchmarks.reproduce_rnn --quick    # smoke run
+    python -m benchmarks.reproduce_rnn --data mnist5k --threads 1 --tag timing --transitions aux cayley --seeds 1 --epochs 2
 
 ``--data digits`` (default): scikit-learn's 8x8 digits as 64-step sequences, batch 32, the classifier's default
 learning rates (1e-3 RMSprop, 1e-4 Adam for the transition), pixels standardised.
@@ -20,25 +21,25 @@ reflections; 1 normal reflection severely limits the transition):
   * aux's final validation error is within 2 points of 170 normal reflections';
   * both are at least 10 points better than 1 normal reflection.
 
+``--tag NAME``: a timing-only run (``--transitions`` to pick some; validation on one batch, its error not reported)
+that writes ``reproduce_rnn[_mnist5k]_NAME-HARDWARE.json`` and leaves the full result alone; the report renders its
+time per training epoch (validation excluded) below the full result's table, in the same README section.
+
 Writes benchmarks/results/reproduce_rnn-HARDWARE.json and .png.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
+import re
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, hardware_name, write_result  # noqa: E402
-from _reproduce import aggregate, final_means, plot_curves, train_once  # noqa: E402
-from mnist5k import prepare as prepare_mnist5k  # noqa: E402
-
-from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule, SequentialImageDataModule  # noqa: E402
-from lightning_ortho.models import OrthogonalRNNClassifier  # noqa: E402
+from benchmarks._common import benchmark_parser, configured, parse_args, print_claims, reject, result_path, write_result
+from benchmarks._render import render_reproduction
+from benchmarks._reproduce import aggregate, final_means, plot_curves, train_once
+from benchmarks.mnist5k import prepare as prepare_mnist5k
+from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule, SequentialImageDataModule
+from lightning_ortho.models import OrthogonalRNNClassifier
 
 TRANSITIONS = {
     "aux (1 auxiliary reflection)": {"transition": "aux"},
@@ -46,17 +47,28 @@ TRANSITIONS = {
     "H normal reflections": {"transition": "householder"},
     "cayley": {"transition": "cayley"},
 }
+#: ``--transitions`` choices -> TRANSITIONS keys.
+SHORT_NAMES = dict(zip(("aux", "1-reflection", "H-reflections", "cayley"), TRANSITIONS, strict=True))
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
+    parser = benchmark_parser("reproduce_rnn", __doc__)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--hidden-size", type=int, default=170)
     parser.add_argument("--batch-size", type=int, default=None, help="default: 32 (digits), 128 (mnist5k)")
     parser.add_argument("--data", choices=["digits", "mnist5k"], default="digits")
-    args = parser.parse_args(argv)
+    parser.add_argument("--transitions", nargs="+", choices=list(SHORT_NAMES), default=list(SHORT_NAMES))
+    parser.add_argument("--tag", default=None, help="a timing-only run written under the name ..._TAG (see above)")
+    args = parse_args(parser, argv)
+    reject(parser, args, rounds="reproduce_rnn trains (see --seeds)", device="reproduce_rnn trains on the CPU only")
+    if args.tag is not None and not re.fullmatch(r"[a-z0-9]+", args.tag):
+        parser.error(f"--tag must be lower-case letters and digits (it becomes part of a file name), got {args.tag!r}")
+    with configured(args) as device:
+        return _run(args, device)
+
+
+def _run(args, device) -> Path:
     if args.quick:
         args.epochs, args.seeds, args.hidden_size = 1, 1, 16
     mnist = args.data == "mnist5k"
@@ -64,10 +76,10 @@ def main(argv: list[str] | None = None) -> Path:
     # The paper's (expRNN's) optimiser settings on MNIST; the classifier's defaults on the digits.
     rates = {"lr": 7e-4, "transition_lr": 7e-5} if mnist else {}
     root = prepare_mnist5k() if mnist else None
-    device = torch.device("cpu")
     rows: list[dict] = []
-    suffix = "-quick" if args.quick else ""
     benchmark = "reproduce_rnn_mnist5k" if mnist else "reproduce_rnn"
+    stem = f"{benchmark}_{args.tag}" if args.tag else benchmark
+    transitions = {SHORT_NAMES[name]: TRANSITIONS[SHORT_NAMES[name]] for name in args.transitions}
     setup = {
         "epochs": args.epochs,
         "seeds": args.seeds,
@@ -88,17 +100,19 @@ def main(argv: list[str] | None = None) -> Path:
 
     def save() -> Path:
         curves = aggregate(rows)
-        path = write_result(
-            benchmark, device, rows, claims_from(curves), suffix=suffix, extra={"curves": curves, "setup": setup}
-        )
+        extra = {"curves": curves, "setup": setup}
+        if args.tag:  # no claims: they compare validation errors, which a timing run does not measure
+            extra["tag"] = args.tag
+            return write_result(benchmark, device, rows, [], args, extra=extra, stem=stem)
+        path = write_result(benchmark, device, rows, claims_from(curves), args, extra=extra)
         title = "RNN, pixel MNIST (5k)" if mnist else "RNN, pixel digits"
-        plot_curves(curves, RESULTS / f"{benchmark}-{hardware_name(device)}{suffix}.png", title)
+        plot_curves(curves, result_path(benchmark, device, args, ".png"), title)
         return path
 
     # Seed-major order, and the result file rewritten after every run: a long run stopped early keeps whole
     # seeds of every transition.
     for seed in range(args.seeds):
-        for name, kwargs in TRANSITIONS.items():
+        for name, kwargs in transitions.items():
 
             def build(kwargs=kwargs):
                 if mnist:  # pixels in [0, 1] as expRNN's ToTensor(); validation = the 1,000 held-out images
@@ -112,6 +126,8 @@ def main(argv: list[str] | None = None) -> Path:
                 return model, data
 
             extra = {"limit_train_batches": 2, "limit_val_batches": 2} if args.quick else {}
+            if args.tag:  # the epoch's row needs a validation pass; one batch keeps it cheap (and out of the time)
+                extra["limit_val_batches"] = 1
             for row in train_once(build, seed, args.epochs, **extra):
                 rows.append({"method": name, "seed": seed, **row})
                 print(
@@ -120,8 +136,7 @@ def main(argv: list[str] | None = None) -> Path:
                     flush=True,
                 )
             path = save()
-    for claim in json.loads(path.read_text())["claims"]:
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    print_claims(json.loads(path.read_text())["claims"])
     return path
 
 
@@ -148,6 +163,32 @@ def claims_from(curves: dict[str, list[dict]]) -> list[dict]:
             "holds": one - full >= 10.0,
         },
     ]
+
+
+def render(data: dict) -> str:
+    """The README table of a result: the reproduction's (final validation error, seconds per epoch, claims), or
+    for a tagged timing run the seconds per training epoch of each transition."""
+    if "tag" not in data:
+        return render_reproduction(data)
+    setup = ", ".join(f"{k} {v}" for k, v in data.get("setup", {}).items())
+    lines = [
+        f"Time per epoch (timing run `{data['tag']}`): **{data['hardware']}**, torch {data['torch']}, {data['date']}: "
+        f"`{data['command']}` ({setup}). Seconds per training epoch, validation excluded: the mean over seeds and "
+        "epochs, and the fastest epoch.",
+        "",
+        "| transition | seeds x epochs | seconds per epoch, mean | fastest | mean vs aux |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    by_method: dict[str, list[float]] = {}
+    for row in data["rows"]:
+        by_method.setdefault(row["method"], []).append(row["epoch_seconds"])
+    aux = by_method.get(SHORT_NAMES["aux"])
+    for method, seconds in by_method.items():
+        mean = sum(seconds) / len(seconds)
+        ratio = f"{mean / (sum(aux) / len(aux)):.2f}x" if aux else ""
+        seeds = len({r["seed"] for r in data["rows"] if r["method"] == method})
+        lines.append(f"| {method} | {seeds} x {len(seconds) // seeds} | {mean:.3g} | {min(seconds):.3g} | {ratio} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 representation error of s-sparse codes of 8x8 image patches under learned fast transforms, against their
 operation counts, beside fixed fast transforms, dense bases and FAµST (pyfaust) at equal operation counts.
 
-    python benchmarks/reproduce_transforms.py            # the full experiment (about 10-15 minutes on 2 cores)
-    python benchmarks/reproduce_transforms.py --quick    # smoke run on 1,024 patches (seconds)
+    python -m benchmarks.reproduce_transforms            # the full experiment (about 10-15 minutes on 2 cores)
+    python -m benchmarks.reproduce_transforms --quick    # smoke run on 1,024 patches (seconds)
 
 Data: ``ImagePatchesDataModule(val_fraction=0).all_patches()``, the non-overlapping 8x8 patches of
 scikit-learn's two sample photographs in grey levels in [0, 1], each patch's own mean removed (N = 8480,
@@ -33,12 +33,12 @@ costs`` rules: +-1 free, one shared multiplier per row): B ``transform.op_count(
 ``op_count(bits)``; FAµST factors by the same row rule on their nonzeros; the fixed transforms by the formulas in
 ``OP_COUNT_SOURCES``.
 
-Writes benchmarks/results/reproduce_transforms-HARDWARE.json and .png (error against total operations).
+Writes benchmarks/results/reproduce_transforms-HARDWARE.json and .png (error against total operations); README
+table: reproduce_transforms_render.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -49,12 +49,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, pyplot, write_result  # noqa: E402,F401  (RESULTS: tests redirect the output folder)
-from _peers import import_peer  # noqa: E402
-
-from lightning_ortho.datamodules import ImagePatchesDataModule  # noqa: E402
-from lightning_ortho.transforms import (  # noqa: E402
+from benchmarks._common import (
+    benchmark_parser,
+    configured,
+    parse_args,
+    print_claims,
+    pyplot,
+    reject,
+    result_path,
+    write_result,
+)
+from benchmarks._peers import import_peer
+from benchmarks.reproduce_transforms_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
+from lightning_ortho.datamodules import ImagePatchesDataModule
+from lightning_ortho.transforms import (
     BinaryBlockProduct,
     OpCount,
     binary_cores,
@@ -318,11 +326,17 @@ def faust_rows(
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1,024 patches, small m/q, 2 sweeps: a smoke run")
+    parser = benchmark_parser("reproduce_transforms", __doc__)
     parser.add_argument("--shear-max-m", type=int, default=256, help="largest m of the shear transforms")
     parser.add_argument("--no-peer", action="store_true", help="leave FAµST out")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
+    reject(parser, args, rounds="reproduce_transforms learns each transform once", device="it runs on the CPU only")
+    with configured(args) as device:
+        return _run(args, device)
+
+
+def _run(args, device) -> Path:
+    """The experiment (``--quick``: 1,024 patches, small m/q, 2 sweeps)."""
     started = time.perf_counter()
     max_patches = 1024 if args.quick else None
     b_sizes = (8, 16) if args.quick else B_SIZES
@@ -331,7 +345,6 @@ def main(argv: list[str] | None = None) -> Path:
     shear_iterations = 2 if args.quick else SHEAR_ITERATIONS
     dense_iterations = 3 if args.quick else DENSE_ITERATIONS
     palm = 20 if args.quick else PALM_ITERATIONS
-    device = torch.device("cpu")
 
     y = load_patches(max_patches)
     n = y.shape[1]
@@ -463,7 +476,7 @@ def main(argv: list[str] | None = None) -> Path:
         device,
         rows,
         claims,
-        suffix="-quick" if args.quick else "",
+        args,
         extra={
             "setup": setup,
             "total_seconds": total,
@@ -477,9 +490,8 @@ def main(argv: list[str] | None = None) -> Path:
             "peers": peers,
         },
     )
-    plot(rows, path.with_suffix(".png"))
-    for claim in claims:
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    plot(rows, result_path("reproduce_transforms", device, args, ".png"))
+    print_claims(claims)
     print(f"total {total} s; wrote {path}", flush=True)
     return path
 

@@ -1,8 +1,8 @@
 """Cooijmans & Martens 2019, "On the Variance of Unbiased Online Recurrent Optimization": the variance of UORO's
 gradient estimate under each variance reduction, on a fixed short sequence where everything is known by backprop.
 
-    python benchmarks/reproduce_uoro.py                 # 3 sequences x 9 estimators x 20,000 draws (~6 minutes)
-    python benchmarks/reproduce_uoro.py --quick         # smoke run
+    python -m benchmarks.reproduce_uoro                 # 3 sequences x 9 estimators x 20,000 draws (~6 minutes)
+    python -m benchmarks.reproduce_uoro --quick         # smoke run
 
 Setup: a tanh RNN (``TanhRNNCell``, H = 16, 4 inputs, ``W_h ~ N(0, 1/H)``), T = 20 steps of Gaussian inputs, a
 linear readout with squared error to random targets; the loss gradients ``dL_t/dh_t`` are those of the
@@ -24,19 +24,25 @@ Writes benchmarks/results/reproduce_uoro-HARDWARE.json and .png.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import pyplot, write_result  # noqa: E402
-
-from lightning_ortho.online import (  # noqa: E402
+from benchmarks._common import (
+    benchmark_parser,
+    configured,
+    parse_args,
+    print_claims,
+    pyplot,
+    reject,
+    result_path,
+    write_result,
+)
+from benchmarks._render import claims_table
+from lightning_ortho.online import (
     RTRL,
     UORO,
     TanhRNNCell,
@@ -100,17 +106,21 @@ def summary(values: torch.Tensor, exact: torch.Tensor) -> dict:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
+    parser = benchmark_parser("reproduce_uoro", __doc__)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--draws", type=int, default=20_000)
     parser.add_argument("--hidden", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
+    reject(parser, args, rounds="reproduce_uoro draws estimates (see --draws)", device="it runs on the CPU only")
+    with configured(args) as device:
+        return _run(args, device)
+
+
+def _run(args, device) -> Path:
     if args.quick:
         args.seeds, args.draws, args.hidden, args.steps = 1, 500, 4, 5
     inputs = 4
-    device = torch.device("cpu")
     rows: list[dict] = []
     for seed in range(args.seeds):
         cell, xs, h0, loss_gradients = problem(seed, args.hidden, inputs, args.steps)
@@ -171,12 +181,9 @@ def main(argv: list[str] | None = None) -> Path:
             }
         )
     setup = {"hidden": args.hidden, "inputs": inputs, "steps": args.steps, "draws": args.draws, "seeds": args.seeds}
-    path = write_result(
-        "reproduce_uoro", device, rows, claims(rows), suffix="-quick" if args.quick else "", extra={"setup": setup}
-    )
-    plot(rows, path.with_suffix(".png"))
-    for claim in claims(rows):
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    path = write_result("reproduce_uoro", device, rows, claims(rows), args, extra={"setup": setup})
+    plot(rows, result_path("reproduce_uoro", device, args, ".png"))
+    print_claims(claims(rows))
     return path
 
 
@@ -276,6 +283,46 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def render(data: dict) -> str:
+    setup = data["setup"]
+    rows = [r for r in data["rows"] if "total_variance" in r]
+    seeds = sorted({r["seed"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    pick = {(r["method"], r["seed"]): r for r in rows}
+    lines = [
+        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` (tanh RNN, H = "
+        f"{setup['hidden']}, T = {setup['steps']}, {setup['draws']:,} independent draws per estimator on each of "
+        f"{len(seeds)} sequences; tr Cov(g) of the total gradient estimate; lower is better).",
+        "",
+        "| estimator | tr Cov(g), sequences "
+        + " / ".join(str(s) for s in seeds)
+        + " | relative to GIR at the state | section 6 prediction | relative bias (± s.e.) | max abs(z) / critical | ms per step |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for method in methods:
+        mine = [pick[(method, s)] for s in seeds]
+        logs = [
+            math.log(r["total_variance"] / pick[("GIR, state", s)]["total_variance"])
+            for s, r in zip(seeds, mine, strict=True)
+        ]
+        gain = math.exp(sum(logs) / len(logs))
+        predicted = (
+            " / ".join(f"{r['predicted_total_variance']:.4g}" for r in mine)
+            if "predicted_total_variance" in mine[0]
+            else ""
+        )
+        bias = sum(r["relative_bias"] for r in mine) / len(mine)
+        bias_se = sum(r["bias_se"] for r in mine) / len(mine)
+        z = max(r["max_z"] / r["critical_z"] for r in mine)
+        ms = 1e3 * sum(r["seconds_per_step"] for r in mine) / len(mine)
+        lines.append(
+            f"| {method} | "
+            + " / ".join(f"{r['total_variance']:.4g}" for r in mine)
+            + f" | {gain:.3g}x | {predicted} | {bias:.3f} (± {bias_se:.3f}) | {z:.2f} | {ms:.0f} |"
+        )
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 if __name__ == "__main__":

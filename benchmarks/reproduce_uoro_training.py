@@ -1,8 +1,8 @@
 """Online training with UORO against truncated BPTT and exact RTRL, through ``OnlineRNNModule`` and ``Trainer.fit``.
 
-    python benchmarks/reproduce_uoro_training.py            # three tasks, one seed (~35 minutes on one core)
-    python benchmarks/reproduce_uoro_training.py --quick    # smoke run
-    python benchmarks/reproduce_uoro_training.py --tasks influence adding
+    python -m benchmarks.reproduce_uoro_training            # three tasks, one seed (~35 minutes on one core)
+    python -m benchmarks.reproduce_uoro_training --quick    # smoke run
+    python -m benchmarks.reproduce_uoro_training --tasks influence adding
 
 Tasks (data modules of ``lightning_ortho.datamodules``):
 
@@ -22,27 +22,30 @@ Writes benchmarks/results/reproduce_uoro_training-HARDWARE.json and .png.
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-
+from benchmarks._common import (
+    benchmark_parser,
+    configured,
+    parse_args,
+    print_claims,
+    pyplot,
+    reject,
+    result_path,
+    write_result,
+)
+from benchmarks._render import claims_table
 from lightning_ortho._lightning import pl
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import pyplot, write_result  # noqa: E402
-
-from lightning_ortho.datamodules import (  # noqa: E402
+from lightning_ortho.datamodules import (
     AddingTaskDataModule,
     CharacterStreamDataModule,
     InfluenceBalancingDataModule,
 )
-from lightning_ortho.models import OnlineRNNModule  # noqa: E402
-from lightning_ortho.online import InfluenceBalancingCell, TanhRNNCell  # noqa: E402
+from lightning_ortho.models import OnlineRNNModule
+from lightning_ortho.online import InfluenceBalancingCell, TanhRNNCell
 
 THETA_OPTIMUM = -1.0 / 6.0
 
@@ -193,8 +196,7 @@ def character_runs(quick: bool, seconds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
+    parser = benchmark_parser("reproduce_uoro_training", __doc__)
     parser.add_argument(
         "--tasks",
         nargs="+",
@@ -202,10 +204,17 @@ def main(argv: list[str] | None = None) -> Path:
         default=["influence", "adding", "characters"],
     )
     parser.add_argument("--seconds", type=int, default=180, help="wall time per estimator on the character task")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
+    reject(
+        parser, args, rounds="reproduce_uoro_training trains", device="reproduce_uoro_training trains on the CPU only"
+    )
+    with configured(args) as device:
+        return _run(args, device)
+
+
+def _run(args, device) -> Path:
     if args.quick:
         args.seconds = 5
-    device = torch.device("cpu")
     rows: list[dict] = []
     runners = {
         "influence": lambda: influence_runs(args.quick),
@@ -229,12 +238,11 @@ def main(argv: list[str] | None = None) -> Path:
         device,
         rows,
         claims(rows),
-        suffix="-quick" if args.quick else "",
+        args,
         extra={"setup": setup},
     )
-    plot(rows, path.with_suffix(".png"))
-    for claim in claims(rows):
-        print(f"[{'holds' if claim['holds'] else 'DOES NOT HOLD'}] {claim['claim']}: {claim['figure']}")
+    plot(rows, result_path("reproduce_uoro_training", device, args, ".png"))
+    print_claims(claims(rows))
     return path
 
 
@@ -331,6 +339,33 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def render(data: dict) -> str:
+    rows = data["rows"]
+    lines = [
+        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` (one seed; the "
+        f"character task gives every estimator {data['setup']['character_seconds']} s of training).",
+        "",
+        "| task | estimator | final | epochs | training seconds |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for task in dict.fromkeys(r["task"] for r in rows):
+        for method in dict.fromkeys(r["method"] for r in rows if r["task"] == task):
+            mine = [r for r in rows if r["task"] == task and r["method"] == method and "train_seconds" in r]
+            blew = [r for r in rows if r["task"] == task and r["method"] == method and "diverged" in r]
+            last = mine[-1] if mine else {}
+            if task == "influence":
+                final = f"theta {last['theta']:.4g}, train loss {last['train_loss']:.3g}" if last else ""
+            elif task == "characters":
+                final = f"{last['val_bits']:.3f} bits/char" if last else ""
+            else:
+                final = f"val loss {last['val_loss']:.4f} nats" if last else ""
+            if blew:
+                final += f" (stopped: {blew[0]['diverged'].split(':')[0]})"
+            seconds = f"{last['train_seconds']:.0f}" if last else ""
+            lines.append(f"| {task} | {method} | {final} | {last.get('epoch', '')} | {seconds} |")
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 if __name__ == "__main__":

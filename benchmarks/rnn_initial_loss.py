@@ -1,6 +1,6 @@
 """Why pixel-MNIST training starts at a loss far above log 10: input scale against the paper's setting.
 
-    python benchmarks/rnn_initial_loss.py          # a few seconds: forward passes on 4 x 128 real MNIST sequences
+    python -m benchmarks.rnn_initial_loss          # a few seconds: forward passes on 4 x 128 real MNIST sequences
 
 At initialisation the orthogonal RNN of Section 3.2 (hidden 170, modReLU, Cayley initialisation, V
 Kaiming-normal as in expRNN) reads 784 pixels; with a norm-preserving transition every step adds
@@ -15,19 +15,16 @@ Writes benchmarks/results/rnn_initial_loss-HARDWARE.json.
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_result  # noqa: E402
-from mnist5k import prepare as prepare_mnist5k  # noqa: E402
-
-from lightning_ortho.datamodules import MNISTDataModule, SequentialImageDataModule  # noqa: E402
-from lightning_ortho.models import OrthogonalRNNClassifier  # noqa: E402
+from benchmarks._common import benchmark_parser, configured, parse_args, reject, write_result
+from benchmarks._render import claims_table
+from benchmarks.mnist5k import prepare as prepare_mnist5k
+from lightning_ortho.datamodules import MNISTDataModule, SequentialImageDataModule
+from lightning_ortho.models import OrthogonalRNNClassifier
 
 SCALINGS = {"pixels in [0, 1] (expRNN)": ((0.0,), (1.0,)), "standardised (0.1307, 0.3081)": ((0.1307,), (0.3081,))}
 TRANSITIONS = {
@@ -65,10 +62,16 @@ def measure(scaling: str, transition: str, batches: int, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=4)
-    parser.add_argument("--quick", action="store_true", help="one batch, one transition")
-    args = parser.parse_args(argv)
+    parser = benchmark_parser("rnn_initial_loss", __doc__)
+    parser.add_argument("--batches", type=int, default=4, help="training batches per measurement (1 with --quick)")
+    args = parse_args(parser, argv)
+    reject(parser, args, rounds="rnn_initial_loss times nothing", device="rnn_initial_loss runs on the CPU only")
+    with configured(args) as device:
+        return _run(args, device)
+
+
+def _run(args, device) -> Path:
+    """``--quick``: one batch, one transition."""
     transitions = ["aux"] if args.quick else list(TRANSITIONS)
     batches = 1 if args.quick else args.batches
     rows = [measure(s, t, batches, seed=0) for s in SCALINGS for t in transitions]
@@ -94,14 +97,23 @@ def main(argv: list[str] | None = None) -> Path:
         }
     )
     setup = {"data": "first training batches of the 5,000 real MNIST images", "batch_size": 128, "batches": batches}
-    return write_result(
-        "rnn_initial_loss",
-        torch.device("cpu"),
-        rows,
-        claims,
-        suffix="-quick" if args.quick else "",
-        extra={"setup": setup},
-    )
+    return write_result("rnn_initial_loss", device, rows, claims, args, extra={"setup": setup})
+
+
+def render(data: dict) -> str:
+    lines = [
+        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` "
+        f"(mean over the first {data['setup']['batches']} training batches of {data['setup']['batch_size']}).",
+        "",
+        "| input scaling | transition | initial training loss | mean ‖h_T‖ | logit std |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        lines.append(
+            f"| {row['scaling']} | {row['transition']} | {row['initial_loss']:.2f} | {row['final_state_norm']:.1f} "
+            f"| {row['logit_std']:.2f} |"
+        )
+    return "\n".join(lines + claims_table(data["claims"]))
 
 
 if __name__ == "__main__":

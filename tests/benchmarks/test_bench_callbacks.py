@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_ortho.nn import AuxiliaryReflection
-from tests.benchmarks.test_bench_orthogonal import load
+from tests.benchmarks.helpers import load
 
 bench = load("bench_callbacks")
 report = load("report")
@@ -18,13 +18,8 @@ report = load("report")
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    import _common
-
     folder = tmp_path_factory.mktemp("bench_callbacks")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bench, "RESULTS", folder)
-        patch.setattr(_common, "RESULTS", folder)
-        path = bench.main(["--quick"])
+    path = bench.main(["--quick", "--output", str(folder)])
     return json.loads(Path(path).read_text()), folder
 
 
@@ -95,8 +90,8 @@ def test_logdet_rows_agree_with_an_autograd_jacobian_computed_here(quick):
 
 def test_report_renders_the_quick_result(quick):
     data, _ = quick
-    text = report.render_bench_callbacks(data)
-    assert text.startswith("Reproduce: `python benchmarks/bench_callbacks.py`")
+    text = bench.render(data)
+    assert text.startswith("Reproduce: `python -m benchmarks.bench_callbacks`")
     assert (
         "| fcnn | OrthogonalityMonitor | 50 |" in text and "| glow | OrthogonalityMonitor | | | | skipped | | |" in text
     )

@@ -7,23 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.test_bench_orthogonal import load
+from tests.benchmarks.helpers import load
 
 bench = load("bench_online")
-report = load("report")
 
 
-def quick_run(tmp_path, monkeypatch, *argv):
-    import _common
-
-    monkeypatch.setattr(bench, "RESULTS", tmp_path)
-    monkeypatch.setattr(_common, "RESULTS", tmp_path)
-    path = bench.main(["--quick", "--rounds", "1", *argv])
+def quick_run(tmp_path, *argv):
+    path = bench.main(["--quick", "--rounds", "1", "--output", str(tmp_path), *argv])
     return json.loads(Path(path).read_text())
 
 
-def test_quick_benchmark_writes_schema(tmp_path, monkeypatch):
-    data = quick_run(tmp_path, monkeypatch)
+def test_quick_benchmark_writes_schema(tmp_path):
+    data = quick_run(tmp_path)
     assert data["benchmark"] == "bench_online" and data["hardware"].startswith("cpu")
     assert {"torch", "date", "command", "rows", "claims", "setup", "memory_method"} <= set(data)
     assert data["setup"]["tbptt_k"] == bench.TBPTT_K and data["setup"]["timing_rounds"] == 1
@@ -66,7 +61,7 @@ def test_quick_benchmark_writes_schema(tmp_path, monkeypatch):
     assert f"BPTT peak memory grows with T: T={high} >= 10x T={low}, H={hidden}" in claims
     assert (tmp_path / f"bench_online-{data['hardware']}-quick.png").exists() == _has_matplotlib()
 
-    text = report.render_bench_online(data)
+    text = bench.render(data)
     assert "| method | H = 8 | H = 16 |" in text and "| 8 | BPTT (full) |" in text
     assert "| UORO (state) peak memory at T=200 <= 1.1x T=20, H=8 |" in text
 
@@ -157,7 +152,7 @@ def test_report_renders_times_memory_and_skips():
         ],
         "claims": [{"claim": "c", "figure": 1.5, "holds": False}],
     }
-    text = report.render_bench_online(data)
+    text = bench.render(data)
     assert "| method | H = 32 | H = 512 |" in text
     assert "| forward step (no_grad) | 0.05 ms |  |" in text
     assert "| UORO (state) | 1 ms (20.0x) |  |" in text and "| TruncatedBPTT (k=10) | 5 ms (100.0x) |  |" in text

@@ -1,4 +1,3 @@
-import importlib.util
 import json
 import math
 import re
@@ -6,25 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks.helpers import ROOT, load
 
 
 def quick_run(tmp_path, monkeypatch, bench, *argv):
-    import _common
-
-    monkeypatch.setattr(bench, "RESULTS", tmp_path)
-    monkeypatch.setattr(_common, "RESULTS", tmp_path)
     monkeypatch.setattr(bench, "QUICK_DIMS", (16,))
     monkeypatch.setattr(bench, "QUICK_BATCHES", (8, 300))
     monkeypatch.setattr(bench, "FCNN_QUICK", (16, 256))  # 4x4 digits, two batches of 128
-    path = bench.main(["--quick", "--rounds", "1", *argv])
+    path = bench.main(["--quick", "--rounds", "1", "--output", str(tmp_path), *argv])
     return json.loads(Path(path).read_text())
 
 
@@ -81,8 +69,7 @@ def test_geotorch_unavailable_is_recorded_not_raised(tmp_path, monkeypatch):
     )
     assert all("epoch_s" in row for row in data["rows"] if row.get("section") and row["method"] != "geotorch")
     assert not any("geotorch" in c["claim"] for c in data["claims"])
-    report = load("report")
-    text = report.render_bench_orthogonal(data)
+    text = bench.render(data)
     assert "| 16 | 8 |" in text and "geotorch (expm, default) | geotorch (cayley) |" in text
     assert "| geotorch (expm, default) | skipped |" in text and "(not available)" in text
     assert "Skipped: geotorch not available: pip install geotorch==0.4.0 failed: offline." in text
@@ -186,10 +173,10 @@ def test_geotorch_and_fcnn_claims_are_computed_from_rows():
 
 
 def test_report_renders_geotorch_columns_and_fcnn_table_only_when_present():
-    report = load("report")
+    render = load("bench_orthogonal").render
     base = {"hardware": "cpu2", "torch": "2.14.1", "date": "2026-12-01", "command": "python b.py", "claims": []}
     maps = [map_row(784, 1024, "linear", 30, linear=30), map_row(784, 1024, "aux", 42, linear=30)]
-    without = report.render_bench_orthogonal({**base, "rows": maps})
+    without = render({**base, "rows": maps})
     assert "| d | B | nn.Linear | aux |\n" in without  # no empty columns for methods that have no rows
     assert "geotorch" not in without and "FCNN" not in without
     data = {
@@ -200,7 +187,7 @@ def test_report_renders_geotorch_columns_and_fcnn_table_only_when_present():
     }
     data["rows"][-2].update(epoch_ratio_to_aux=1.0, rounds=3, train_loss_first_epoch=2.3, train_loss_last_epoch=0.5)
     data["rows"][-1].update(epoch_ratio_to_aux=2.0, rounds=2, train_loss_first_epoch=2.2, train_loss_last_epoch=0.4)
-    text = report.render_bench_orthogonal(data)
+    text = render(data)
     assert "| d | B | nn.Linear | aux | geotorch (expm, default) |\n" in text
     assert "| 784 | 1024 | 30.00 ms | 1.40x | 4.20x |" in text and "| 784 | 128 |" not in text  # FCNN rows apart
     assert "geotorch (expm, default) is `triv='expm'`" in text and "data: random uniform pixels" in text

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.benchmarks.test_bench_orthogonal import ROOT, load
+from tests.benchmarks.helpers import ROOT, load
 
 bench = load("bench_transforms")
 report = load("report")
@@ -18,13 +18,8 @@ report = load("report")
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    import _common
-
     tmp = tmp_path_factory.mktemp("bench_transforms")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bench, "RESULTS", tmp)
-        patch.setattr(_common, "RESULTS", tmp)
-        path = bench.main(["--quick"])
+    path = bench.main(["--quick", "--output", str(tmp)])
     assert path.parent == tmp and path.name.endswith("-quick.json") and path.with_suffix(".png").exists()
     return json.loads(path.read_text())
 
@@ -169,8 +164,8 @@ def test_crossover_and_live_blocks():
 
 
 def test_report_renders_the_quick_result(quick):
-    text = report.render_bench_transforms(quick)
-    assert text.startswith("Reproduce: `python benchmarks/bench_transforms.py`\n")
+    text = bench.render(quick)
+    assert text.startswith("Reproduce: `python -m benchmarks.bench_transforms`\n")
     assert "| transform | blocks (live) | layers | seconds | error (%) |" in text
     assert re.search(r"\| 64 \| 1 \| [\d.]+ \| [\d.]+ \([\d.]+x\) \|", text)
     assert "| dense (1 epochs) | | 25,654 (" in text and "| b m=32, s=4 | data |" in text
@@ -185,8 +180,8 @@ def test_readme_section_is_rendered_from_the_committed_results():
     )
     if not paths:
         pytest.skip("no committed bench_transforms results")
-    body = "\n\n".join(report.render_bench_transforms(json.loads(p.read_text())) for p in paths)
+    body = "\n\n".join(bench.render(json.loads(p.read_text())) for p in paths)
     readme = (ROOT / "README.md").read_text()
     found = re.search(r"<!-- bench_transforms:start -->\n(.*?)<!-- bench_transforms:end -->", readme, re.S)
     assert found and found.group(1) == body + "\n"
-    assert report.RENDERERS["bench_transforms"] is report.render_bench_transforms
+    assert report.renderer("bench_transforms") is bench.render

@@ -5,15 +5,12 @@ import pytest
 import torch
 
 from lightning_ortho.nn.newton import DEFAULT_TOLERANCE
-from tests.benchmarks.test_bench_orthogonal import load
+from tests.benchmarks.helpers import load
 
 
-def test_quick_bench_flows_writes_every_kind_and_newton_statistics(tmp_path, monkeypatch):
+def test_quick_bench_flows_writes_every_kind_and_newton_statistics(tmp_path):
     bench = load("bench_flows")
-    import _common
-
-    monkeypatch.setattr(_common, "RESULTS", tmp_path)
-    data = json.loads(Path(bench.main(["--quick"])).read_text())
+    data = json.loads(Path(bench.main(["--quick", "--output", str(tmp_path)])).read_text())
     kinds = {row["kind"] for row in data["rows"]}
     assert kinds == {"plain", "lu", "householder", "aux", "aux_invertible", "aux (per-pixel slogdet)"}
     tolerance = DEFAULT_TOLERANCE[torch.float32]
@@ -35,15 +32,10 @@ def test_quick_bench_flows_writes_every_kind_and_newton_statistics(tmp_path, mon
     assert newton["figure"] == 0 and newton["holds"] is True
 
 
-def test_quick_reproduce_glow_trains_every_kind_and_checks_inversion(tmp_path, monkeypatch):
+def test_quick_reproduce_glow_trains_every_kind_and_checks_inversion(tmp_path):
     script = load("reproduce_glow")
-    import _common
-
-    monkeypatch.setattr(_common, "RESULTS", tmp_path)
-    monkeypatch.setattr(script, "RESULTS", tmp_path)
-    data = json.loads(
-        Path(script.main(["--quick", "--kinds", "lu", "aux", "aux_invertible", "householder"])).read_text()
-    )
+    argv = ["--quick", "--output", str(tmp_path), "--kinds", "lu", "aux", "aux_invertible", "householder"]
+    data = json.loads(Path(script.main(argv)).read_text())
     assert {r["method"] for r in data["rows"]} == {"lu", "aux", "aux_invertible", "householder"}
     assert all(r["val_bpd"] > 0 for r in data["rows"])
     assert {i["method"] for i in data["inversions"]} == {"lu", "aux", "aux_invertible", "householder"}
@@ -52,7 +44,7 @@ def test_quick_reproduce_glow_trains_every_kind_and_checks_inversion(tmp_path, m
     assert invertible["newton_failures"] == 0 and invertible["reconstruction_max_error"] <= 1e-3
     claims = {c["claim"].split(" (")[0].split(":")[0]: c for c in data["claims"]}
     assert claims["Newton inverts every trained aux_invertible model"]["figure"] == 0
-    hardware = _common.hardware_name(torch.device("cpu"))
+    hardware = load("_common").hardware_name(torch.device("cpu"))
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         f"reproduce_glow-{hardware}-quick-samples.png",
         f"reproduce_glow-{hardware}-quick.png",
@@ -60,11 +52,8 @@ def test_quick_reproduce_glow_trains_every_kind_and_checks_inversion(tmp_path, m
 
 
 @pytest.mark.slow
-def test_quick_normflows_peer(tmp_path, monkeypatch):
+def test_quick_normflows_peer(tmp_path):
     # Installs normflows into benchmarks/.peers from the package registry on first use.
     script = load("peer_normflows")
-    import _common
-
-    monkeypatch.setattr(_common, "RESULTS", tmp_path)
-    data = json.loads(Path(script.main(["--quick"])).read_text())
+    data = json.loads(Path(script.main(["--quick", "--output", str(tmp_path)])).read_text())
     assert data["rows"] and all(r["val_bpd"] > 0 for r in data["rows"])

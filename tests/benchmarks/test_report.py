@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.benchmarks.test_bench_orthogonal import ROOT, load
+from tests.benchmarks.helpers import ROOT, load
 
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
@@ -30,7 +30,7 @@ def test_readme_is_the_rendering_of_the_committed_results():
     bodies = report.sections(RESULTS)
     assert {"bench_flows", "bench_orthogonal", "reproduce_fcnn", "reproduce_rnn", "reproduce_glow"} <= set(bodies)
     text = README.read_text()
-    assert report.render_readme(text, bodies) == text, "README.md is stale: run python benchmarks/report.py"
+    assert report.render_readme(text, bodies) == text, "README.md is stale: run python -m benchmarks.report"
     assert report.main(["--check"]) == 0
 
 
@@ -124,7 +124,7 @@ def test_reproduction_table_from_aggregated_rows():
         "claims": [{"claim": "c", "figure": 1, "holds": False}],
         "curves": aggregate(rows, metric="val_bpd"),
     }
-    lines = report.render_reproduction(data).splitlines()
+    lines = load("_render").render_reproduction(data).splitlines()
     assert lines[0] == "**cpu2**, torch 2.0, 2026-01-01: `python x.py` (epochs 2)."
     assert lines[2].startswith("| run | final validation bits/dim |")
     # sorted by final mean; final mean ± std over seeds; mean over seeds of each seed's best epoch; s/epoch
@@ -133,3 +133,13 @@ def test_reproduction_table_from_aggregated_rows():
         "| slow | 3.700 ± 0.200 (2 seeds) | 3.250 | 2.00 |",
     ]
     assert lines[-1] == "| c | 1 | **no** |"
+
+
+def test_each_benchmark_is_rendered_by_its_script():
+    assert report.renderer("bench_online") is load("bench_online").render
+    assert report.renderer("reproduce_rnn_mnist5k") is load("reproduce_rnn").render  # a variant of reproduce_rnn
+    assert report.renderer("reproduce_fcnn_mnist5k") is load("reproduce_fcnn").render
+    with pytest.raises(report.ReportError, match="'mystery' has no renderer: no script benchmarks/mystery.py"):
+        report.renderer("mystery")
+    with pytest.raises(report.ReportError, match=r"add render\(data\) -> str to benchmarks/mnist5k.py"):
+        report.renderer("mnist5k")  # a helper module, not a benchmark

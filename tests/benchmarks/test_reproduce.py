@@ -4,17 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.test_bench_orthogonal import ROOT, load
+from tests.benchmarks.helpers import ROOT, load
 
 
 @pytest.mark.parametrize("name", ["reproduce_fcnn", "reproduce_rnn"])
-def test_quick_reproduction_writes_curves_and_claims(name, tmp_path, monkeypatch):
+def test_quick_reproduction_writes_curves_and_claims(name, tmp_path):
     script = load(name)
-    import _common
-
-    monkeypatch.setattr(_common, "RESULTS", tmp_path)
-    monkeypatch.setattr(script, "RESULTS", tmp_path)
-    path = Path(script.main(["--quick"]))
+    path = Path(script.main(["--quick", "--output", str(tmp_path)]))
     data = json.loads(path.read_text())
     assert data["benchmark"] == name and data["rows"] and data["setup"]["seeds"] == 1
     methods = {row["method"] for row in data["rows"]}
@@ -132,12 +128,9 @@ def test_committed_curves_are_the_aggregate_of_their_rows(name):
     assert data["curves"] == load("_reproduce").aggregate(data["rows"], metric=metrics.pop())
 
 
-def test_quick_uoro_variance_reproduction(tmp_path, monkeypatch):
+def test_quick_uoro_variance_reproduction(tmp_path):
     script = load("reproduce_uoro")
-    import _common
-
-    monkeypatch.setattr(_common, "RESULTS", tmp_path)
-    path = Path(script.main(["--quick"]))
+    path = Path(script.main(["--quick", "--output", str(tmp_path)]))
     data = json.loads(path.read_text())
     estimators = [r for r in data["rows"] if "total_variance" in r]
     assert {r["method"] for r in estimators} >= {"GIR, state", "fixed Q, Q0 = B^-1/4", "none (no spatial noise), GIR"}
@@ -151,12 +144,9 @@ def test_quick_uoro_variance_reproduction(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("tasks", [["influence", "adding"], pytest.param(["characters"], marks=pytest.mark.slow)])
-def test_quick_uoro_training_reproduction(tasks, tmp_path, monkeypatch):
+def test_quick_uoro_training_reproduction(tasks, tmp_path):
     script = load("reproduce_uoro_training")
-    import _common
-
-    monkeypatch.setattr(_common, "RESULTS", tmp_path)
-    path = Path(script.main(["--quick", "--tasks", *tasks]))
+    path = Path(script.main(["--quick", "--output", str(tmp_path), "--tasks", *tasks]))
     data = json.loads(path.read_text())
     assert {r["task"] for r in data["rows"]} == set(tasks)
     metric = {"influence": "theta", "adding": "val_loss", "characters": "val_bits"}
@@ -167,3 +157,54 @@ def test_quick_uoro_training_reproduction(tasks, tmp_path, monkeypatch):
             assert row["train_seconds"] > 0 and math.isfinite(row[metric[row["task"]]])
     assert data["claims"] and all({"claim", "figure", "holds"} <= set(c) for c in data["claims"])
     assert (tmp_path / path.name.replace(".json", ".png")).exists()
+
+
+def test_tagged_timing_run_writes_its_own_file_and_renders_below_the_full_result(tmp_path):
+    rnn = load("reproduce_rnn")
+    argv = ["--quick", "--tag", "timing", "--transitions", "aux", "cayley", "--output", str(tmp_path)]
+    path = Path(rnn.main(argv))
+    assert path.name.startswith("reproduce_rnn_timing-cpu") and path.name.endswith("-quick.json")
+    assert not list(tmp_path.glob("reproduce_rnn-*")) and not list(
+        tmp_path.glob("*.png")
+    )  # the full result is left alone
+    data = json.loads(path.read_text())
+    assert data["benchmark"] == "reproduce_rnn" and data["tag"] == "timing" and data["claims"] == []
+    assert {r["method"] for r in data["rows"]} == {rnn.SHORT_NAMES["aux"], "cayley"}
+    assert all(r["epoch_seconds"] > 0 for r in data["rows"])
+    # in the README section of reproduce_rnn, after the full result's table (file names sort "-" before "_")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "reproduce_rnn_timing-cpu1.json").write_text(path.read_text())
+    (results / "reproduce_rnn-cpu2.json").write_text((ROOT / "benchmarks/results/reproduce_rnn-cpu2.json").read_text())
+    body = load("report").sections(results)["reproduce_rnn"]
+    full, timing = body.split("\n\nTime per epoch (timing run `timing`): ")
+    assert full == rnn.render(json.loads((results / "reproduce_rnn-cpu2.json").read_text()))
+    lines = timing.splitlines()
+    assert lines[2] == "| transition | seeds x epochs | seconds per epoch, mean | fastest | mean vs aux |"
+    assert lines[4].startswith("| aux (1 auxiliary reflection) | 1 x 1 |") and lines[4].endswith("| 1.00x |")
+    assert lines[5].startswith("| cayley | 1 x 1 |") and len(lines) == 6
+
+
+def test_timing_table_means_over_seeds_and_epochs():
+    rnn = load("reproduce_rnn")
+    rows = [
+        {"method": m, "seed": s, "epoch": e, "epoch_seconds": t}
+        for m, s, e, t in [
+            ("aux (1 auxiliary reflection)", 0, 1, 10.0),
+            ("aux (1 auxiliary reflection)", 0, 2, 8.0),
+            ("cayley", 0, 1, 30.0),
+            ("cayley", 0, 2, 24.0),
+        ]
+    ]
+    data = {"tag": "timing", "hardware": "cpu1", "torch": "2", "date": "d", "command": "c", "rows": rows}
+    lines = rnn.render(data).splitlines()
+    assert lines[4:] == [
+        "| aux (1 auxiliary reflection) | 1 x 2 | 9 | 8 | 1.00x |",
+        "| cayley | 1 x 2 | 27 | 24 | 3.00x |",
+    ]
+
+
+def test_tag_must_be_a_plain_name(capsys):
+    with pytest.raises(SystemExit):
+        load("reproduce_rnn").main(["--tag", "../x"])
+    assert "--tag must be lower-case letters and digits" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import scipy.fft
 import scipy.linalg
 import torch
 
-from tests.benchmarks.test_bench_orthogonal import load
+from tests.benchmarks.helpers import load
 
 FAMILIES = {
     "identity",
@@ -38,16 +38,8 @@ def top_s_error(y: np.ndarray, coefficients: np.ndarray, inverse, s: int) -> flo
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     script = load("reproduce_transforms")
-    import _common
-
     folder = tmp_path_factory.mktemp("results")
-    patch = pytest.MonkeyPatch()
-    patch.setattr(_common, "RESULTS", folder)
-    patch.setattr(script, "RESULTS", folder)
-    try:
-        path = Path(script.main(["--quick"]))
-    finally:
-        patch.undo()
+    path = Path(script.main(["--quick", "--output", str(folder)]))
     return script, path, json.loads(path.read_text())
 
 

@@ -1,0 +1,30 @@
+"""README tables of benchmarks/reproduce_transforms.py (representation error against operations):
+``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.reproduce_transforms.render``."""
+
+from __future__ import annotations
+
+from benchmarks._render import claims_table
+
+
+def render(data: dict) -> str:
+    setup = data["setup"]
+    lines = [
+        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` "
+        f"({data.get('total_seconds', '?')} s; {setup['patches']:,} patches, n = {setup['n']}, s = {setup['s']}; "
+        "error = 100 ||Y - X D^T||^2 / ||Y||^2; operations of one transform of one patch).",
+        "",
+        "| transform | codes | error (%) | additions | multiplications | shifts | total | seconds to learn |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        seconds = f"{row['seconds']:.1f}" if row.get("seconds") else ""
+        lines.append(
+            f"| {row['label']} | {row['coding']} | {row['error']:.2f} | {row['additions']} | {row['multiplications']} "
+            f"| {row['shifts']} | {row['total_ops']} | {seconds} |"
+        )
+    peer = data.get("peers", {}).get("pyfaust", {})
+    if peer:
+        status = f"version {peer['version']}" if "version" in peer else f"not available: {peer.get('error', '?')}"
+        note = f" {peer['note']}." if peer.get("note") else ""
+        lines += ["", f"FAµST: `{peer.get('requirement', 'pyfaust')}` ({status}).{note}"]
+    return "\n".join(lines + claims_table(data["claims"]))
