@@ -26,6 +26,7 @@ import torch
 from lightning_ortho.transforms import shear_updates as su
 from lightning_ortho.transforms.blocks import BlockProduct
 from lightning_ortho.transforms.costs import OpCount
+from lightning_ortho.transforms.shear_suffixes import suffix_products, suffix_statistics
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest, omp_codes
 from lightning_ortho.transforms.statistics import PassLearner, TransformStatistics, fit_in_memory, principal_basis
 
@@ -199,7 +200,8 @@ def shear_sweep(
     Returns:
         New ``pairs`` ``(m, 2)`` int64 and ``cores`` ``(m, 2, 2)`` float64 on ``z``'s device.
 
-    Memory: the ``m`` suffix products ``A_k``, ``m n^2`` float64; time ``O(m n^3)``.
+    Memory: ``O(sqrt(m) n^2)`` float64; time ``O(n^2 sum_k |C_k|)``, ``|C_k| <= min(n, m - k)`` the columns where
+    ``A_k`` differs from the identity (:mod:`~lightning_ortho.transforms.shear_suffixes`).
 
     Raises:
         ValueError: bad statistics, ``data_energy`` not finite and ``> 0``, blocks that are not shears/scalings on
@@ -211,15 +213,8 @@ def shear_sweep(
     bits = _check_bits(bits, where)
     n = z.shape[0]
     entries = su.entries_of_blocks(pairs, cores, n, where)
-    suffix = []
-    product = torch.eye(n, dtype=torch.float64, device=z.device)
-    for entry in reversed(entries):
-        suffix.append(product.clone())
-        su.right(product, *entry)
-    suffix.reverse()
-    for k, a_k in enumerate(suffix):
-        a_w = a_k @ w
-        m = a_k.T @ (z - a_w)
+    for k, a_k, columns in suffix_products(entries, n, z.device):
+        a_w, m = suffix_statistics(a_k, columns, z, w)
         scale = float((a_w * a_k).sum())  # tr(A_k W_k A_k^T) = ||X_k A_k^T||^2, the scores' magnitude
         old = entries[k][:2]
         entry = _pick(

@@ -57,10 +57,10 @@ def entry_optima(m: torch.Tensor, a_norms: torch.Tensor, x_norms: torch.Tensor) 
         not depend on ``v``: value ``0`` and decrease ``0``.
     """
     denominator = a_norms[:, None] * x_norms[None, :]
-    positive = denominator > 0
-    safe = torch.where(positive, denominator, torch.ones_like(denominator))
-    values = torch.where(positive, m / safe, torch.zeros_like(m))
-    decrease = torch.where(positive, -m.square() / safe, torch.zeros_like(m))
+    zero = denominator <= 0
+    denominator.masked_fill_(zero, 1.0)
+    values = (m / denominator).masked_fill_(zero, 0.0)
+    decrease = m.square().div_(denominator).neg_().masked_fill_(zero, 0.0)  # -(m^2 / d) is -m^2 / d exactly
     return values, decrease
 
 
@@ -85,7 +85,7 @@ def stable_argmin(scores: torch.Tensor, scale: float, preferred: tuple[int, int]
     tied = scores <= best + TIE_RTOL * max(abs(best), scale)
     if preferred is not None and bool(tied[preferred]):
         return preferred
-    a, b = divmod(int(torch.nonzero(tied.flatten())[0]), scores.shape[1])
+    a, b = divmod(int(tied.flatten().to(torch.uint8).argmax()), scores.shape[1])  # the first tied entry
     return a, b
 
 
