@@ -30,66 +30,72 @@ from lightning_ortho.online.linearization import _Method
 
 
 def power_of_two_scale(rows: torch.Tensor) -> torch.Tensor:
-    """``(B, 1)``: a power of two ``s`` with ``max |row| / s`` in ``[0.5, 2)`` (``0.5`` for a zero row).
+    """``(B, 1)``: a power of two ``s`` with ``max |row| / s`` in ``[0.5, 1)`` (a zero row: ``s`` = twice the smallest
+    normal number).
 
     Dividing by ``s`` is exact in binary floating point (no rounding), so degree-0 quantities computed from the
     scaled rows are those of the rows themselves, without underflow or overflow in ``v.v``.
     """
-    _, exponent = torch.frexp(rows.abs().amax(-1, keepdim=True))
-    return torch.ldexp(torch.full_like(rows[:, :1], 0.5), exponent)
+    peak = torch.amax(torch.abs(rows), -1, keepdim=True).clamp_min_(torch.finfo(rows.dtype).tiny)
+    mantissa, _ = torch.frexp(peak)
+    return peak / mantissa  # = 2^exponent exactly
 
 
 class ReflectionTransition:
     """``U(h) = H(W h) h`` for ``(B, H)`` rows ``h`` and a ``(H, H)`` ``W`` (closed form, see the module docstring).
 
-    Attributes: ``value`` ``(B, H)`` = ``U(h)``; ``h_norm`` ``(B,)`` = ``||h||`` (without overflow).
+    Attributes: ``value`` ``(B, H)`` = ``U(h)``; ``c``, ``k`` ``(B, 1)`` and ``v``, ``y`` ``(B, H)`` of the scaled rows.
     """
 
     factored = True
 
     def __init__(self, name: str, weight: torch.Tensor, h: torch.Tensor) -> None:
         self.name, self.weight, self.h = name, weight, h
-        scale = power_of_two_scale(h)
-        h_hat = h / scale
-        v = h_hat @ weight.mT
-        vv = torch.linalg.vecdot(v, v)
-        self.k = 2.0 / torch.where(is_defined(vv), vv, torch.inf)  # 0 where H(v) is undefined: U = I there
-        self.c = self.k * torch.linalg.vecdot(v, h_hat)
-        self.y = torch.addcmul(h_hat, self.c[:, None], v, value=-1.0)  # U(h) / s
-        self.v = v
-        self.value = self.y * scale
-        self.h_norm = torch.linalg.vector_norm(h_hat, dim=1) * scale[:, 0]
-        self._r: torch.Tensor | None = None
+        self.scale = power_of_two_scale(h)
+        self.h_hat = h / self.scale
+        self.v = v = torch.mm(self.h_hat, weight.t())
+        vv = torch.linalg.vecdot(v, v)[:, None]
+        # k = 2 / v.v, and 0 where H(v) is undefined (U = I there); a NaN v.v stays NaN
+        self.k = torch.where(is_defined(vv), torch.reciprocal(vv).mul_(2.0), 0.0)
+        self.c = self.k * torch.linalg.vecdot(v, self.h_hat)[:, None]
+        self.y = torch.addcmul(self.h_hat, self.c, v, value=-1.0)  # U(h) / s
+        self.value = self.y * self.scale
+        self._kr: torch.Tensor | None = None
 
     @property
-    def r(self) -> torch.Tensor:
-        """``(B, H)``: ``W^T y + v``, so that ``dc = k (r . t)`` for a state tangent ``t``."""
-        if self._r is None:
-            self._r = torch.addmm(self.v, self.y, self.weight)
-        return self._r
+    def h_norm(self) -> torch.Tensor:
+        """``(B,)``: ``||h||``, from the scaled rows (no overflow)."""
+        return torch.linalg.vector_norm(self.h_hat, dim=1) * self.scale[:, 0]
+
+    @property
+    def kr(self) -> torch.Tensor:
+        """``(B, H)``: ``k r`` with ``r = W^T y + v``, so that ``dc = (k r) . t`` for a state tangent ``t``."""
+        if self._kr is None:
+            self._kr = torch.addmm(self.v, self.y, self.weight).mul_(self.k)
+        return self._kr
 
     def jvp(self, t: torch.Tensor) -> torch.Tensor:
         """``dU[t] = t - c W t - k (r . t) v``: ``(B, H) -> (B, H)``."""
-        dc = self.k * torch.linalg.vecdot(self.r, t)
-        out = torch.addcmul(t, self.c[:, None], t @ self.weight.mT, value=-1.0)
-        return out.addcmul_(dc[:, None], self.v, value=-1.0)
+        dc = torch.linalg.vecdot(self.kr, t)[:, None]
+        out = torch.addcmul(t, self.c, torch.mm(t, self.weight.t()), value=-1.0)
+        return out.addcmul_(dc, self.v, value=-1.0)
 
     def columns(self, tangents: torch.Tensor) -> torch.Tensor:
         """``dU`` on each column of ``(B, H, K)`` tangents."""
-        dc = self.k[:, None, None] * (self.r[:, None, :] @ tangents)  # (B, 1, K)
-        out = torch.addcmul(tangents, self.c[:, None, None], torch.matmul(self.weight, tangents), value=-1.0)
+        dc = self.kr[:, None, :] @ tangents  # (B, 1, K)
+        out = torch.addcmul(tangents, self.c[:, :, None], torch.matmul(self.weight, tangents), value=-1.0)
         return out.sub_(self.v[:, :, None] * dc)
 
     def jacobian(self) -> torch.Tensor:
         """``(B, H, H)``: ``I - c W - k v r^T``."""
         eye = torch.eye(self.weight.shape[0], dtype=self.weight.dtype, device=self.weight.device)
-        dense = torch.addcmul(eye, self.c[:, None, None], self.weight, value=-1.0)
-        return dense.sub_((self.k[:, None] * self.v)[:, :, None] * self.r[:, None, :])
+        dense = torch.addcmul(eye, self.c[:, :, None], self.weight, value=-1.0)
+        return dense.sub_(self.v[:, :, None] * self.kr[:, None, :])
 
     def outer_factor(self, g: torch.Tensor) -> torch.Tensor:
         """``dL/dv = -c g - k (g.v) y`` ``(B, H)``: the ``W`` block of the pulled-back ``g`` is ``(dL/dv) h^T``."""
-        kgv = self.k * torch.linalg.vecdot(g, self.v)
-        return torch.addcmul(-self.c[:, None] * g, kgv[:, None], self.y, value=-1.0)
+        kgv = self.k * torch.linalg.vecdot(g, self.v)[:, None]
+        return torch.addcmul(self.c * g, kgv, self.y).neg_()
 
     def parameter_vjp(self, g: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{name: (B, H, H)}``: ``g^T dU(h)/dW`` per stream."""
@@ -98,13 +104,13 @@ class ReflectionTransition:
     def parameter_jvp(self, tangents: dict[str, torch.Tensor]) -> torch.Tensor:
         """``dU`` for a ``(B, H, H)`` tangent ``dW`` per stream: ``dv = dW h``, ``dU = -c dv - k (y . dv) v``."""
         dv = torch.einsum("bij,bj->bi", tangents[self.name], self.h)
-        kyd = self.k * torch.linalg.vecdot(self.y, dv)
-        return torch.addcmul(-self.c[:, None] * dv, kyd[:, None], self.v, value=-1.0)
+        kyd = self.k * torch.linalg.vecdot(self.y, dv)[:, None]
+        return torch.addcmul(self.c * dv, kyd, self.v).neg_()
 
     def parameter_jacobian(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{name: (B, H, H, H)}``: ``diag(rows) dU(h)/dW`` with ``dU_a/dW_ij = (-c delta_ai - k v_a y_i) h_j``."""
         eye = torch.eye(self.h.shape[1], dtype=self.h.dtype, device=self.h.device)
-        local = -self.c[:, None, None] * eye - (self.k[:, None] * self.v)[:, :, None] * self.y[:, None, :]
+        local = -self.c[:, :, None] * eye - (self.k * self.v)[:, :, None] * self.y[:, None, :]
         local = local * rows[:, :, None]
         return {self.name: local[:, :, :, None] * self.h[:, None, None, :]}
 

@@ -35,6 +35,10 @@ from lightning_ortho.online.linearization import ParameterLayout, StepLinearizat
 _BIAS, _INPUT = "bias", "input_kernel.weight"
 
 
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def has_closed_form(cell: nn.Module) -> bool:
     """Whether :func:`orthogonal_linearization` covers ``cell``: an ``OrthogonalRNNCell`` (this exact class) whose
     transition is an auxiliary reflection with ``n(h) = W h`` and a free ``W``, or a map that builds its matrix
@@ -66,35 +70,35 @@ class OrthogonalStepLinearization(StepLinearization):
     def __init__(self, cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None):
         self.cell, self.x, self.h = cell, x, h
         self.layout = layout if layout is not None else ParameterLayout(cell)
-        dtype = torch.float32 if h.dtype in LOW_PRECISION else h.dtype
-        self._x, self._h = x.to(dtype), h.to(dtype)
+        self.dtype = dtype = torch.float32 if h.dtype in LOW_PRECISION else h.dtype
+        self._x, self._h = _cast(x, dtype), _cast(h, dtype)
         transition = cell.transition
         if isinstance(transition, AuxiliaryReflection):
-            self.transition = ReflectionTransition("transition.weight", transition.weight.detach().to(dtype), self._h)
+            weight = _cast(transition.weight.detach(), dtype)
+            self.transition = ReflectionTransition("transition.weight", weight, self._h)
         else:
             self.transition = MatrixTransition("transition.", transition, self._h)
-        kernel = cell.input_kernel.weight.detach().to(dtype)
-        bias = cell.bias.detach().to(dtype)
-        self._z = self.transition.value + self._x @ kernel.mT
+        kernel = _cast(cell.input_kernel.weight.detach(), dtype)
+        bias = _cast(cell.bias.detach(), dtype)
+        self._z = z = torch.addmm(self.transition.value, self._x, kernel.t())
         if cell.nonlinearity == "modrelu":
-            sign = torch.sign(self._z)
-            shifted = torch.abs(self._z) + bias
-            h_new = sign * torch.relu(shifted)
-            self.bias_slope = sign * (shifted > 0).to(dtype)  # dh'/db
-            self.slope = sign * self.bias_slope  # dh'/dz: 0 in the dead zone and at z = 0 (as autograd)
+            sign = torch.sign(z)
+            shifted = torch.abs(z).add_(bias)
+            self.bias_slope = sign * (shifted > 0)  # dh'/db = sign(z) 1[|z| + b > 0]
+            h_new = self.bias_slope * shifted  # sign(z) relu(|z| + b); NaN stays NaN
+            self.slope = self.bias_slope * sign  # dh'/dz: 0 in the dead zone and at z = 0 (as autograd)
         else:
-            h_new = torch.tanh(self._z + bias)
-            self.slope = self.bias_slope = 1 - h_new.square()
-        self.h_new = h_new.to(h.dtype)
-        self._x_norm: torch.Tensor | None = None
+            h_new = torch.tanh(z + bias)
+            self.slope = self.bias_slope = 1 - h_new * h_new
+        self.h_new = _cast(h_new, h.dtype)
         self._last: tuple | None = None
 
     # -- dtype plumbing ------------------------------------------------------------------------------------------
     def _in(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self._h.dtype)
+        return _cast(t, self.dtype)
 
     def _out(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.h.dtype)
+        return _cast(t, self.h.dtype)
 
     # -- state side ----------------------------------------------------------------------------------------------
     def state_jvp(self, tangent: torch.Tensor) -> torch.Tensor:
@@ -122,7 +126,8 @@ class OrthogonalStepLinearization(StepLinearization):
         """``(g, bias)``: the cotangent at ``z`` of the parameters inside ``z`` and the bias block, for ``kind``."""
         c = self._in(cotangent)
         if kind == "parameter":
-            return c * self.slope, c * self.bias_slope
+            g = c * self.slope
+            return g, (g if self.bias_slope is self.slope else c * self.bias_slope)
         if kind == "preactivation":
             return c, None
         if kind == "post_activation":
@@ -145,39 +150,39 @@ class OrthogonalStepLinearization(StepLinearization):
         return blocks
 
     def vjp_norm(self, kind: str, cotangent: torch.Tensor) -> torch.Tensor:
-        """``||c_b^T J||`` per stream from the blocks' norms (``||g x^T|| = ||g|| ||x||``), combined with ``hypot``
-        so that no square overflows."""
+        """``||c_b^T J||`` per stream from the blocks' norms (``||g x^T|| = ||g|| ||x||``)."""
         g, bias, through = self._blocks(kind, cotangent)
-        total = torch.zeros_like(self._h[:, 0])
-        if bias is not None:
-            total = torch.linalg.vector_norm(bias, dim=1)
-        if g is not None:
-            if self._x_norm is None:
-                self._x_norm = torch.linalg.vector_norm(self._x, dim=1)
-            total = torch.hypot(total, torch.linalg.vector_norm(g, dim=1) * self._x_norm)
-            if self.transition.factored:
-                part = torch.linalg.vector_norm(through, dim=1) * self.transition.h_norm
-            else:
-                part = torch.linalg.vector_norm(torch.cat([p.flatten(1) for p in through.values()], dim=1), dim=1)
-            total = torch.hypot(total, part)
-        return self._out(total)
+        if g is None:
+            return self._out(torch.linalg.vector_norm(bias, dim=1))
+        if not self.transition.factored:
+            matrix_part = torch.cat([p.flatten(1) for p in through.values()], dim=1)
+            parts = [g * self.input_norm[:, None], matrix_part] + ([] if bias is None else [bias])
+            return self._out(torch.linalg.vector_norm(torch.cat(parts, dim=1), dim=1))
+        # ||g x^T|| = ||g|| ||x|| and ||(dL/dv) h^T|| = ||dL/dv|| ||h||: one norm over the scaled factors
+        parts = [g * self.input_norm[:, None], through * self.transition.h_norm[:, None]]
+        return self._out(torch.linalg.vector_norm(torch.cat(parts if bias is None else [*parts, bias], 1), dim=1))
+
+    @property
+    def input_norm(self) -> torch.Tensor:
+        """``(B,)``: ``||x||``."""
+        return torch.linalg.vector_norm(self._x, dim=1)
 
     def vjp_accumulate(self, kind: str, out: torch.Tensor, cotangent: torch.Tensor, scale: torch.Tensor) -> None:
         """``out += scale_b c_b^T J`` in place, block by block (outer products per stream, no ``(B, P)`` temporary)."""
         g, bias, through = self._blocks(kind, cotangent)
-        column = self._in(scale)[:, None]
-        cast = out.dtype
+        column = _cast(scale, out.dtype)[:, None]
         if bias is not None:
-            self.layout.block(out, _BIAS).addcmul_(bias.to(cast), column.to(cast))
-        if g is not None:
-            self.layout.block(out, _INPUT).addcmul_((g * column).to(cast)[:, :, None], self.x[:, None, :])
-            if self.transition.factored:
-                factor = (through * column).to(cast)
-                self.layout.block(out, self.transition.name).addcmul_(factor[:, :, None], self.h[:, None, :])
-            else:
-                for name, value in through.items():
-                    block = self.layout.block(out, name)
-                    block.addcmul_(value.to(cast), column.to(cast).view(-1, *([1] * (block.dim() - 1))))
+            self.layout.block(out, _BIAS).addcmul_(_cast(bias, out.dtype), column)
+        if g is None:
+            return
+        self.layout.block(out, _INPUT).addcmul_(_cast(g, out.dtype).mul(column)[:, :, None], self.x[:, None, :])
+        if self.transition.factored:
+            factor = _cast(through, out.dtype).mul(column)[:, :, None]
+            self.layout.block(out, self.transition.name).addcmul_(factor, self.h[:, None, :])
+            return
+        for name, value in through.items():
+            block = self.layout.block(out, name)
+            block.addcmul_(_cast(value, out.dtype), column.view(-1, *([1] * (block.dim() - 1))))
 
     def _flat(self, kind: str, cotangent: torch.Tensor) -> torch.Tensor:
         out = self.h.new_zeros(self.h.shape[0], self.layout.size)
