@@ -9,8 +9,8 @@ Two kinds:
   the cotangent ``g`` of ``U(h)`` pulls back to ``dL/dv = -c g - k (g.v) y`` and ``dL/dW = (dL/dv) h^T``.
   ``H(v)`` is undefined where ``v.v`` is (below the smallest normal) zero: there ``c = k = 0``, so ``U = I``
   with Jacobian ``I`` and no gradient for ``W`` (``H(0) := I``, as :mod:`lightning_ortho.nn._undefined`).
-  Every row of ``h`` is first divided by a power of two near its largest entry: the division is exact, ``c``
-  and ``dU`` do not change (degree 0 in ``h``) and ``v.v`` stays in range for 1e-20 or 1e19 rows.
+  Every row of ``h`` is first divided by its largest entry: ``c`` and ``dU`` do not change (degree 0 in ``h``),
+  ``U(h)`` scales back (degree 1) and ``v.v`` stays in range for 1e-20 or 1e19 rows.
 * :class:`MatrixTransition`: ``U(h) = U h`` with the matrix ``U(theta)`` built by the map (Householder product,
   Cayley, matrix exponential). The state products use ``U``; a parameter cotangent is ``g h^T`` in ``U``-space
   per stream, mapped to ``theta`` by one ``torch.func.vjp`` of the map, batched over the streams with ``vmap``.
@@ -29,16 +29,10 @@ from lightning_ortho.nn._undefined import is_defined
 from lightning_ortho.online.linearization import _Method
 
 
-def power_of_two_scale(rows: torch.Tensor) -> torch.Tensor:
-    """``(B, 1)``: a power of two ``s`` with ``max |row| / s`` in ``[0.5, 1)`` (a zero row: ``s`` = twice the smallest
-    normal number).
-
-    Dividing by ``s`` is exact in binary floating point (no rounding), so degree-0 quantities computed from the
-    scaled rows are those of the rows themselves, without underflow or overflow in ``v.v``.
-    """
-    peak = torch.amax(torch.abs(rows), -1, keepdim=True).clamp_min_(torch.finfo(rows.dtype).tiny)
-    mantissa, _ = torch.frexp(peak)
-    return peak / mantissa  # = 2^exponent exactly
+def row_peak(rows: torch.Tensor) -> torch.Tensor:
+    """``(B, 1)``: the largest ``|entry|`` of each row, at least the smallest normal number (a zero row stays zero
+    when divided by it). ``v.v`` and ``v.h`` of rows divided by it are neither underflowed nor overflowed."""
+    return torch.amax(torch.abs(rows), -1, keepdim=True).clamp_min_(torch.finfo(rows.dtype).tiny)
 
 
 class ReflectionTransition:
@@ -51,7 +45,7 @@ class ReflectionTransition:
 
     def __init__(self, name: str, weight: torch.Tensor, h: torch.Tensor) -> None:
         self.name, self.weight, self.h = name, weight, h
-        self.scale = power_of_two_scale(h)
+        self.scale = row_peak(h)
         self.h_hat = h / self.scale
         self.v = v = torch.mm(self.h_hat, weight.t())
         vv = torch.linalg.vecdot(v, v)[:, None]

@@ -66,9 +66,9 @@ class OrthogonalUOROStep:
         lin = OrthogonalStepLinearization(self.cell, x, h, self.layout)
         propagated = lin.state_jvp(h_tilde)
         norm = torch.linalg.vector_norm
-        top = torch.stack((norm(w_tilde, dim=1), lin.vjp_norm("parameter", nu)), 1)
-        bottom = torch.stack((norm(propagated, dim=1), norm(nu, dim=1)), 1)
-        ratio = top.add_(self.eps).div_(bottom.add_(self.eps)).sqrt_()  # (B, 2): gamma, beta
+        norms = (norm(w_tilde, dim=1), lin.vjp_norm("parameter", nu), norm(propagated, dim=1), norm(nu, dim=1))
+        norms = torch.stack(norms, 1).add_(self.eps)
+        ratio = norms[:, :2].div(norms[:, 2:]).sqrt_()  # (B, 2): gamma, beta
         gamma, beta = ratio[:, :1], ratio[:, 1:]
         h_tilde_new = torch.addcmul(propagated.mul_(gamma), beta * tau, nu)
         return lin.h_new, _carry_nonfinite(h_tilde_new, lin.h_new), gamma.reciprocal(), (lin, nu, tau.div(beta)[:, 0])

@@ -10,6 +10,7 @@ from lightning_ortho.nn import OrthogonalRNNCell
 from lightning_ortho.online import RTRL, UORO, ParameterLayout, StepLinearization, TruncatedBPTT, linearize
 from lightning_ortho.online._orthogonal_transitions import ReflectionTransition
 from lightning_ortho.online.orthogonal_linearization import OrthogonalStepLinearization
+from lightning_ortho.online.orthogonal_uoro import OrthogonalUOROStep, fusable_orthogonal_cell
 
 from . import references as ref
 
@@ -222,3 +223,68 @@ def test_a_nan_transition_parameter_is_named():
     state = est.initial_state(torch.full((2, HIDDEN), 0.5, dtype=DTYPE))
     with pytest.raises(FloatingPointError, match=r"\['transition\.weight'\] hold NaN/inf"):
         est.step(torch.ones(2, INPUTS, dtype=DTYPE), state)
+
+
+# -- the fused UORO step ----------------------------------------------------------------------------------------------
+def _step_inputs(cell, seed, generic=True):
+    x, h, g = inputs(cell, seed)
+    layout = ParameterLayout(cell)
+    h_tilde = torch.randn(B, HIDDEN, generator=g, dtype=DTYPE)
+    w_tilde = torch.randn(B, layout.size, generator=g, dtype=DTYPE)
+    nu = torch.randn(B, HIDDEN, generator=g, dtype=DTYPE)
+    tau = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]], dtype=DTYPE)
+    return x, h, h_tilde, w_tilde, nu, tau, StepLinearization(cell, x, h, layout) if generic else None
+
+
+@pytest.mark.parametrize("transition", TRANSITIONS)
+def test_fused_gir_step_equals_the_update_on_generic_products(transition):
+    """Cooijmans & Martens' GIR: gamma = sqrt((|w~| + eps) / (|J h~| + eps)), beta = sqrt((|nu^T J_theta| + eps) /
+    (|nu| + eps)), h~' = gamma J h~ + beta tau nu, w~' = w~ / gamma + (tau / beta) nu^T J_theta."""
+    cell = make_cell(transition, "modrelu", seed=12)
+    x, h, h_tilde, w_tilde, nu, tau, generic = _step_inputs(cell, 13)
+    eps = 1e-7
+    propagated, pulled = generic.state_jvp(h_tilde), generic.parameter_vjp(nu)
+    norm = lambda t: torch.linalg.vector_norm(t, dim=1, keepdim=True)  # noqa: E731
+    gamma = ((norm(w_tilde) + eps) / (norm(propagated) + eps)).sqrt()
+    beta = ((norm(pulled) + eps) / (norm(nu) + eps)).sqrt()
+
+    fused = OrthogonalUOROStep(cell, "state", eps)
+    h_new, h_tilde_new, inverse_gamma, pending = fused.gir(x, h, h_tilde, w_tilde.clone(), nu, tau)
+    updated = w_tilde.clone()
+    fused.commit(updated, inverse_gamma, pending, h, x)
+    torch.testing.assert_close(h_new, generic.h_new, **TIGHT)
+    torch.testing.assert_close(h_tilde_new, gamma * propagated + beta * tau * nu, **TIGHT)
+    torch.testing.assert_close(updated, w_tilde / gamma + tau / beta * pulled, **TIGHT)
+
+
+def test_fused_fixed_step_equals_the_update_on_generic_products():
+    cell = make_cell("aux", "tanh", seed=14)
+    x, h, h_tilde, w_tilde, scaled, _, generic = _step_inputs(cell, 15)
+    dual = torch.randn(B, HIDDEN, dtype=DTYPE)
+    h_new, h_tilde_new, w_tilde_new = OrthogonalUOROStep(cell, "state", 1e-7).fixed(
+        x, h, h_tilde, w_tilde, scaled, dual, 0.5
+    )
+    torch.testing.assert_close(h_tilde_new, generic.state_jvp(h_tilde) + 0.5 * scaled, **TIGHT)
+    torch.testing.assert_close(w_tilde_new, w_tilde + generic.parameter_vjp(dual) / 0.5, **TIGHT)
+
+
+@pytest.mark.parametrize("parameter", ["bias", "input_kernel.weight", "transition.weight"])
+def test_fused_step_carries_a_nan_state_into_h_tilde(parameter):
+    """The estimator checks h_tilde' only: a NaN state must show there, also where modReLU's slope is 0."""
+    cell = make_cell("aux", "modrelu", seed=16)
+    with torch.no_grad():
+        dict(cell.named_parameters())[parameter].view(-1)[1] = float("nan")
+    x, h, h_tilde, w_tilde, nu, tau, _ = _step_inputs(cell, 17, generic=False)  # the cell itself raises
+    fused = OrthogonalUOROStep(cell, "state", 1e-7)
+    h_new, h_tilde_new, _, _ = fused.gir(x, h, h_tilde, w_tilde, nu, tau)
+    assert not torch.isfinite(h_new).all() and not torch.isfinite(h_tilde_new).all()
+    assert not torch.isfinite(fused.fixed(x, h, h_tilde, w_tilde, nu, nu, 1.0)[1]).all()
+
+
+def test_fused_step_is_offered_for_the_state_cut_of_closed_form_cells_only():
+    assert fusable_orthogonal_cell(make_cell("cayley", "tanh"), "state")
+    assert not fusable_orthogonal_cell(make_cell("aux", "tanh"), "preactivation")
+    network = OrthogonalRNNCell(INPUTS, HIDDEN, network=torch.nn.Linear(HIDDEN, HIDDEN))
+    assert not fusable_orthogonal_cell(network, "state")
+    with pytest.raises(ValueError, match="projection must be 'state'"):
+        OrthogonalUOROStep(make_cell("aux", "tanh"), "parameter", 1e-7)
