@@ -14,10 +14,12 @@ from lightning_ortho.nn._checks import (
     check_finite,
     check_orthogonal,
     check_parameters_finite,
+    compute_dtype,
     finite_checks_enabled,
     full_precision,
     prepare_input,
 )
+from lightning_ortho.nn._fast_reflection import well_scaled_linear_reflection
 from lightning_ortho.nn._undefined import row_scale
 from lightning_ortho.nn.auxiliary_dense import (
     dense_jacobian,
@@ -40,6 +42,7 @@ from lightning_ortho.nn.symmetric_eigenbasis import SymmetricEigenbasis
 
 LogDetMethod = Literal["auto", "eig", "dense"]
 NAME = "AuxiliaryReflection"
+_FULL_PRECISION = (torch.float32, torch.float64)
 
 
 class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
@@ -70,11 +73,20 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
     Mixed precision: float16/bfloat16 inputs are promoted to float32 and autocast is disabled inside, so the
     reflection math (and ``n(x)``) run in full precision; the output has the input's dtype.
 
+    Speed: for ``n(x) = W x`` a batch whose rows are all finite and well scaled runs as one fused Function with
+    hand-written derivatives and a single host read (:mod:`~lightning_ortho.nn._fast_reflection`); any other batch
+    (a zero, 1e-20 or 1e19 row, NaN/inf, ``torch.func`` transforms, ``finite_checks(False)``) takes the careful
+    path, which rescales such rows and names a NaN. Both compute the same expression (equal to float rounding).
+    ``layer.fused_forward = False`` turns the fused path off.
+
     Raises (from every method taking a tensor):
         TypeError: integer input, or an input dtype that does not match the parameters.
         ValueError: trailing dimension is not ``d``, or NaN/inf in the input or the parameters
             (see ``finite_checks``).
     """
+
+    #: Take the fused path for well-scaled batches (see "Speed" above).
+    fused_forward: bool = True
 
     def __init__(
         self,
@@ -223,7 +235,13 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., d) -> (..., d)``: ``H(n(x)) x``. (The inverse methods come from
-        :class:`~lightning_ortho.nn.auxiliary_newton.AuxiliaryNewtonInverse`.)"""
+        :class:`~lightning_ortho.nn.auxiliary_newton.AuxiliaryNewtonInverse`.)
+
+        Well-scaled batches take the fused path (see the class docstring)."""
+        if self.network is None and self.fused_forward:
+            y = self._well_scaled_forward(x)
+            if y is not None:
+                return y
         with full_precision(x):
             xc = prepare_input(x, self.d, self, name="x", layer=NAME)
             if self.network is None:
@@ -232,6 +250,26 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
                 y, summary = reflect_with_summary(xc, self._network(xc))
             self._check_result(summary, x)
         return y.to(x.dtype)
+
+    def _well_scaled_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``H(W x) x`` from :func:`~lightning_ortho.nn._fast_reflection.well_scaled_linear_reflection`, or ``None``
+        where it does not apply (the caller then takes the careful path, which also raises for bad input)."""
+        if not isinstance(x, torch.Tensor) or not finite_checks_enabled(x):
+            return None
+        weight = self.constraint() if self.invertible else self.weight
+        if torch._C._functorch.is_functorch_wrapped_tensor(weight):  # torch.func over the parameters
+            return None
+        if x.dtype is weight.dtype and x.dim() == 2 and x.shape[1] == self.d and x.dtype in _FULL_PRECISION:
+            # The common call (a (B, d) batch, parameters in its dtype), with nothing to convert.
+            if x.shape[0] == 0 or torch.is_autocast_enabled(x.device.type):
+                return None
+            return well_scaled_linear_reflection(x, weight)
+        if not x.is_floating_point() or x.dim() == 0 or x.shape[-1] != self.d or x.numel() == 0:
+            return None
+        dtype = compute_dtype(x, weight.dtype, layer=NAME)
+        with full_precision(x):
+            y = well_scaled_linear_reflection(x.reshape(-1, self.d).to(dtype), weight.to(dtype))
+        return None if y is None else y.view(x.shape).to(x.dtype)
 
     # ------------------------------------------------------------------ Jacobian and determinant
 

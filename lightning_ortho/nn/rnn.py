@@ -14,8 +14,17 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from lightning_ortho.nn._checks import check_features, check_finite, check_positive_int
+from lightning_ortho.nn._checks import (
+    LOW_PRECISION,
+    check_features,
+    check_finite,
+    check_module_finite,
+    check_positive_int,
+    finite_checks_enabled,
+)
+from lightning_ortho.nn.auxiliary import AuxiliaryReflection
 from lightning_ortho.nn.orthogonal import OrthogonalMethod, orthogonal_map
+from lightning_ortho.nn.rnn_sequence import auxiliary_rnn_sequence
 
 Nonlinearity = Literal["modrelu", "tanh"]
 
@@ -138,9 +147,19 @@ class OrthogonalRNN(nn.Module):
 
     Shapes: ``x`` ``(B, T, input_size)`` (batch-first) -> ``(outputs (B, T, H), h_T (B, H))``.
 
+    Speed: with ``transition="aux"`` (``n(h) = W h``) the whole sequence runs as one fused Function
+    (:mod:`~lightning_ortho.nn.rnn_sequence`: a hand-written backward pass through time, one host read per
+    sequence) instead of the cell step by step; values and gradients agree to float rounding, and double backward
+    works. ``rnn.fused_sequence = False`` turns it off. Sequences the fused path cannot take exactly (a badly
+    scaled state, NaN/inf, ``torch.func`` transforms, forward-mode AD, half-precision parameters, autocast) run the
+    cell step by step.
+
     Raises:
-        ValueError: ``x`` is not ``(B, T, input_size)`` or holds NaN/inf.
+        ValueError: ``x`` is not ``(B, T, input_size)`` or holds NaN/inf, or a parameter holds NaN/inf.
     """
+
+    #: Run an auxiliary-reflection transition as one fused sequence Function (see the class docstring).
+    fused_sequence: bool = True
 
     def __init__(
         self,
@@ -189,12 +208,50 @@ class OrthogonalRNN(nn.Module):
         h = self.initial_state.expand(x.shape[0], -1) if h0 is None else h0
         if x.shape[1] == 0:  # no steps: no outputs, and the state is still h0
             return x.new_zeros(x.shape[0], 0, self.hidden_size), h
+        fused = self._fused_forward(x, h)
+        if fused is not None:
+            return fused
         outputs = []
         with self.transition_cached():
             for t in range(x.shape[1]):
                 h = self.cell(x[:, t], h)
                 outputs.append(h)
         return torch.stack(outputs, dim=1), h
+
+    def _fused_forward(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(outputs, h_T)`` from :func:`~lightning_ortho.nn.rnn_sequence.auxiliary_rnn_sequence`, or ``None`` where
+        it does not apply (then the caller runs the cell step by step)."""
+        cell, transition = self.cell, self.cell.transition
+        if (
+            not self.fused_sequence
+            or not isinstance(transition, AuxiliaryReflection)
+            or transition.network is not None
+            or torch._C._functorch.is_functorch_wrapped_tensor(x)
+            or torch._C._functorch.is_functorch_wrapped_tensor(h)
+            or torch.compiler.is_compiling()
+            or torch.autograd.forward_ad._current_level >= 0  # forward-mode AD: the cell has it, the Function not
+        ):
+            return None
+        weight = transition.constraint() if transition.invertible else transition.weight
+        dtype = weight.dtype
+        parameters = (weight, cell.input_kernel.weight, cell.bias)
+        if (
+            dtype in LOW_PRECISION
+            or any(torch._C._functorch.is_functorch_wrapped_tensor(p) for p in parameters)
+            or not isinstance(h, torch.Tensor)
+            or h.shape != (x.shape[0], self.hidden_size)
+            or any(t.dtype != dtype for t in (h, *parameters))
+            or x.dtype != dtype
+            or torch.is_autocast_enabled(x.device.type)
+        ):
+            return None
+        modrelu, checked = cell.nonlinearity == "modrelu", finite_checks_enabled()
+        result = auxiliary_rnn_sequence(
+            x, h, weight, cell.input_kernel.weight, cell.bias, modrelu=modrelu, checked=checked
+        )
+        if result is None:  # name a NaN/inf parameter; a badly scaled state goes step by step
+            check_module_finite(self, layer="OrthogonalRNN")
+        return result
 
     def transition_cached(self) -> contextlib.AbstractContextManager:
         """Build a matrix transition (Householder, Cayley, matrix exponential) once per sequence instead of
