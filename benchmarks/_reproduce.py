@@ -67,21 +67,22 @@ def train_once(
     pl.seed_everything(seed, verbose=False)
     model, data = build()
     recorder = EpochRecorder()
-    # Run outputs (logs, image grids of callbacks) go to a scratch folder, never into the working tree.
-    trainer_kwargs.setdefault("default_root_dir", tempfile.mkdtemp(prefix="lightning-ortho-bench-"))
-    trainer = pl.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[recorder],
-        **trainer_kwargs,
-    )
-    trainer.fit(model, data)
+    # Run outputs (logs, image grids of callbacks) go to a scratch folder, never into the working tree, and it goes.
+    with tempfile.TemporaryDirectory(prefix="lightning-ortho-bench-") as scratch:
+        trainer_kwargs.setdefault("default_root_dir", scratch)
+        trainer = pl.Trainer(
+            max_epochs=epochs,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=[recorder],
+            **trainer_kwargs,
+        )
+        trainer.fit(model, data)
     if recorder.first_losses and recorder.rows:
         recorder.rows[0]["first_step_losses"] = [round(v, 4) for v in recorder.first_losses]
     return (recorder.rows, model, data) if return_model else recorder.rows

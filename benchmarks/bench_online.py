@@ -148,12 +148,20 @@ def skip_reason(key: str, hidden: int, batch: int = BATCH, input_size: int = INP
 
 
 class Problem:
-    """The cell, the readout and a pool of inputs and targets, all from one seed."""
+    """The cell (``TanhRNNCell(input_size, hidden)`` unless ``cell`` is given), the readout and a pool of inputs and
+    targets, all from one seed."""
 
-    def __init__(self, hidden: int, batch: int = BATCH, input_size: int = INPUT_SIZE, seed: int = 0) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        batch: int = BATCH,
+        input_size: int = INPUT_SIZE,
+        seed: int = 0,
+        cell: nn.Module | None = None,
+    ) -> None:
         torch.manual_seed(seed)
         self.hidden, self.batch = hidden, batch
-        self.cell = TanhRNNCell(input_size, hidden)
+        self.cell = TanhRNNCell(input_size, hidden) if cell is None else cell
         self.readout = nn.Linear(hidden, OUTPUTS)
         self.inputs = torch.randn(POOL, batch, input_size)
         self.targets = torch.randn(POOL, batch, OUTPUTS)
@@ -182,14 +190,15 @@ def make_estimator(key: str, cell: nn.Module):
 
 
 class Runner:
-    """One method on one running stream of the problem: :meth:`run` advances it ``steps`` steps."""
+    """One method on one running stream of the problem: :meth:`run` advances it ``steps`` steps (an online method
+    with ``estimator`` instead of METHODS' one for ``key``)."""
 
-    def __init__(self, key: str, problem: Problem) -> None:
+    def __init__(self, key: str, problem: Problem, estimator=None) -> None:
         self.key, self.problem, self.t = key, problem, 0
         self.h = problem.h0
         self.estimator = self.state = None
         if key not in ("forward", "bptt"):
-            self.estimator = make_estimator(key, problem.cell)
+            self.estimator = estimator if estimator is not None else make_estimator(key, problem.cell)
             self.state = self.estimator.initial_state(problem.h0)
         params = [*problem.cell.parameters(), *problem.readout.parameters()]
         self.grads = [torch.zeros_like(p) for p in params]

@@ -86,23 +86,24 @@ def fit(build, epochs: int, max_time: str | None = None) -> tuple[list[dict], st
     pl.seed_everything(0, verbose=False)
     model, data = build()
     recorder = Recorder()
-    trainer = pl.Trainer(
-        max_epochs=epochs,
-        max_time=max_time,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[recorder],
-        default_root_dir=tempfile.mkdtemp(prefix="lightning-ortho-bench-"),
-    )
-    try:
-        trainer.fit(model, data)
-    except (FloatingPointError, ValueError) as error:  # the estimator refuses NaN/inf states: training diverged
-        return recorder.rows, f"{type(error).__name__}: {str(error)[:160]}"
+    with tempfile.TemporaryDirectory(prefix="lightning-ortho-bench-") as scratch:
+        trainer = pl.Trainer(
+            max_epochs=epochs,
+            max_time=max_time,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=[recorder],
+            default_root_dir=scratch,
+        )
+        try:
+            trainer.fit(model, data)
+        except (FloatingPointError, ValueError) as error:  # the estimator refuses NaN/inf states: training diverged
+            return recorder.rows, f"{type(error).__name__}: {str(error)[:160]}"
     return recorder.rows, None
 
 

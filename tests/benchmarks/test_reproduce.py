@@ -1,5 +1,6 @@
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,9 +9,13 @@ from tests.benchmarks.helpers import ROOT, load
 
 
 @pytest.mark.parametrize("name", ["reproduce_fcnn", "reproduce_rnn"])
-def test_quick_reproduction_writes_curves_and_claims(name, tmp_path):
+def test_quick_reproduction_writes_curves_and_claims(name, tmp_path, monkeypatch):
     script = load(name)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     path = Path(script.main(["--quick", "--output", str(tmp_path)]))
+    assert not list(scratch.iterdir())  # each fit's scratch folder (Lightning's root) is removed after it
     data = json.loads(path.read_text())
     assert data["benchmark"] == name and data["rows"] and data["setup"]["seeds"] == 1
     methods = {row["method"] for row in data["rows"]}
