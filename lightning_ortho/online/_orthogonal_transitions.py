@@ -11,9 +11,8 @@ Two kinds:
   with Jacobian ``I`` and no gradient for ``W`` (``H(0) := I``, as :mod:`lightning_ortho.nn._undefined`).
   Every row of ``h`` is first divided by its largest entry: ``c`` and ``dU`` do not change (degree 0 in ``h``),
   ``U(h)`` scales back (degree 1) and ``v.v`` stays in range for 1e-20 or 1e19 rows.
-* :class:`MatrixTransition`: ``U(h) = U h`` with the matrix ``U(theta)`` built by the map (Householder product,
-  Cayley, matrix exponential). The state products use ``U``; a parameter cotangent is ``g h^T`` in ``U``-space
-  per stream, mapped to ``theta`` by one ``torch.func.vjp`` of the map, batched over the streams with ``vmap``.
+* the maps that build a matrix ``U(theta)`` (Householder product, Cayley, matrix exponential):
+  :mod:`~lightning_ortho.online._orthogonal_matrix_maps`.
 
 Both work in the math dtype they are given (float32 for half-precision cells) on ``(B, H)`` rows.
 """
@@ -21,12 +20,8 @@ Both work in the math dtype they are given (float32 for half-precision cells) on
 from __future__ import annotations
 
 import torch
-from torch import nn
-from torch.func import functional_call, vjp, vmap
-from torch.func import jvp as forward_product
 
 from lightning_ortho.nn._undefined import is_defined
-from lightning_ortho.online.linearization import _Method
 
 
 def row_peak(rows: torch.Tensor) -> torch.Tensor:
@@ -107,59 +102,3 @@ class ReflectionTransition:
         local = -self.c[:, :, None] * eye - (self.k * self.v)[:, :, None] * self.y[:, None, :]
         local = local * rows[:, :, None]
         return {self.name: local[:, :, :, None] * self.h[:, None, None, :]}
-
-
-class MatrixTransition:
-    """``U(h) = U h`` with ``U`` ``(H, H)`` built by ``module.matrix()`` from the module's parameters.
-
-    The parameter products pull ``U``-space cotangents back through one ``torch.func.vjp`` of ``matrix()``,
-    taken on first use and shared by every later product of the step.
-    """
-
-    factored = False
-
-    def __init__(self, prefix: str, module: nn.Module, h: torch.Tensor) -> None:
-        self.prefix, self.module, self.h = prefix, module, h
-        self.params = {name: p.detach() for name, p in module.named_parameters()}
-        self.matrix = module.matrix().detach().to(h.dtype)
-        self.value = h @ self.matrix.mT
-        self.h_norm = torch.linalg.vector_norm(h, dim=1)
-        self._pull = None
-
-    def _build(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        return functional_call(_Method(self.module, "matrix"), {f"cell.{k}": p for k, p in params.items()}, ())
-
-    def _pullback(self, cotangents: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``(N, H, H)`` cotangents on ``U`` -> ``{name: (N, *shape)}`` on the parameters (one vmapped VJP)."""
-        if self._pull is None:
-            matrix, self._pull = vjp(self._build, self.params)
-            self._matrix_dtype = matrix.dtype
-        grads = vmap(self._pull)(cotangents.to(self._matrix_dtype))[0]
-        return {f"{self.prefix}{name}": g.to(self.h.dtype) for name, g in grads.items()}
-
-    def jvp(self, t: torch.Tensor) -> torch.Tensor:
-        return t @ self.matrix.mT
-
-    def columns(self, tangents: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(self.matrix, tangents)
-
-    def jacobian(self) -> torch.Tensor:
-        return self.matrix.expand(self.h.shape[0], -1, -1)
-
-    def parameter_vjp(self, g: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{name: (B, *shape)}``: the ``U``-space cotangent ``g h^T`` of each stream pulled back to ``theta``."""
-        return self._pullback(g[:, :, None] * self.h[:, None, :])
-
-    def parameter_jvp(self, tangents: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``dU h`` per stream for parameter tangents ``{name: (B, *shape)}`` (vmapped forward-mode products)."""
-        local = {name: tangents[f"{self.prefix}{name}"].to(p.dtype) for name, p in self.params.items()}
-        d_matrix = vmap(lambda t: forward_product(self._build, (self.params,), (t,))[1])(local)
-        return torch.einsum("bij,bj->bi", d_matrix.to(self.h.dtype), self.h)
-
-    def parameter_jacobian(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{name: (B, H, *shape)}``: row ``a`` of stream ``b`` pulls back ``rows[b, a] e_a h_b^T``."""
-        batch, hidden = self.h.shape
-        eye = torch.eye(hidden, dtype=self.h.dtype, device=self.h.device)
-        cotangents = (rows[:, :, None] * eye)[:, :, :, None] * self.h[:, None, None, :]  # (B, H, H, H)
-        grads = self._pullback(cotangents.reshape(batch * hidden, hidden, hidden))
-        return {name: g.reshape(batch, hidden, *g.shape[1:]) for name, g in grads.items()}

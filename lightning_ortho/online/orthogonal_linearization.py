@@ -29,7 +29,8 @@ from lightning_ortho.nn import HouseholderProduct, OrthogonalRNNCell
 from lightning_ortho.nn._checks import LOW_PRECISION
 from lightning_ortho.nn.auxiliary import AuxiliaryReflection
 from lightning_ortho.nn.parametrized import ParametrizedOrthogonal
-from lightning_ortho.online._orthogonal_transitions import MatrixTransition, ReflectionTransition
+from lightning_ortho.online._orthogonal_matrix_maps import matrix_transition
+from lightning_ortho.online._orthogonal_transitions import ReflectionTransition
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
 
 _BIAS, _INPUT = "bias", "input_kernel.weight"
@@ -77,7 +78,7 @@ class OrthogonalStepLinearization(StepLinearization):
             weight = _cast(transition.weight.detach(), dtype)
             self.transition = ReflectionTransition("transition.weight", weight, self._h)
         else:
-            self.transition = MatrixTransition("transition.", transition, self._h)
+            self.transition = matrix_transition("transition.", transition, self._h)
         kernel = _cast(cell.input_kernel.weight.detach(), dtype)
         bias = _cast(cell.bias.detach(), dtype)
         self._z = z = torch.addmm(self.transition.value, self._x, kernel.t())

@@ -19,6 +19,12 @@ INPUTS, HIDDEN, B = 2, 4, 4
 TRANSITIONS = ["aux", "householder", "cayley", "matrix_exp"]
 NONLINEARITIES = ["modrelu", "tanh"]
 KINDS = ("parameter", "preactivation", "post_activation")
+TRANSITION_CLASSES = {
+    "aux": "ReflectionTransition",
+    "householder": "HouseholderTransition",
+    "cayley": "CayleyTransition",
+    "matrix_exp": "MatrixTransition",  # the vmapped VJP of the map
+}
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 
 
@@ -32,6 +38,8 @@ def make_cell(transition: str, nonlinearity: str, seed: int = 0, dtype=DTYPE) ->
                 p.add_(0.3 * torch.randn_like(p))
         if transition == "aux":
             cell.transition.weight[:, 0] = 0.0  # W e_0 = 0: the row h = e_0 has v = 0 (H(0) := I)
+        if transition == "householder":
+            cell.transition.vectors[1] = 0.0  # a zero reflection vector: H(0) := I
     return cell
 
 
@@ -56,6 +64,7 @@ def both(transition, nonlinearity, seed=0):
 def test_every_product_equals_the_generic_path(transition, nonlinearity):
     cell, layout, g, generic, fast = both(transition, nonlinearity)
     assert type(fast) is OrthogonalStepLinearization
+    assert type(fast.transition).__name__ == TRANSITION_CLASSES[transition]
     if nonlinearity == "modrelu":
         assert (fast.slope[:, 0] == 0).all() and (fast.slope != 0).any()  # the dead zone and live units
     if transition == "aux":
