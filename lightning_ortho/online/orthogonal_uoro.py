@@ -47,6 +47,13 @@ class OrthogonalUOROStep:
         self.cell, self.eps = cell, eps
         self.layout = ParameterLayout(cell)
 
+    def noise(self, generator: torch.Generator, streams: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``nu`` ``(streams, H)`` standard normal and ``tau`` ``(streams, 1)`` uniform on ``{-1, 1}``, drawn from
+        ``generator`` with the calls (and so the numbers) of :meth:`lightning_ortho.online.UORO._noise`."""
+        nu = torch.randn(streams, like.shape[1], generator=generator, device=like.device, dtype=like.dtype)
+        bits = torch.randint(0, 2, (streams, 1), generator=generator, device=like.device, dtype=like.dtype)
+        return nu, bits.mul_(2).sub_(1)
+
     def gir(
         self,
         x: torch.Tensor,

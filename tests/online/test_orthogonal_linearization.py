@@ -297,3 +297,13 @@ def test_fused_step_is_offered_for_the_state_cut_of_closed_form_cells_only():
     assert not fusable_orthogonal_cell(network, "state")
     with pytest.raises(ValueError, match="projection must be 'state'"):
         OrthogonalUOROStep(make_cell("aux", "tanh"), "parameter", 1e-7)
+
+
+def test_fused_noise_draws_what_uoro_draws():
+    """nu = randn(streams, H), then tau = 2 randint(0, 2, (streams,)) - 1 from the same generator (UORO._noise)."""
+    fused = OrthogonalUOROStep(make_cell("aux", "tanh"), "state", 1e-7)
+    nu, tau = fused.noise(torch.Generator().manual_seed(3), 5, torch.zeros(2, HIDDEN, dtype=DTYPE))
+    reference = torch.Generator().manual_seed(3)
+    expected_nu = torch.randn(5, HIDDEN, generator=reference, dtype=DTYPE)
+    expected_tau = torch.randint(0, 2, (5,), generator=reference).to(DTYPE) * 2 - 1
+    assert torch.equal(nu, expected_nu) and torch.equal(tau[:, 0], expected_tau) and tau.shape == (5, 1)
