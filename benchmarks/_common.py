@@ -58,7 +58,7 @@ def benchmark_parser(module: str, description: str | None, *, threads: int | Non
     )
     shared.add_argument("--device", default="cpu", help="cpu or cuda (where the script supports it)")
     shared.add_argument(
-        "--output", type=Path, default=RESULTS, help="folder of the result files (default: %(default)s)"
+        "--output", type=Path, default=RESULTS, help="folder of the result files (default: benchmarks/results)"
     )
     shared.add_argument(
         "--output-suffix", default=None, help="appended to the result file names (default: -quick with --quick)"
