@@ -4,12 +4,13 @@ Jacobian products that :class:`~lightning_ortho.online.orthogonal_linearization.
 The state products use ``U``. A cotangent ``g`` of ``U h`` is the rank-one ``g h^T`` on ``U`` in each stream; it is
 pulled back to ``theta`` at this step's parameters (online training changes them between steps):
 
-* :class:`MatrixTransition` (any map with ``matrix()``, e.g. the matrix exponential): one ``torch.func.vjp`` of
-  ``matrix()``, batched over the streams with ``vmap``;
+* :class:`MatrixTransition` (any other map with ``matrix()``): one ``torch.func.vjp`` of ``matrix()``, batched
+  over the streams with ``vmap``;
 * :class:`CayleyTransition`: ``U = B Q``, ``Q = (I - A/2)^{-1} (I + A/2)``, ``A = L - L^T`` with ``L = tril(X)``
   (PyTorch's ``orthogonal(..., "cayley")``, ``B`` its fixed base). ``dQ = 1/2 M^{-1} dA (I + Q)`` with
   ``M = I - A/2``, so ``g h^T`` pulls back to ``dL/dX = 1/2 tril(p q^T - q p^T)`` with ``p = M^{-T} B^T g`` and
-  ``q = (I + Q) h``: one solve for all streams, no per-stream matrix function;
+  ``q = (I + Q) h``: one solve for all streams, no per-stream matrix function; :class:`ExponentialTransition`:
+  ``Q = exp(A)``, through one eigendecomposition of the skew-symmetric ``A`` (see the class);
 * :class:`HouseholderTransition`: the compact WY form ``U = I - V^T S^{-1} V`` of ``k`` reflections (rows of ``V``
   the normalised vectors, ``S = 1/2 I + striu(V V^T)``; Joffrain et al. 2006). With ``a = V h``, ``b = V g``,
   ``q = S^{-1} a``, ``p = S^{-T} b`` and ``R = striu(p q^T)``: ``dL/dV = (R + R^T) V - q g^T - p h^T``, then through
@@ -17,6 +18,8 @@ pulled back to ``theta`` at this step's parameters (online training changes them
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -34,10 +37,10 @@ def matrix_transition(prefix: str, module: nn.Module, h: torch.Tensor) -> Matrix
     and Householder products, the vmapped VJP otherwise."""
     if isinstance(module, HouseholderProduct):
         return HouseholderTransition(prefix, module, h)
-    if isinstance(module, ParametrizedOrthogonal) and module.orthogonal_map == "cayley":
+    if isinstance(module, ParametrizedOrthogonal) and module.orthogonal_map in _SKEW_MAPS:
         parametrization = module.linear.parametrizations.weight
         if len(parametrization) == 1 and getattr(parametrization[0], "base", None) is not None:
-            return CayleyTransition(prefix, module, h)
+            return _SKEW_MAPS[module.orthogonal_map](prefix, module, h)
     return MatrixTransition(prefix, module, h)
 
 
@@ -100,25 +103,69 @@ class MatrixTransition:
         return {name: grad.reshape(batch, hidden, *grad.shape[1:]) for name, grad in grads.items()}
 
 
-class CayleyTransition(MatrixTransition):
-    """PyTorch's Cayley map with its base (module docstring): ``U`` built here from the same operations."""
+class _SkewTransition(MatrixTransition):
+    """PyTorch's Cayley or matrix-exponential map of ``A = L - L^T``, ``L = tril(X)``, with its base ``B``:
+    ``U = B Q(A)``, built here from the same operations."""
 
     def _matrix(self) -> torch.Tensor:
         parametrization = self.module.linear.parametrizations.weight
         self.name = f"{self.prefix}linear.parametrizations.weight.original"
         lower = parametrization.original.detach().to(self.h.dtype).tril()
-        skew = lower - lower.mT
-        eye = torch.eye(skew.shape[0], dtype=skew.dtype, device=skew.device)
-        self.lu = torch.linalg.lu_factor(torch.add(eye, skew, alpha=-0.5))  # M = I - A/2
-        self.q = torch.linalg.lu_solve(*self.lu, torch.add(eye, skew, alpha=0.5))
+        self.skew = lower - lower.mT
         self.base = parametrization[0].base.to(self.h.dtype)
-        return self.base @ self.q
+        return self.base @ self._q()
+
+    def _q(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @staticmethod
+    def _to_parameter(grad_skew: torch.Tensor) -> torch.Tensor:
+        """``dL/dX = tril(G - G^T)`` from ``G = dL/dA`` ``(N, H, H)`` (``dA = dL - dL^T``, ``L = tril(X)``)."""
+        return torch.tril(grad_skew - grad_skew.mT)
+
+
+class CayleyTransition(_SkewTransition):
+    """``Q = (I - A/2)^{-1} (I + A/2)`` (module docstring)."""
+
+    def _q(self) -> torch.Tensor:
+        eye = torch.eye(self.skew.shape[0], dtype=self.skew.dtype, device=self.skew.device)
+        self.lu = torch.linalg.lu_factor(torch.add(eye, self.skew, alpha=-0.5))  # M = I - A/2
+        self.q = torch.linalg.lu_solve(*self.lu, torch.add(eye, self.skew, alpha=0.5))
+        return self.q
 
     def _pull_rank_one(self, g: torch.Tensor, h: torch.Tensor) -> dict[str, torch.Tensor]:
         p = torch.linalg.lu_solve(*self.lu, (g @ self.base).mT, adjoint=True).mT  # rows M^{-T} B^T g
         q = torch.addmm(h, h, self.q.mT)  # rows (I + Q) h
-        outer = p[:, :, None] * q[:, None, :]
-        return {self.name: torch.tril(outer - outer.mT).mul_(0.5)}
+        return {self.name: self._to_parameter(p[:, :, None] * q[:, None, :]).mul_(0.5)}
+
+
+class ExponentialTransition(_SkewTransition):
+    """``Q = exp(A)``. ``A`` is skew-symmetric, so ``i A = V diag(theta) V^H`` (one ``eigh``, on first use) and the
+    pull-back of ``E = B^T g h^T`` through ``exp`` is the Frechet derivative at ``A^T = V diag(i theta) V^H``:
+    ``dL/dA = V ((V^H E V) o Phi) V^H`` with the divided differences of ``exp``,
+    ``Phi_jk = exp(i (theta_j + theta_k) / 2) sinc((theta_j - theta_k) / 2)`` (``sin(x) / x``: no cancellation for
+    close eigenvalues). ``V^H E V = (V^H B^T g)(V^T h)^T`` is rank one; two complex products per stream."""
+
+    def _q(self) -> torch.Tensor:
+        self._eigen: tuple[torch.Tensor, torch.Tensor] | None = None
+        return torch.matrix_exp(self.skew)
+
+    def _pull_rank_one(self, g: torch.Tensor, h: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self._eigen is None:
+            complex_dtype = torch.complex128 if self.skew.dtype == torch.float64 else torch.complex64
+            theta, vectors = torch.linalg.eigh(self.skew.to(complex_dtype) * 1j)
+            half_gap = (theta[:, None] - theta[None, :]) / (2 * math.pi)  # torch.sinc(x) = sin(pi x) / (pi x)
+            phi = torch.polar(torch.sinc(half_gap), (theta[:, None] + theta[None, :]) / 2)
+            self._eigen = (vectors, phi)
+        vectors, phi = self._eigen
+        alpha = (g @ self.base).to(vectors.dtype) @ vectors.conj()  # rows V^H B^T g
+        beta = h.to(vectors.dtype) @ vectors  # rows V^T h
+        inner = alpha[:, :, None] * beta[:, None, :] * phi
+        grad_skew = (vectors @ inner @ vectors.mH).real
+        return {self.name: self._to_parameter(grad_skew)}
+
+
+_SKEW_MAPS = {"cayley": CayleyTransition, "matrix_exp": ExponentialTransition}
 
 
 class HouseholderTransition(MatrixTransition):

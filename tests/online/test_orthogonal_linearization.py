@@ -23,7 +23,7 @@ TRANSITION_CLASSES = {
     "aux": "ReflectionTransition",
     "householder": "HouseholderTransition",
     "cayley": "CayleyTransition",
-    "matrix_exp": "MatrixTransition",  # the vmapped VJP of the map
+    "matrix_exp": "ExponentialTransition",
 }
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 
