@@ -307,3 +307,18 @@ def test_fused_noise_draws_what_uoro_draws():
     expected_nu = torch.randn(5, HIDDEN, generator=reference, dtype=DTYPE)
     expected_tau = torch.randint(0, 2, (5,), generator=reference).to(DTYPE) * 2 - 1
     assert torch.equal(nu, expected_nu) and torch.equal(tau[:, 0], expected_tau) and tau.shape == (5, 1)
+
+
+@pytest.mark.parametrize("transition", ["cayley", "matrix_exp"])
+def test_skew_maps_at_a_degenerate_spectrum(transition):
+    """A = 0 (every eigenvalue equal, where divided differences of exp would cancel) and A with a repeated pair."""
+    cell = make_cell(transition, "tanh", seed=18)
+    x, h, g = inputs(cell, 19)
+    original = cell.transition.linear.parametrizations.weight.original
+    c = torch.randn(B, HIDDEN, generator=g, dtype=DTYPE)
+    for skew in (torch.zeros(HIDDEN, HIDDEN, dtype=DTYPE), torch.diag(torch.tensor([0.5, 0.0, 0.5], dtype=DTYPE), -1)):
+        with torch.no_grad():
+            original.copy_(skew)  # tril(X) - tril(X)^T: rotations by the same angle in two planes
+        layout = ParameterLayout(cell)
+        fast, generic = linearize(cell, x, h, layout), StepLinearization(cell, x, h, layout)
+        torch.testing.assert_close(fast.parameter_vjp(c), generic.parameter_vjp(c), **TIGHT)
