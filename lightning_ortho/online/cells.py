@@ -70,10 +70,25 @@ class TanhRNNCell(nn.Module):
         return self.activation(self.preactivation(x, h))
 
     def linearize(self, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None) -> StepLinearization:
+        """The closed form, or the generic ``torch.func`` path for a subclass whose step is no longer
+        ``tanh(W_h h + W_x x + b)`` (it overrides ``forward``, ``preactivation`` or ``activation``)."""
+        layout = layout if layout is not None else ParameterLayout(self)
+        if not plain_tanh_step(self, layout):
+            return StepLinearization(self, x, h, layout)
         return TanhStepLinearization(self, x, h, layout)
 
     def extra_repr(self) -> str:
         return f"input_size={self.input_size}, hidden_size={self.hidden_size}"
+
+
+def plain_tanh_step(cell: nn.Module, layout: ParameterLayout) -> bool:
+    """Whether ``cell`` steps exactly as :class:`TanhRNNCell` does, ``tanh(W_h h + W_x x + b)`` on its three plain
+    parameters: the class or a subclass that overrides none of ``forward``, ``preactivation``, ``activation``
+    (and no parametrisation renames the parameters), so its closed forms apply."""
+    if not isinstance(cell, TanhRNNCell) or layout.names != ("weight_hh", "weight_ih", "bias"):
+        return False
+    kind = type(cell)
+    return all(getattr(kind, name) is getattr(TanhRNNCell, name) for name in ("forward", "preactivation", "activation"))
 
 
 class GRUCell(nn.Module):

@@ -96,12 +96,7 @@ class OnlineGradientEstimator:
             FloatingPointError: the new state or the influence approximation is NaN/inf (the message names the
                 parameters that hold NaN/inf, if any).
         """
-        self._check(x, "x", dims=2, like=state.h)
-        if self.input_size is not None and x.shape[1] != self.input_size:
-            raise ValueError(
-                f"{type(self).__name__}.step: x must have shape ({state.batch_size}, {self.input_size}) (streams,"
-                f" the cell's input_size), got {tuple(x.shape)}; give each step's inputs as (streams, features)."
-            )
+        self._check_step_input(x, state)
         self._check_finite(x, "x")
         with torch.no_grad():
             lin = linearize(self.cell, x, state.h, self.layout, closed_form=self.closed_form)
@@ -131,12 +126,13 @@ class OnlineGradientEstimator:
         with torch.no_grad():
             flat = self._gradient_flat(state, grad_h) if per_stream else self._gradient_summed(state, grad_h)
         # One host synchronisation for both the input and the result; the diagnosis runs only when one fails.
-        if not bool(torch.isfinite(grad_h).all() & torch.isfinite(flat).all()):
+        if not self._finite_estimate(grad_h, flat):
             self._check_finite(grad_h, "grad_h")
-            raise FloatingPointError(
-                f"{type(self).__name__}.gradient: the estimate holds NaN/inf at step {state.step}"
-                f"{self._nonfinite_parameters()}."
-            )
+            if not bool(torch.isfinite(flat).all()):  # else finite entries whose sum overflowed: no error
+                raise FloatingPointError(
+                    f"{type(self).__name__}.gradient: the estimate holds NaN/inf at step {state.step}"
+                    f"{self._nonfinite_parameters()}."
+                )
         return self.layout.unflatten(flat)
 
     def reset(self, state: OnlineState, mask: torch.Tensor, h0: torch.Tensor | None = None) -> OnlineState:
@@ -173,6 +169,21 @@ class OnlineGradientEstimator:
         return state.replace(h=h, tensors=tensors)
 
     # -- for subclasses ----------------------------------------------------------------------------------------
+    def _check_step_input(self, x: torch.Tensor, state: OnlineState) -> None:
+        """Type, shape, dtype and device of a step's ``x`` (no host synchronisation; NaN/inf is checked apart)."""
+        self._check(x, "x", dims=2, like=state.h)
+        if self.input_size is not None and x.shape[1] != self.input_size:
+            raise ValueError(
+                f"{type(self).__name__}.step: x must have shape ({state.batch_size}, {self.input_size}) (streams,"
+                f" the cell's input_size), got {tuple(x.shape)}; give each step's inputs as (streams, features)."
+            )
+
+    def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
+        """False when ``grad_h`` or the estimate ``flat`` may hold NaN/inf, read with one host synchronisation
+        (false may also be finite entries whose sum overflowed: :meth:`gradient` confirms entry by entry before
+        raising)."""
+        return bool(torch.isfinite(grad_h).all() & torch.isfinite(flat).all())
+
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
@@ -280,7 +291,13 @@ class OnlineGradientEstimator:
 def _sum_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype to sum a tensor of ``dtype`` in for an overflow check: at least float32 (float16's range ends at
     65504, which a few thousand finite entries of size 30 pass), the dtype itself when it is wider."""
-    return torch.promote_types(dtype, torch.float32)
+    found = _SUM_DTYPES.get(dtype)
+    if found is None:  # remembered: promote_types is a dispatched op, paid at every step otherwise
+        found = _SUM_DTYPES[dtype] = torch.promote_types(dtype, torch.float32)
+    return found
+
+
+_SUM_DTYPES: dict[torch.dtype, torch.dtype] = {}
 
 
 def _declared_size(cell: nn.Module, name: str) -> int | None:

@@ -16,7 +16,9 @@ class OnlineState:
         h: ``(B, H)`` the current hidden states.
         tensors: the estimator's influence approximation, every entry with the streams on dim 0 (UORO's
             ``h_tilde`` ``(B, H)`` and ``w_tilde`` ``(B, P)``, RTRL's ``influence`` ``(B, H, P)``, truncated
-            BPTT's window of inputs and states).
+            BPTT's window of inputs and states). A step may update an entry in place and hand the same tensor to
+            the state it returns (UORO's ``w_tilde``): continue from the returned state; copies come from
+            :meth:`state_dict`.
         generator: the estimator's own ``torch.Generator`` (UORO's noise) or ``None``; its state is part of
             :meth:`state_dict`, so a run that stops and resumes draws the same noise.
         step: the number of steps taken since :meth:`~lightning_ortho.online.OnlineGradientEstimator.initial_state`.
@@ -94,8 +96,10 @@ class OnlineState:
         device = self.h.device
         dtypes = {k: v.dtype for k, v in self.tensors.items() if v.is_floating_point()}
         self.h = h.to(device, self.h.dtype)
+        # Copies: an estimator may update its entries in place (UORO's w_tilde), which must not reach ``state``.
         self.tensors = {
-            k: v.to(device, dtypes.get(k, v.dtype) if v.is_floating_point() else v.dtype) for k, v in tensors.items()
+            k: v.to(device, dtypes.get(k, v.dtype) if v.is_floating_point() else v.dtype, copy=True)
+            for k, v in tensors.items()
         }
         if self.generator is not None:
             self.generator.set_state(state["generator"])

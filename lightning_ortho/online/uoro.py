@@ -5,15 +5,17 @@ preactivation estimator without spatial noise. Equations: ``spec/uoro.md`` secti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 from torch import nn
 
-from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.linearization import StepLinearization
 from lightning_ortho.online.state import OnlineState
+from lightning_ortho.online.uoro_fused import TanhUOROStep, fusable_tanh_cell
 
 Projection = Literal["state", "preactivation", "parameter", "none"]
 PROJECTIONS: tuple[str, ...] = Projection.__args__  # type: ignore[attr-defined]
@@ -63,6 +65,10 @@ class UORO(OnlineGradientEstimator):
             ``seed_everything`` fixes it). The generator lives in the state and its ``state_dict``.
         eps: added to the norms in gamma and beta (needed at ``t = 1`` where ``w_tilde = 0``).
         closed_form: use the cell's closed-form Jacobian products when it has them.
+        fused: on a :class:`~lightning_ortho.online.TanhRNNCell` with projection ``"state"`` or
+            ``"preactivation"`` (and ``closed_form``), run the whole step as one fused sequence of calls
+            (:mod:`lightning_ortho.online.uoro_fused`: the same estimate to float rounding, several times less
+            overhead per step); ``False`` keeps the step on the cell's closed-form linearisation.
 
     Raises:
         ValueError: an unknown projection, a cell that lacks what the projection needs, a ``Q0`` of the
@@ -80,6 +86,7 @@ class UORO(OnlineGradientEstimator):
         generator: int | torch.Generator | None = None,
         eps: float = 1e-7,
         closed_form: bool = True,
+        fused: bool = True,
     ) -> None:
         super().__init__(cell, closed_form=closed_form)
         if projection not in PROJECTIONS:
@@ -106,6 +113,12 @@ class UORO(OnlineGradientEstimator):
             self.alpha, q0 = rescaling
             self._check_alpha(self.alpha)
             self.q0, self.q0_inverse_t = self._prepare_q0(q0)
+        fusable = fused and closed_form and projection in ("state", "preactivation")
+        self._fused = (
+            TanhUOROStep(cell, projection, self.eps) if fusable and fusable_tanh_cell(cell, self.layout) else None
+        )
+        # (stream_ids, total_streams, total as an int, rows to keep or None for all): read once per state's tensors
+        self._rows_cache: tuple | None = None
 
     # -- configuration checks -----------------------------------------------------------------------------------
     def _check_linear_preactivation(self, cell: nn.Module) -> list[tuple[str, int]]:
@@ -158,13 +171,16 @@ class UORO(OnlineGradientEstimator):
         if callable(self.alpha):
             value = float(self.alpha(step))
         else:
-            values = torch.as_tensor(self.alpha, dtype=torch.float64)
-            if values.dim() == 0:
-                value = float(values)
-            elif step > values.numel():
-                raise ValueError(f"UORO: alpha has {values.numel()} steps, step {step} asked for one more.")
+            cached = getattr(self, "_alpha_values", None)
+            if cached is None or cached[0] is not self.alpha:  # read once: a tensor index per step costs more
+                cached = self._alpha_values = (self.alpha, torch.as_tensor(self.alpha, dtype=torch.float64).tolist())
+            values = cached[1]
+            if isinstance(values, float):
+                value = values
+            elif step > len(values):
+                raise ValueError(f"UORO: alpha has {len(values)} steps, step {step} asked for one more.")
             else:
-                value = float(values[step - 1])
+                value = values[step - 1]
         if not value > 0:
             raise ValueError(f"UORO: alpha_t must be positive, got {value} at step {step}.")
         return value
@@ -211,12 +227,64 @@ class UORO(OnlineGradientEstimator):
     # -- noise -------------------------------------------------------------------------------------------------
     def _noise(self, state: OnlineState, size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``nu`` ``(B, size)`` and ``tau`` ``(B,)``, drawn for all ``total_streams`` and sliced to this state's rows."""
-        total = int(state.tensors["total_streams"])
+        total, rows = self._rows(state)
         gen = state.generator
         nu = torch.randn(total, size, generator=gen, device=like.device, dtype=like.dtype)
-        tau = torch.randint(0, 2, (total,), generator=gen, device=like.device).to(like.dtype) * 2 - 1
-        rows = state.tensors["stream_ids"]
-        return nu[rows], tau[rows]
+        # randint in the float dtype draws the integers that an int64 randint draws (the same generator calls)
+        tau = torch.randint(0, 2, (total,), generator=gen, device=like.device, dtype=like.dtype).mul_(2).sub_(1)
+        return (nu, tau) if rows is None else (nu[rows], tau[rows])
+
+    def _rows(self, state: OnlineState) -> tuple[int, torch.Tensor | None]:
+        """``(total_streams, rows)``: ``rows`` the state's ``stream_ids``, or ``None`` when they are all streams in
+        order. Read once per state (a host synchronisation) and kept while its ``stream_ids`` tensor is the same."""
+        ids, total_tensor = state.tensors["stream_ids"], state.tensors["total_streams"]
+        cached = self._rows_cache
+        if cached is None or cached[0] is not ids or cached[1] is not total_tensor:
+            total = int(total_tensor)
+            every = ids.shape[0] == total and bool((ids == torch.arange(total, device=ids.device)).all())
+            cached = self._rows_cache = (ids, total_tensor, total, None if every else ids)
+        return cached[2], cached[3]
+
+    # -- the fused step (TanhRNNCell, cut at h or z) -------------------------------------------------------------
+    def step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
+        """Advance every stream one step (see :meth:`OnlineGradientEstimator.step`).
+
+        On a fused cell (``fused``) the inputs and the result share one host synchronisation, after the noise is
+        drawn (a NaN/inf ``x`` raises the same ``ValueError``) and before anything is written; with GIR the new
+        state then holds the ``w_tilde`` tensor of ``state``, updated in place (the state passed in is spent, as
+        its noise generator already is: continue from the state returned, copy with ``state_dict``).
+        """
+        if self._fused is None:
+            return super().step(x, state)
+        self._check_step_input(x, state)
+        t, h = state.tensors, state.h
+        if not self.gir and self.q0 is not None and self.q0.shape[0] != h.shape[1]:
+            raise ValueError(
+                f"UORO: Q0 is {tuple(self.q0.shape)} but the cut vertex ({self.projection!r}) has {h.shape[1]} entries."
+            )
+        fused, w_tilde, dtype = self._fused, t["w_tilde"], _sum_dtype(x.dtype)
+        with torch.no_grad():
+            total_streams, rows = self._rows(state)
+            nu, tau = fused.noise(state.generator, total_streams, h)  # tau (B, 1)
+            if rows is not None:
+                nu, tau = nu[rows], tau[rows]
+            if self.gir:
+                h_new, h_tilde, inverse_gamma, g = fused.gir(x, h, t["h_tilde"], w_tilde, nu, tau)
+                total = h_tilde.sum(dtype=dtype)  # covers x, h' and w_tilde (TanhUOROStep.gir)
+            else:
+                u = tau * nu
+                scaled = u if self.q0 is None else u @ self.q0.T.to(u)  # Q0 u
+                dual = u if self.q0 is None else u @ self.q0_inverse_t.T.to(u)  # Q0^{-T} u
+                alpha = self.alpha_at(state.step + 1)
+                h_new, h_tilde, w_tilde = fused.fixed(x, h, t["h_tilde"], w_tilde, scaled, dual, alpha)
+                total = x.sum(dtype=dtype) + h_tilde.sum(dtype=dtype) + w_tilde.sum(dtype=dtype)
+            tensors = {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}
+            if not math.isfinite(total.item()):  # the error path, or finite entries whose sum overflowed
+                self._check_finite(x, "x")
+                self._check_finite_step(h_new, tensors, state.step + 1)
+            if self.gir:  # checked first: an error leaves the state passed in as it was
+                fused.commit(w_tilde, inverse_gamma, g, h, x)
+        return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
 
     # -- one step ----------------------------------------------------------------------------------------------
     def _cut(self, lin: StepLinearization) -> tuple[int, Callable, Callable, Callable]:
@@ -322,7 +390,12 @@ class UORO(OnlineGradientEstimator):
         if self.projection == "none":
             return super()._gradient_summed(state, grad_h)
         # sum_b (dL/dh_b . h_tilde_b) w_tilde_b as one matrix-vector product: no (B, P) temporary.
-        return ((grad_h * state.tensors["h_tilde"]).sum(1)) @ state.tensors["w_tilde"]
+        return torch.mv(state.tensors["w_tilde"].T, (grad_h * state.tensors["h_tilde"]).sum(1))
+
+    def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
+        # grad_h enters the estimate only through products with it, so a NaN/inf in grad_h makes the estimate
+        # NaN/inf (inf * 0 is NaN): one sum of the estimate covers both.
+        return math.isfinite(flat.sum(dtype=_sum_dtype(flat.dtype)).item())
 
     def _watched_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # With GIR an overflowed w_tilde reaches h_tilde through gamma at the next step: the (B, H) check is enough

@@ -1,0 +1,161 @@
+"""UORO's step on :class:`~lightning_ortho.online.TanhRNNCell` in a few fused PyTorch calls.
+
+The tanh cell ``h' = tanh(W_h h + W_x x + b)`` has, with ``d = 1 - h'^2`` and ``a = [h; x; 1]`` (the vanilla
+RNN of Cooijmans & Martens 2019)::
+
+    J^{h'}_h v = d * (W_h v),     c^T J^{h'}_theta = (c * d) a^T,     J^{h'}_z = diag(d),     c^T J^z_theta = c a^T
+
+so the parameter-side product of a UORO step is one outer product per stream, of norm ``||c * d|| ||a||``.
+:class:`TanhUOROStep` runs the whole step of Tallec & Ollivier's UORO (GIR or a fixed rescaling
+``Q_t = alpha_t Q0``; cut vertex ``h`` or ``z``) as about thirty calls on ``(B, H)`` tensors and two passes over
+``w_tilde`` ``(B, P)`` (its norm, and its rescaling and rank-one update in place): no
+:class:`~lightning_ortho.online.linearization.StepLinearization`, no ``c^T J`` materialised, no host
+synchronisation. It computes what :meth:`lightning_ortho.online.UORO._advance` computes on the cell's closed
+form, to float rounding (the tests compare it with the ``torch.func`` path in float64).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
+from lightning_ortho.online.linearization import ParameterLayout
+
+
+def fusable_tanh_cell(cell: nn.Module, layout: ParameterLayout) -> bool:
+    """Whether :class:`TanhUOROStep` computes ``cell``'s step: a :class:`TanhRNNCell` whose step is exactly
+    ``tanh(W_h h + W_x x + b)`` (:func:`~lightning_ortho.online.cells.plain_tanh_step`) and whose ``linearize``
+    is the class's own (a subclass that brings its own Jacobian products keeps them)."""
+    return plain_tanh_step(cell, layout) and type(cell).linearize is TanhRNNCell.linearize
+
+
+class TanhUOROStep:
+    """One UORO step of a tanh cell for ``B`` streams.
+
+    Args:
+        cell: the :class:`TanhRNNCell` (checked with :func:`fusable_tanh_cell` by the caller); its parameters are
+            read at every call, so optimiser updates between steps are seen.
+        projection: ``"state"`` (cut vertex ``z = h``) or ``"preactivation"`` (``z = W a``).
+        eps: GIR's ``eps`` (added to both norms of each ratio).
+
+    With ``m = nu * d`` the two cut vertices share everything: at ``h`` the forward product is ``psi = nu`` and
+    the parameter-side factor ``g = m``; at ``z`` they swap (``psi = m``, ``g = nu``).
+
+    With GIR ``w_tilde`` is updated **in place** (:meth:`commit`; a new ``(B, P)`` tensor per step would cost a
+    pass and, at large ``P``, fresh pages), and the views of its three parameter blocks are kept while it is the
+    same tensor.
+    """
+
+    def __init__(self, cell: TanhRNNCell, projection: str, eps: float) -> None:
+        if projection not in ("state", "preactivation"):
+            raise ValueError(f"TanhUOROStep: projection must be 'state' or 'preactivation', got {projection!r}.")
+        self.cell, self.state_cut, self.eps = cell, projection == "state", float(eps)
+        self._blocks: tuple[torch.Tensor, ...] | None = None
+        self._constants: tuple = (None,) * 5
+
+    def _constants_like(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(1, eps, -1, 2, ones (B, 1))`` in ``h``'s dtype and device: a 0-d tensor of the operands' dtype is the
+        cheapest scalar operand (a Python number or another dtype costs a conversion per call)."""
+        constants = self._constants
+        ones = constants[-1]
+        if ones is None or ones.shape[0] != h.shape[0] or ones.dtype != h.dtype or ones.device != h.device:
+            ones = h.new_ones(h.shape[0], 1)
+            one, eps, minus_one, two = ones.new_tensor([1.0, self.eps, -1.0, 2.0]).unbind()
+            constants = self._constants = (one, eps, minus_one, two, ones)
+        return constants
+
+    def noise(self, generator: torch.Generator, streams: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``nu`` ``(streams, H)`` standard normal and ``tau`` ``(streams, 1)`` uniform on ``{-1, 1}``, drawn from
+        ``generator`` with the calls (and so the numbers) of :meth:`lightning_ortho.online.UORO._noise`."""
+        _, _, minus_one, two, _ = self._constants_like(like)
+        nu = torch.randn(streams, like.shape[1], generator=generator, device=like.device, dtype=like.dtype)
+        bits = torch.randint(0, 2, (streams, 1), generator=generator, device=like.device, dtype=like.dtype)
+        return nu, torch.addcmul(minus_one, bits, two)
+
+    def _forward(
+        self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor, one: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(h', d, J h_tilde)``: the new state, the slope ``d = 1 - h'^2`` and ``d * (W_h h_tilde)``, ``(B, H)``."""
+        cell = self.cell
+        weight_t = cell.weight_hh.T
+        h_new = torch.tanh(torch.addmm(cell.bias, h, weight_t).addmm_(x, cell.weight_ih.T))
+        slope = torch.addcmul(one, h_new, h_new, value=-1)
+        return h_new, slope, torch.mm(h_tilde, weight_t).mul_(slope)
+
+    def gir(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        h_tilde: torch.Tensor,
+        w_tilde: torch.Tensor,
+        nu: torch.Tensor,
+        tau: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step with greedy iterative rescaling, up to its update of ``w_tilde``: ``(h', h_tilde', 1 / gamma,
+        (tau / beta) g)`` from ``x`` ``(B, I)``, ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only),
+        the noise ``nu`` ``(B, H)`` and signs ``tau`` ``(B, 1)``; :meth:`commit` then updates ``w_tilde``::
+
+            gamma = sqrt((||w_tilde|| + eps) / (||J h_tilde|| + eps)),  beta = sqrt((||g|| ||a|| + eps) / (||psi|| + eps))
+            h_tilde' = gamma J h_tilde + beta tau psi,                  w_tilde' = w_tilde / gamma + (tau / beta) g a^T
+
+        A NaN/inf in ``x`` reaches ``h_tilde'`` through ``||a||`` and ``beta`` (``inf * 0`` is NaN), a NaN in
+        ``h'`` through ``d``, an overflowed ``w_tilde`` through ``gamma``: a finite ``h_tilde'`` means a finite
+        step, so the caller can check it before anything is changed in place.
+        """
+        one, eps, _, _, ones = self._constants_like(h)
+        h_new, slope, propagated = self._forward(x, h, h_tilde, one)
+        m = nu * slope
+        psi, g = (nu, m) if self.state_cut else (m, nu)
+        norm = torch.linalg.vector_norm
+        inputs = norm(torch.cat((h, x, ones), 1), dim=1, keepdim=True)  # ||a||
+        gamma = (norm(w_tilde, dim=1, keepdim=True) + eps).div_(norm(propagated, dim=1, keepdim=True) + eps).sqrt_()
+        beta = (norm(g, dim=1, keepdim=True).mul_(inputs) + eps).div_(norm(psi, dim=1, keepdim=True) + eps).sqrt_()
+        h_tilde_new = torch.addcmul(propagated.mul_(gamma), beta * tau, psi)
+        return h_new, h_tilde_new, gamma.reciprocal(), g * (tau / beta)
+
+    def commit(
+        self, w_tilde: torch.Tensor, inverse_gamma: torch.Tensor, g: torch.Tensor, h: torch.Tensor, x: torch.Tensor
+    ) -> None:
+        """``w_tilde <- w_tilde / gamma + g a^T`` in place, with ``1 / gamma`` and ``g`` from :meth:`gir`."""
+        w_tilde.mul_(inverse_gamma)
+        self._accumulate(w_tilde, g, h, x)
+
+    def fixed(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        h_tilde: torch.Tensor,
+        w_tilde: torch.Tensor,
+        scaled: torch.Tensor,
+        dual: torch.Tensor,
+        alpha: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step with a fixed rescaling ``Q_t = alpha Q0``: ``(h', h_tilde', w_tilde')`` (new tensors) from
+        ``scaled = Q0 u`` and ``dual = Q0^{-T} u`` ``(B, H)`` for ``u = tau nu``::
+
+            h_tilde' = J h_tilde + alpha J^h_z Q0 u,        w_tilde' = w_tilde + (u^T Q0^{-1} J^z_theta) / alpha
+        """
+        h_new, slope, propagated = self._forward(x, h, h_tilde, self._constants_like(h)[0])
+        psi, g = (scaled, dual * slope) if self.state_cut else (scaled * slope, dual)
+        h_tilde_new = propagated.add_(psi, alpha=alpha)
+        w_tilde_new = w_tilde.clone()
+        self._accumulate(w_tilde_new, g * (1 / alpha), h, x)
+        return h_new, h_tilde_new, w_tilde_new
+
+    def _accumulate(self, out: torch.Tensor, g: torch.Tensor, h: torch.Tensor, x: torch.Tensor) -> None:
+        """``out += g a^T`` per stream in place, ``a = [h; x; 1]`` laid out as ``[vec(W_h), vec(W_x), b]``."""
+        blocks = self._blocks
+        if blocks is None or blocks[0] is not out:
+            batch, hidden = g.shape
+            block_hh, block_ih, block_b = out.split_with_sizes((hidden * hidden, hidden * x.shape[1], hidden), 1)
+            blocks = self._blocks = (
+                out,
+                block_hh.view(batch, hidden, hidden),
+                block_ih.view(batch, hidden, -1),
+                block_b,
+            )
+        column = g.unsqueeze(2)
+        blocks[1].addcmul_(column, h.unsqueeze(1))
+        blocks[2].addcmul_(column, x.unsqueeze(1))
+        blocks[3].add_(g)
