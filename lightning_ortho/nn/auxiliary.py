@@ -259,10 +259,14 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
         weight = self.constraint() if self.invertible else self.weight
         if torch._C._functorch.is_functorch_wrapped_tensor(weight):  # torch.func over the parameters
             return None
-        if x.dtype is weight.dtype and x.dim() == 2 and x.shape[1] == self.d and x.dtype in _FULL_PRECISION:
-            # The common call (a (B, d) batch, parameters in its dtype), with nothing to convert.
-            if x.shape[0] == 0 or torch.is_autocast_enabled(x.device.type):
-                return None
+        if (
+            x.dtype is weight.dtype
+            and x.dim() == 2
+            and x.shape[1] == self.d
+            and x.shape[0] > 0
+            and x.dtype in _FULL_PRECISION
+            and not torch.is_autocast_enabled(x.device.type)
+        ):  # the common call (a (B, d) batch, parameters in its dtype): nothing to convert
             return well_scaled_linear_reflection(x, weight)
         if not x.is_floating_point() or x.dim() == 0 or x.shape[-1] != self.d or x.numel() == 0:
             return None

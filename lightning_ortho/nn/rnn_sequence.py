@@ -2,19 +2,21 @@
 
 The recurrence ("One Reflection Suffice", section 3.2 / Appendix B.2) is
 
-    v_t = W h_{t-1},   c_t = v_t.h_{t-1} / v_t.v_t,   y_t = h_{t-1} - 2 c_t v_t,   h_t = sigma(y_t + V x_t; b)
+    v_t = W h_{t-1},   c_t = v_t.h_{t-1} / v_t.v_t,   z_t = h_{t-1} - 2 c_t v_t + V x_t,   h_t = sigma(z_t; b)
 
 with ``sigma`` modReLU ``sign(z) relu(|z| + b)`` or ``tanh(z + b)``. Run step by step through autograd, every step
-records a dozen nodes and the reflection checks its input with a host read. Here the input projection ``V x_t`` of
-all steps is one GEMM (outside, through autograd), the recurrence runs under no grad and keeps ``v_t``, ``y_t``,
-``c_t`` and ``v_t.v_t`` for a hand-written backward pass through time, and the finiteness and range checks of all
-steps are read once at the end. With ``g = dL/dh_t`` (plus what flows back from step ``t + 1``),
+records a dozen nodes and the reflection checks its input with a host read. Here the recurrence runs under no grad
+and keeps only ``v_t``, ``c_t``, ``v_t.v_t`` and the outputs for a hand-written backward pass through time, and the
+finiteness and range checks of all steps are read once at the end. With ``g = dL/dh_t`` (plus what flows back from
+step ``t + 1``), ``y_t = h_{t-1} - 2 c_t v_t`` recomputed,
 
     dL/dz_t = g sigma'(z_t),   s_t = (dL/dz_t . v_t) / v_t.v_t,   u_t = c_t dL/dz_t + s_t y_t,
-    dL/dh_{t-1} = dL/dz_t - 2 s_t v_t - 2 u_t W,   dL/dW = -2 sum_t u_t^T h_{t-1},   dL/db = sum_t dL/dz_t dsigma/db
+    dL/dh_{t-1} = dL/dz_t - 2 s_t v_t - 2 u_t W,   dL/dW = -2 sum_t u_t^T h_{t-1},
+    dL/dV = sum_t dL/dz_t^T x_t,   dL/dx_t = dL/dz_t V,   dL/db = sum_t g dsigma/db.
 
-so the weight gradient is two GEMMs over all steps at the end instead of one per step. ``sigma'`` comes from the
-outputs alone: modReLU has ``dh/dz = [h != 0]`` and ``dh/db = sign(h)``, tanh ``1 - h^2`` for both.
+``sigma'`` comes from the outputs alone: modReLU has ``dh/dz = sign(h)^2`` and ``dh/db = sign(h)``, tanh
+``1 - h^2`` for both. Nothing of size ``T x B x H`` is written but the outputs: on a CPU, fresh memory costs more
+than the elementwise kernels that fill it.
 
 A zero ``h_{t-1}`` row (``h_0 = 0``) has ``v = 0``: the reflection is the identity there (``H(0) := I``), which the
 divisor ``max(v.v, tiny)`` gives exactly (``c = 0``, ``s = 0``). Any other row whose ``v.v`` left the accurate range
@@ -29,7 +31,8 @@ import torch
 from lightning_ortho.nn._undefined import accurate_range
 
 
-def _step(
+def _step_into(
+    out: torch.Tensor,
     h: torch.Tensor,
     x: torch.Tensor,
     weight_t: torch.Tensor,
@@ -37,26 +40,33 @@ def _step(
     bias: torch.Tensor,
     modrelu: bool,
     tiny: float,
-    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One step ``(h_t, v, c, vv)`` from ``h_{t-1}`` ``(B, H)`` and ``x_t`` ``(B, I)``. With ``out`` (the no-grad
-    forward) ``h_t`` is written there and temporaries are updated in place; without it every op is differentiable
-    (double backward)."""
+    """One step under no grad, ``h_t`` written into ``out``: ``(h_t, v, c, vv)`` from ``h_{t-1}`` ``(B, H)`` and
+    ``x_t`` ``(B, I)``; ``weight_t = W^T``, ``kernel_t = V^T``."""
     v = torch.mm(h, weight_t)
-    vv = torch.linalg.vecdot(v, v)
-    if out is None:
-        vv = vv.clamp_min(tiny)
-        z = torch.addmm(torch.addcmul(h, (torch.linalg.vecdot(v, h) / vv).unsqueeze(-1), v, value=-2.0), x, kernel_t)
-        c = None
-        if modrelu:
-            return torch.sign(z) * torch.relu(torch.abs(z) + bias), v, c, vv
-        return torch.tanh(z + bias), v, c, vv
-    vv.clamp_min_(tiny)
+    vv = torch.linalg.vecdot(v, v).clamp_min_(tiny)
     c = torch.linalg.vecdot(v, h).div_(vv)
     z = torch.addcmul(h, c.unsqueeze(-1), v, value=-2.0).addmm_(x, kernel_t)
     if modrelu:
         return torch.mul(torch.sign(z), torch.abs(z).add_(bias).relu_(), out=out), v, c, vv
     return torch.tanh(z.add_(bias), out=out), v, c, vv
+
+
+def _step(
+    h: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    kernel: torch.Tensor,
+    bias: torch.Tensor,
+    modrelu: bool,
+    tiny: float,
+) -> torch.Tensor:
+    """The same step with differentiable ops (for the graph of the gradient)."""
+    v = h @ weight.t()
+    vv = torch.linalg.vecdot(v, v).clamp_min(tiny)
+    c = torch.linalg.vecdot(v, h) / vv
+    z = torch.addcmul(h, c.unsqueeze(-1), v, value=-2.0) + x @ kernel.t()
+    return torch.sign(z) * torch.relu(torch.abs(z) + bias) if modrelu else torch.tanh(z + bias)
 
 
 def _sequence(
@@ -65,7 +75,7 @@ def _sequence(
     """``(B, T, H)`` outputs of the recurrence with differentiable ops (the graph of the gradient, double backward)."""
     tiny, h, outputs = torch.finfo(x.dtype).tiny, h0, []
     for t in range(x.shape[1]):
-        h = _step(h, x[:, t], weight.t(), kernel.t(), bias, modrelu, tiny)[0]
+        h = _step(h, x[:, t], weight, kernel, bias, modrelu, tiny)
         outputs.append(h)
     return torch.stack(outputs, 1)
 
@@ -83,8 +93,8 @@ class _AuxiliaryRNNSequence(torch.autograd.Function):
         outputs = x.new_empty(batch, steps, hidden)
         tiny, weight_t, kernel_t, h = torch.finfo(x.dtype).tiny, weight.t(), kernel.t(), h0
         vs, cs, vvs = [], [], []
-        for t in range(steps):  # per-step tensors, not (T, B, H) buffers: fresh memory costs more than the ops
-            h, v, c, vv = _step(h, x[:, t], weight_t, kernel_t, bias, modrelu, tiny, outputs[:, t])
+        for t in range(steps):
+            h, v, c, vv = _step_into(outputs[:, t], h, x[:, t], weight_t, kernel_t, bias, modrelu, tiny)
             vs.append(v)
             cs.append(c)
             vvs.append(vv)
@@ -101,7 +111,7 @@ class _AuxiliaryRNNSequence(torch.autograd.Function):
         x, h0, weight, kernel, bias, outputs = ctx.saved_tensors
         if torch.is_grad_enabled():
             return _double_backward(ctx, x, h0, weight, kernel, bias, grad_outputs, grad_last)
-        modrelu, vs, cs, vvs = ctx.modrelu, ctx.vs, ctx.cs, ctx.vvs
+        modrelu, vs, cs, vvs, needs = ctx.modrelu, ctx.vs, ctx.cs, ctx.vvs, ctx.needs_input_grad
         grad_h = grad_last if grad_last is not None else torch.zeros_like(outputs[:, -1])
         grad_weight = torch.zeros_like(weight)
         grad_kernel = torch.zeros_like(kernel)
@@ -124,10 +134,11 @@ class _AuxiliaryRNNSequence(torch.autograd.Function):
             y = torch.addcmul(h_prev, c, v, value=-2.0)
             u = torch.mul(grad_z, c).addcmul_(s, y)
             grad_weight.addmm_(u.t(), h_prev)
-            grad_kernel.addmm_(grad_z.t(), x[:, t])
-            grad_x.append(torch.mm(grad_z, kernel))
+            if needs[3]:
+                grad_kernel.addmm_(grad_z.t(), x[:, t])
+            if needs[0]:
+                grad_x.append(torch.mm(grad_z, kernel))
             grad_h = torch.addmm(torch.addcmul(grad_z, s, v, value=-2.0), u, weight, alpha=-2.0)
-        needs = ctx.needs_input_grad
         return (
             torch.stack(grad_x[::-1], 1) if needs[0] else None,
             grad_h if needs[1] else None,
