@@ -47,9 +47,9 @@ class ParameterLayout:
         return torch.cat(parts, dim=-1)
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        lead = flat.shape[:-1]
-        chunks = flat.split(list(self.numels), dim=-1)
-        return {n: c.reshape(tuple(lead) + s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
+        lead = tuple(flat.shape[:-1])
+        chunks = flat.split_with_sizes(self.numels, -1)
+        return {n: c.reshape(lead + s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
 
 
 class _Method(nn.Module):
@@ -333,10 +333,10 @@ def linearize(cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: Paramet
     fast: Callable | None = getattr(cell, "linearize", None) if closed_form else None
     if fast is not None:
         return fast(x, h, layout)
-    if closed_form:  # nn's OrthogonalRNNCell cannot offer a method from online (nn never imports online)
-        from lightning_ortho.online.orthogonal_linearization import orthogonal_linearization
+    if closed_form:  # cells without the method (nn's OrthogonalRNNCell: nn never imports online), GRUCell
+        from lightning_ortho.online._closed_forms import closed_form_linearization
 
-        lin = orthogonal_linearization(cell, x, h, layout)
+        lin = closed_form_linearization(cell, x, h, layout)
         if lin is not None:
             return lin
     return StepLinearization(cell, x, h, layout)
