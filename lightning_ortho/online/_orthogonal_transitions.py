@@ -8,7 +8,8 @@ Two kinds:
   ``dU[t] = t - c W t - dc v`` with ``dc = k (W t . h + v . t) - c k (v . W t) = k (r . t)``, ``r = W^T y + v``;
   the cotangent ``g`` of ``U(h)`` pulls back to ``dL/dv = -c g - k (g.v) y`` and ``dL/dW = (dL/dv) h^T``.
   ``H(v)`` is undefined where ``v.v`` is (below the smallest normal) zero: there ``c = k = 0``, so ``U = I``
-  with Jacobian ``I`` and no gradient for ``W`` (``H(0) := I``, as :mod:`lightning_ortho.nn._undefined`).
+  with Jacobian ``I`` and no gradient for ``W`` (``H(0) := I`` where
+  :func:`lightning_ortho.nn._undefined.is_defined` is false).
   Every row of ``h`` is first divided by its largest entry: ``c`` and ``dU`` do not change (degree 0 in ``h``),
   ``U(h)`` scales back (degree 1) and ``v.v`` stays in range for 1e-20 or 1e19 rows.
 * the maps that build a matrix ``U(theta)`` (Householder product, Cayley, matrix exponential):
@@ -20,8 +21,6 @@ Both work in the math dtype they are given (float32 for half-precision cells) on
 from __future__ import annotations
 
 import torch
-
-from lightning_ortho.nn._undefined import is_defined
 
 
 def row_peak(rows: torch.Tensor) -> torch.Tensor:
@@ -44,8 +43,8 @@ class ReflectionTransition:
         self.h_hat = h / self.scale
         self.v = v = torch.mm(self.h_hat, weight.t())
         vv = torch.linalg.vecdot(v, v)[:, None]
-        # k = 2 / v.v, and 0 where H(v) is undefined (U = I there); a NaN v.v stays NaN
-        self.k = torch.where(is_defined(vv), torch.reciprocal(vv).mul_(2.0), 0.0)
+        # k = 2 / v.v, and 0 where H(v) is undefined (U = I there): vv <= tiny is ~is_defined(vv), NaN stays NaN
+        self.k = torch.where(vv <= torch.finfo(vv.dtype).tiny, 0.0, torch.reciprocal(vv).mul_(2.0))
         self.c = self.k * torch.linalg.vecdot(v, self.h_hat)[:, None]
         self.y = torch.addcmul(self.h_hat, self.c, v, value=-1.0)  # U(h) / s
         self.value = self.y * self.scale

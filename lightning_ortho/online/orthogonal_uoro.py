@@ -98,8 +98,10 @@ class OrthogonalUOROStep:
         dual: torch.Tensor,
         alpha: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The step with a fixed rescaling ``Q_t = alpha Q0``: ``scaled = Q0 u`` and ``dual = Q0^{-T} u`` ``(B, H)``
-        for ``u = tau nu``: ``h_tilde' = J h_tilde + alpha Q0 u``, ``w_tilde' = w_tilde + (u^T Q0^{-1} J_theta) / alpha``.
+        """The step with a fixed rescaling ``Q_t = alpha Q0``: ``(h', h_tilde', w_tilde')`` (new tensors) from
+        ``scaled = Q0 u`` and ``dual = Q0^{-T} u`` ``(B, H)`` for ``u = tau nu``::
+
+            h_tilde' = J h_tilde + alpha Q0 u,        w_tilde' = w_tilde + (u^T Q0^{-1} J_theta) / alpha
         """
         lin = OrthogonalStepLinearization(self.cell, x, h, self.layout)
         h_tilde_new = lin.state_jvp(h_tilde).add_(scaled, alpha=alpha)
