@@ -112,10 +112,14 @@ def well_scaled_linear_reflection(x: torch.Tensor, weight: torch.Tensor) -> torc
     when some row has ``v.v`` outside the accurate range or a non-finite ``c``. Then the result is discarded:
     zero, 1e-20 and 1e19 rows, NaN and inf go to the careful path, which handles or names them."""
     span: list[torch.Tensor] = []
-    y = _WellScaledLinearReflection.apply(x, weight, span)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        y = _WellScaledLinearReflection.apply(x, weight, span)
+    else:  # no graph to record (inference, or a dual tensor of forward-mode AD): the plain ops suffice
+        y, _, c, vv = _reflect(x, weight)
+        span.extend(torch.aminmax(torch.add(vv, c, alpha=0.0)))
     low, high = _RANGES[x.dtype]
     # On the CPU two reads cost less than a stack; on an accelerator one synchronisation beats two.
-    lowest, highest = (span[0].item(), span[1].item()) if x.device.type == "cpu" else torch.stack(span).tolist()
+    lowest, highest = (span[0].item(), span[1].item()) if x.is_cpu else torch.stack(span).tolist()
     if lowest >= low and highest <= high:  # False for NaN
         return y
     return None

@@ -259,13 +259,14 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
         weight = self.constraint() if self.invertible else self.weight
         if torch._C._functorch.is_functorch_wrapped_tensor(weight):  # torch.func over the parameters
             return None
+        dtype, shape = x.dtype, x.shape
         if (
-            x.dtype is weight.dtype
-            and x.dim() == 2
-            and x.shape[1] == self.d
-            and x.shape[0] > 0
-            and x.dtype in _FULL_PRECISION
-            and not torch.is_autocast_enabled(x.device.type)
+            dtype is weight.dtype
+            and len(shape) == 2
+            and shape[1] == self.d
+            and shape[0] > 0
+            and dtype in _FULL_PRECISION
+            and not torch._C._is_any_autocast_enabled()
         ):  # the common call (a (B, d) batch, parameters in its dtype): nothing to convert
             return well_scaled_linear_reflection(x, weight)
         if not x.is_floating_point() or x.dim() == 0 or x.shape[-1] != self.d or x.numel() == 0:

@@ -55,6 +55,9 @@ def test_values_and_gradients_match_the_plain_expression(shape, fused_calls):
     assert fused_calls == {"ran": 1, "kept": 1}
     expected = reference(x, layer.weight)
     torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():  # inference skips the autograd Function
+        torch.testing.assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
+    assert fused_calls == {"ran": 1, "kept": 2}
     got = torch.autograd.grad((y * w).sum(), (x, layer.weight))
     want = torch.autograd.grad((expected * w).sum(), (x, layer.weight))
     for a, b in zip(got, want, strict=True):
