@@ -48,7 +48,7 @@ class MatrixTransition:
     """``U(h) = U h`` with ``U`` from ``module.matrix()``; parameter cotangents pulled back through one
     ``torch.func.vjp`` of ``matrix()`` (taken on first use), batched over the streams.
 
-    Attributes: ``value`` ``(B, H)`` = ``U h``; ``h_norm`` ``(B,)``; ``matrix`` ``(H, H)``.
+    Attributes: ``value`` ``(B, H)`` = ``U h``; ``matrix`` ``(H, H)``.
     """
 
     factored = False
@@ -58,7 +58,6 @@ class MatrixTransition:
         self.params = {name: p.detach() for name, p in module.named_parameters()}
         self.matrix = self._matrix()
         self.value = h @ self.matrix.mT
-        self.h_norm = torch.linalg.vector_norm(h, dim=1)
         self._pull = None
 
     def _matrix(self) -> torch.Tensor:

@@ -52,8 +52,8 @@ class ReflectionTransition:
 
     @property
     def h_norm(self) -> torch.Tensor:
-        """``(B,)``: ``||h||``, from the scaled rows (no overflow)."""
-        return torch.linalg.vector_norm(self.h_hat, dim=1) * self.scale[:, 0]
+        """``(B,)``: ``||h||``."""
+        return torch.linalg.vector_norm(self.h, dim=1)
 
     @property
     def kr(self) -> torch.Tensor:
@@ -81,13 +81,14 @@ class ReflectionTransition:
         return dense.sub_(self.v[:, :, None] * self.kr[:, None, :])
 
     def outer_factor(self, g: torch.Tensor) -> torch.Tensor:
-        """``dL/dv = -c g - k (g.v) y`` ``(B, H)``: the ``W`` block of the pulled-back ``g`` is ``(dL/dv) h^T``."""
+        """``f = c g + k (g.v) y`` ``(B, H)``: ``dL/dv = -f``, so the ``W`` block of the pulled-back ``g`` is
+        ``-f h^T`` (the sign is applied where the block is written)."""
         kgv = self.k * torch.linalg.vecdot(g, self.v)[:, None]
-        return torch.addcmul(self.c * g, kgv, self.y).neg_()
+        return torch.addcmul(self.c * g, kgv, self.y)
 
     def parameter_vjp(self, g: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{name: (B, H, H)}``: ``g^T dU(h)/dW`` per stream."""
-        return {self.name: self.outer_factor(g)[:, :, None] * self.h[:, None, :]}
+        """``{name: (B, H, H)}``: ``g^T dU(h)/dW = -f h^T`` per stream."""
+        return {self.name: self.outer_factor(g).neg_()[:, :, None] * self.h[:, None, :]}
 
     def parameter_jvp(self, tangents: dict[str, torch.Tensor]) -> torch.Tensor:
         """``dU`` for a ``(B, H, H)`` tangent ``dW`` per stream: ``dv = dW h``, ``dU = -c dv - k (y . dv) v``."""

@@ -136,8 +136,8 @@ class OrthogonalStepLinearization(StepLinearization):
         raise ValueError(f"unknown product kind {kind!r}")
 
     def _blocks(self, kind: str, cotangent: torch.Tensor) -> tuple:
-        """``(g, bias, transition)`` of ``c^T J`` for ``kind``: ``transition`` is ``dL/dv`` (the ``W`` block is
-        ``(dL/dv) h^T``) for a reflection, the pulled-back ``{name: (B, *shape)}`` for a matrix map; cached for the
+        """``(g, bias, transition)`` of ``c^T J`` for ``kind``: ``transition`` is ``f = -dL/dv`` (the ``W`` block is
+        ``-f h^T``) for a reflection, the pulled-back ``{name: (B, *shape)}`` for a matrix map; cached for the
         norm and the accumulation of the same cotangent."""
         if self._last is not None and self._last[0] == kind and self._last[1] is cotangent:
             return self._last[2]
@@ -178,8 +178,8 @@ class OrthogonalStepLinearization(StepLinearization):
             return
         self.layout.block(out, _INPUT).addcmul_(_cast(g, out.dtype).mul(column)[:, :, None], self.x[:, None, :])
         if self.transition.factored:
-            factor = _cast(through, out.dtype).mul(column)[:, :, None]
-            self.layout.block(out, self.transition.name).addcmul_(factor, self.h[:, None, :])
+            factor = _cast(through, out.dtype).mul(column)[:, :, None]  # the W block is -f h^T
+            self.layout.block(out, self.transition.name).addcmul_(factor, self.h[:, None, :], value=-1.0)
             return
         for name, value in through.items():
             block = self.layout.block(out, name)
