@@ -46,6 +46,7 @@ class OrthogonalUOROStep:
             raise ValueError(f"OrthogonalUOROStep: projection must be 'state', got {projection!r}.")
         self.cell, self.eps = cell, eps
         self.layout = ParameterLayout(cell)
+        self._views: tuple | None = None
 
     def noise(self, generator: torch.Generator, streams: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``nu`` ``(streams, H)`` standard normal and ``tau`` ``(streams, 1)`` uniform on ``{-1, 1}``, drawn from
@@ -86,7 +87,24 @@ class OrthogonalUOROStep:
         """``w_tilde <- w_tilde / gamma + (tau / beta) nu^T J_theta`` in place, with what :meth:`gir` returned."""
         lin, nu, scale = pending
         w_tilde.mul_(inverse_gamma)
-        lin.vjp_accumulate("parameter", w_tilde, nu, scale)
+        if not (lin.transition.factored and w_tilde.dtype == lin.dtype):
+            lin.vjp_accumulate("parameter", w_tilde, nu, scale)
+            return
+        # The auxiliary reflection: three outer products per stream written into cached views of w_tilde (UORO
+        # updates the same tensor in place at every step).
+        g, bias, f = lin._blocks("parameter", nu)
+        bias_block, input_block, weight_block = self._blocks_of(w_tilde, lin.transition.name)
+        column = scale[:, None]
+        bias_block.addcmul_(bias, column)
+        input_block.addcmul_(g.mul(column)[:, :, None], x[:, None, :])
+        weight_block.addcmul_(f.mul(column)[:, :, None], h[:, None, :], value=-1.0)  # the W block is -f h^T
+
+    def _blocks_of(self, w_tilde: torch.Tensor, weight: str) -> tuple[torch.Tensor, ...]:
+        """The bias, input-kernel and ``W`` blocks of ``w_tilde`` as views, kept while it is the same tensor."""
+        if self._views is None or self._views[0] is not w_tilde:
+            blocks = tuple(self.layout.block(w_tilde, name) for name in ("bias", "input_kernel.weight", weight))
+            self._views = (w_tilde, blocks)
+        return self._views[1]
 
     def fixed(
         self,
