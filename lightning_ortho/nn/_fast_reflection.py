@@ -4,13 +4,13 @@
 careful path (:func:`~lightning_ortho.nn.reflection.reflect_linear_with_summary`) masks undefined reflections
 (``H(0) := I``), rescales badly scaled rows and names the input holding a NaN. Here none of that is needed as long
 as every row has ``v.v`` in the dtype's accurate range (:func:`~lightning_ortho.nn._undefined.accurate_range`) and a
-finite ``c``; one reduction tells both (a NaN or inf anywhere in ``x`` or ``W`` makes some ``v.v`` or ``c``
+finite ``c``; one small reduction tells both (a NaN or inf anywhere in ``x`` or ``W`` makes some ``v.v`` or ``c``
 non-finite), and when it fails the caller discards the result and takes the careful path, which gives the
 same answer as before and the same errors.
 
-:class:`_WellScaledLinearReflection` writes the derivatives by hand so that the forward pass runs five kernels
-(one GEMM, two row reductions, one division, one ``addcmul``) and the backward pass seven, with ``g = dL/dy``,
-``t = g.v / v.v`` and ``u = c g + t y``:
+:class:`_WellScaledLinearReflection` writes the derivatives by hand. The forward pass is one GEMM, two row dot
+products, a division and one ``addcmul``; the backward pass one row dot product, three elementwise passes and two
+GEMMs (``addmm``, which also adds the direct term), with ``g = dL/dy``, ``t = g.v / v.v`` and ``u = c g + t y``:
 
     dL/dx = g - 2 t v - 2 u W,        dL/dW = -2 u^T x.
 """

@@ -144,8 +144,9 @@ class _LinearReflection(torch.autograd.Function):
         return y_t, None, None, None, None
 
 
-#: Below this many elements the reflection is left to autograd: a custom Function costs ~50 us per call
-#: in dispatch, more than its fused kernels save on small tensors (an RNN step, a small layer).
+#: Below this many elements the careful path leaves the reflection to autograd (plain ops, no custom Function).
+#: ``AuxiliaryReflection`` reaches this path only for batches its fused path cannot take
+#: (:mod:`~lightning_ortho.nn._fast_reflection`): zero or badly scaled rows, NaN/inf, ``torch.func``.
 FUSED_MIN_NUMEL = 1 << 16
 
 
