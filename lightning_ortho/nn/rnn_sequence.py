@@ -83,19 +83,21 @@ def _sequence(
 class _AuxiliaryRNNSequence(torch.autograd.Function):
     """``(x (B, T, I), h_0 (B, H), W (H, H), V (H, I), b (H,)) -> (h_1..h_T (B, T, H), h_T (B, H))``.
 
-    ``report`` (a list) receives ``(min, max)`` of ``v.v`` over all steps and rows (NaN where some ``c`` is not
-    finite), the sum of ``h_T`` (NaN or inf when it is not finite) and the ``(T, B)`` clamped ``v.v``.
+    ``keep``: whether a backward pass will follow (else the per-step ``v_t`` are not kept). ``report`` (a list)
+    receives ``(min, max)`` of ``v.v`` over all steps and rows (NaN where some ``c`` is not finite), the sum of
+    ``h_T`` (NaN or inf when it is not finite) and the ``(T, B)`` clamped ``v.v``.
     """
 
     @staticmethod
-    def forward(ctx, x, h0, weight, kernel, bias, modrelu, report):  # noqa: D102
+    def forward(ctx, x, h0, weight, kernel, bias, modrelu, report, keep):  # noqa: D102
         batch, steps, hidden = x.shape[0], x.shape[1], weight.shape[0]
         outputs = x.new_empty(batch, steps, hidden)
         tiny, weight_t, kernel_t, h = torch.finfo(x.dtype).tiny, weight.t(), kernel.t(), h0
         vs, cs, vvs = [], [], []
         for t in range(steps):
             h, v, c, vv = _step_into(outputs[:, t], h, x[:, t], weight_t, kernel_t, bias, modrelu, tiny)
-            vs.append(v)
+            if keep:  # what the backward pass needs; inference keeps nothing of size B x H per step
+                vs.append(v)
             cs.append(c)
             vvs.append(vv)
         cs, vvs = torch.stack(cs), torch.stack(vvs)
@@ -147,6 +149,7 @@ class _AuxiliaryRNNSequence(torch.autograd.Function):
             grad_bias.sum(0) if needs[4] else None,
             None,
             None,
+            None,
         )
 
 
@@ -165,7 +168,7 @@ def _double_backward(ctx, x, h0, weight, kernel, bias, grad_outputs, grad_last):
             create_graph=True,
             allow_unused=True,
         )
-    result: list[torch.Tensor | None] = [None] * 7
+    result: list[torch.Tensor | None] = [None] * 8
     for i, grad in zip(wanted, grads, strict=True):
         result[i] = grad
     return tuple(result)
@@ -191,7 +194,8 @@ def auxiliary_rnn_sequence(
             All of one float dtype.
     """
     report: list[torch.Tensor] = []
-    outputs, last = _AuxiliaryRNNSequence.apply(x, h0, weight, kernel, bias, modrelu, report)
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in (x, h0, weight, kernel, bias))
+    outputs, last = _AuxiliaryRNNSequence.apply(x, h0, weight, kernel, bias, modrelu, report, keep)
     if not checked:
         return outputs, last
     lowest, highest, total, vvs = report

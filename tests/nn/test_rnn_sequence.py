@@ -172,3 +172,15 @@ def test_half_precision_and_autocast_go_step_by_step(fused_calls):
         rnn(x)
     rnn.to(torch.bfloat16)(x.to(torch.bfloat16))
     assert fused_calls["ran"] == 0
+
+
+def test_inference_keeps_nothing_per_step_and_agrees(fused_calls):
+    rnn = make_rnn(seed=7)
+    x = torch.randn(2, 5, 2, dtype=DTYPE)
+    with torch.no_grad():
+        outputs, last = rnn(x)
+    assert fused_calls["kept"] == 1 and not outputs.requires_grad
+    rnn.fused_sequence = False
+    expected = rnn(x)
+    torch.testing.assert_close(outputs, expected[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(last, expected[1], rtol=1e-12, atol=1e-12)
