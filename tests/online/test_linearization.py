@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 from lightning_ortho.online import InfluenceBalancingCell, ParameterLayout, StepLinearization, linearize
+from lightning_ortho.online.gru_linearization import GRUStepLinearization
 from lightning_ortho.online.linearization import TanhStepLinearization
 
 from . import references as ref
@@ -127,7 +128,14 @@ def test_linearize_dispatch():
     assert type(cell.linearize(x, h)) is TanhStepLinearization
     assert type(linearize(cell, x, h, layout, closed_form=False)) is StepLinearization
     other, xo, ho, lo, _ = _setup("gru")
-    assert type(linearize(other, xo, ho, lo)) is StepLinearization
+    assert type(linearize(other, xo, ho, lo)) is GRUStepLinearization
+    assert type(linearize(other, xo, ho, lo, closed_form=False)) is StepLinearization
+
+    class Subclassed(type(other)):  # a user's subclass may change forward: it takes the generic products
+        pass
+
+    subclassed = Subclassed(other.input_size, other.hidden_size).to(DTYPE)
+    assert type(linearize(subclassed, xo, ho, ParameterLayout(subclassed))) is StepLinearization
 
 
 @pytest.mark.parametrize("seed", [0, 1])
