@@ -66,9 +66,10 @@ class UORO(OnlineGradientEstimator):
         eps: added to the norms in gamma and beta (needed at ``t = 1`` where ``w_tilde = 0``).
         closed_form: use the cell's closed-form Jacobian products when it has them.
         fused: on a :class:`~lightning_ortho.online.TanhRNNCell` with projection ``"state"`` or
-            ``"preactivation"`` (and ``closed_form``), run the whole step as one fused sequence of calls
-            (:mod:`lightning_ortho.online.uoro_fused`: the same estimate to float rounding, several times less
-            overhead per step); ``False`` keeps the step on the cell's closed-form linearisation.
+            ``"preactivation"``, or a :class:`~lightning_ortho.nn.OrthogonalRNNCell` with ``"state"`` (and
+            ``closed_form``), run the whole step as one fused sequence of calls (:mod:`~lightning_ortho.online.uoro_fused`,
+            :mod:`~lightning_ortho.online.orthogonal_uoro`: the same estimate to float rounding, several times
+            less overhead per step); ``False`` keeps the step on the cell's closed-form linearisation.
 
     Raises:
         ValueError: an unknown projection, a cell that lacks what the projection needs, a ``Q0`` of the
@@ -113,12 +114,19 @@ class UORO(OnlineGradientEstimator):
             self.alpha, q0 = rescaling
             self._check_alpha(self.alpha)
             self.q0, self.q0_inverse_t = self._prepare_q0(q0)
-        fusable = fused and closed_form and projection in ("state", "preactivation")
-        self._fused = (
-            TanhUOROStep(cell, projection, self.eps) if fusable and fusable_tanh_cell(cell, self.layout) else None
-        )
+        self._fused = self._fused_step(cell, projection) if fused and closed_form else None
         # (stream_ids, total_streams, total as an int, rows to keep or None for all): read once per state's tensors
         self._rows_cache: tuple | None = None
+
+    def _fused_step(self, cell: nn.Module, projection: str):
+        """The object that runs the whole step for this cell and cut (``noise``, ``gir``, ``commit``, ``fixed``), or
+        ``None``: :class:`~lightning_ortho.online.uoro_fused.TanhUOROStep` for a plain ``TanhRNNCell``,
+        ``OrthogonalUOROStep`` for an ``OrthogonalRNNCell`` with a closed form cut at ``h``."""
+        if projection in ("state", "preactivation") and fusable_tanh_cell(cell, self.layout):
+            return TanhUOROStep(cell, projection, self.eps)
+        from lightning_ortho.online.orthogonal_uoro import OrthogonalUOROStep, fusable_orthogonal_cell  # noqa: PLC0415
+
+        return OrthogonalUOROStep(cell, projection, self.eps) if fusable_orthogonal_cell(cell, projection) else None
 
     # -- configuration checks -----------------------------------------------------------------------------------
     def _check_linear_preactivation(self, cell: nn.Module) -> list[tuple[str, int]]:

@@ -107,10 +107,10 @@ class TanhUOROStep:
         h_new, slope, propagated = self._forward(x, h, h_tilde, one)
         m = nu * slope
         psi, g = (nu, m) if self.state_cut else (m, nu)
-        norm = torch.linalg.vector_norm
-        inputs = norm(torch.cat((h, x, ones), 1), dim=1, keepdim=True)  # ||a||
-        gamma = (norm(w_tilde, dim=1, keepdim=True) + eps).div_(norm(propagated, dim=1, keepdim=True) + eps).sqrt_()
-        beta = (norm(g, dim=1, keepdim=True).mul_(inputs) + eps).div_(norm(psi, dim=1, keepdim=True) + eps).sqrt_()
+        norm = torch.linalg.vector_norm  # (B, 1) norms of the rows: norm(v, 2, 1, True)
+        inputs = norm(torch.cat((h, x, ones), 1), 2, 1, True)  # ||a||
+        gamma = norm(w_tilde, 2, 1, True).add_(eps).div_(norm(propagated, 2, 1, True).add_(eps)).sqrt_()
+        beta = norm(g, 2, 1, True).mul_(inputs).add_(eps).div_(norm(psi, 2, 1, True).add_(eps)).sqrt_()
         h_tilde_new = torch.addcmul(propagated.mul_(gamma), beta * tau, psi)
         return h_new, h_tilde_new, gamma.reciprocal(), g * (tau / beta)
 

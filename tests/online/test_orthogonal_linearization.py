@@ -134,7 +134,8 @@ def _uoro_run(est, xs, h0, cots):
     for t in range(len(xs)):
         h, state = est.step(xs[t], state)
         grads = est.gradient(state, cots[t])
-        rows.append((h, state.tensors["h_tilde"], state.tensors["w_tilde"], ref.flatten_dict(grads, est.cell)))
+        # w_tilde is updated in place by UORO's fused step: keep a copy of this step's
+        rows.append((h, state.tensors["h_tilde"], state.tensors["w_tilde"].clone(), ref.flatten_dict(grads, est.cell)))
     return rows
 
 
