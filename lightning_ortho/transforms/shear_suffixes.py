@@ -6,7 +6,8 @@ re-chosen) and ``M = A_k^T (Z_k - A_k W_k)``. Two facts make this cheap:
 * ``A_k`` is built from the identity by right products ``A <- A S`` (one column changes per block: column ``b`` of
   a shear on entry ``(a, b)``, column ``a`` of a scaling), so it differs from the identity only in the set ``C_k``
   of those columns, ``|C_k| <= m - k - 1``. Then ``A W = A[:, C] W[C, :] + (the rows of W outside C)`` and
-  ``A^T R = R`` outside the rows ``C``, ``A[:, C]^T R`` on them: ``4 n^2 |C_k|`` operations instead of ``4 n^3``.
+  ``A^T R = R`` outside the rows ``C``, ``A[:, C]^T R`` on them: ``4 n^2 |C_k|`` operations instead of ``4 n^3``,
+  and ``O(n nnz)`` when those columns are sparse (a product of few shears and scalings usually is).
 * the sweep needs the ``A_k`` in the order ``k = 1..m`` but builds them from ``k = m``: every ``~sqrt(m)``-th one
   is kept and the others are rebuilt from it segment by segment, by the same right products (so each ``A_k`` is
   bit for bit the one built in one go), in ``O(sqrt(m) n^2)`` memory instead of ``O(m n^2)``.
@@ -20,6 +21,10 @@ from collections.abc import Iterator
 import torch
 
 from lightning_ortho.transforms import shear_updates as su
+
+#: The non-identity columns of ``A_k`` are multiplied entry by entry (gather, scale, scatter-add: about 16 times the
+#: cost per entry of a dense matrix product) when at most ``1 / SPARSE_RATIO`` of their entries are nonzero.
+SPARSE_RATIO = 16
 
 
 def _column(entry: su.Entry) -> int:
@@ -69,11 +74,21 @@ def suffix_statistics(
     if columns.numel() == 0:
         return w.clone(), z - w
     a_c = a_k[:, columns]
-    a_w = a_c @ w[columns, :]
     outside = torch.ones(a_k.shape[0], dtype=torch.bool, device=a_k.device)
     outside[columns] = False
+    rows, local = (a_c != 0).nonzero(as_tuple=True)
+    sparse = rows.numel() * SPARSE_RATIO <= a_c.numel()
+    if sparse:  # few nonzeros (shears fill in slowly): the products over the nonzero entries alone
+        values, sources = a_c[rows, local, None], columns[local]
+        a_w = torch.zeros_like(w).index_add_(0, rows, values * w[sources])
+    else:
+        a_w = a_c @ w[columns, :]
     a_w[outside] += w[outside]
     residual = z - a_w
     m = residual.clone()
-    m[columns] = a_c.T @ residual
+    if sparse:
+        m[columns] = 0
+        m.index_add_(0, sources, values * residual[rows])
+    else:
+        m[columns] = a_c.T @ residual
     return a_w, m

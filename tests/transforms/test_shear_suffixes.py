@@ -4,7 +4,7 @@ give the choices of the dense construction (all ``A_k`` kept, full products; Rus
 import pytest
 import torch
 
-from lightning_ortho.transforms import s_dla
+from lightning_ortho.transforms import s_dla, shear_suffixes
 from lightning_ortho.transforms import shear_updates as su
 from lightning_ortho.transforms.shear_suffixes import suffix_products, suffix_statistics
 
@@ -46,7 +46,9 @@ def _dense_sweep(z, w, pairs, cores, bits):
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 17, 30])
-def test_suffix_products_are_the_dense_ones_bit_for_bit(m: int) -> None:
+@pytest.mark.parametrize("ratio", [0, 10**9], ids=["entry by entry", "matrix product"])
+def test_suffix_products_are_the_dense_ones_bit_for_bit(m: int, ratio: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shear_suffixes, "SPARSE_RATIO", ratio)  # both ways of multiplying the columns
     n = 7
     g = torch.Generator().manual_seed(m)
     entries = []
@@ -69,7 +71,11 @@ def test_suffix_products_are_the_dense_ones_bit_for_bit(m: int) -> None:
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["generic", "zero code columns"])
 @pytest.mark.parametrize("bits", [None, 2])
-def test_sweep_makes_the_choices_of_the_dense_sweep(sparse: bool, bits: int | None) -> None:
+@pytest.mark.parametrize("ratio", [0, 16, 10**9], ids=["entry by entry", "default", "matrix product"])
+def test_sweep_makes_the_choices_of_the_dense_sweep(
+    sparse: bool, bits: int | None, ratio: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shear_suffixes, "SPARSE_RATIO", ratio)
     n, m = 16, 24
     z, w = _statistics(n, 3, sparse)
     pairs, cores = s_dla.shear_greedy_init(z, w, m, bits)
