@@ -344,7 +344,8 @@ def learn_b_transform(
     Each re-pick is exact for fixed ``X`` (``D`` orthonormal, eq. 12) and ``T_s`` is exact for fixed ``D``, so
     the recorded errors do not increase (the current block is always a candidate: the set only grows).
 
-    Differences from the author's ``b_dla.m``: costs are recomputed for every pair at every pick (no stale
+    Differences from the author's ``b_dla.m``: every pick sees the exact costs of every pair (those a block
+    changed are recomputed, :class:`~lightning_ortho.transforms.block_cost_table.BlockCostTable`; no stale
     ``-2 tr Z``; no zero entries for ``i >= j`` competing in the argmin), and the error list is not overwritten
     at the widening (the author sets ``err(k) = err(1)`` there). In practice the greedy init is often already a
     fixed point of the sweeps for small ``n`` (seen for ``n <= 16``); for ``n = 32, 64`` sweeps and widening
