@@ -89,10 +89,11 @@ class BlockCostTable:
         self._refresh()
         trace = torch.diagonal(self.z).sum()
         smallest = float(self.row_min.min())
-        cost = 2 * smallest - 2 * float(trace)  # the smallest rounded cost (rounding is monotone in A)
+        cost = 2 * smallest - 2 * float(trace)  # about the smallest rounded cost (rounding is monotone in A)
         # every A whose rounded cost equals it lies within half an ulp of that cost of the smallest A; a margin of
-        # a few ulps (of the cost and of A) keeps every such entry among those recomputed exactly below
-        limit = smallest + 4 * (math.ulp(abs(cost)) + math.ulp(abs(smallest)))
+        # a few ulps (of the cost and of A, in z's dtype) keeps every such entry among those recomputed exactly below
+        precision = torch.finfo(self.z.dtype)
+        limit = smallest + 4 * precision.eps * (abs(cost) + abs(smallest)) + precision.tiny
         rows = (self.row_min <= limit).nonzero().flatten()
         row, column = (self.best[rows] <= limit).nonzero().unbind(1)
         first, second = rows[row], column  # row-major order, as best_block's pairs

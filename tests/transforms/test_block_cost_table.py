@@ -85,8 +85,9 @@ def test_learner_makes_the_choices_of_the_full_scan(kind: str, monkeypatch: pyte
 
 
 @pytest.mark.parametrize("kind", ["generic", "zero columns", "integers"])
-def test_greedy_init_and_sweep_rescan_switch_gives_the_same_blocks(kind: str) -> None:
-    z = _z(kind, 10, 7)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_greedy_init_and_sweep_rescan_switch_gives_the_same_blocks(kind: str, dtype: torch.dtype) -> None:
+    z = _z(kind, 10, 7).to(dtype)
     for candidates in (NARROW, WIDE):
         pairs, index = b_dla.greedy_init(z, 20, candidates)
         assert (pairs, index) == b_dla.greedy_init(z, 20, candidates, rescan=True)
