@@ -126,6 +126,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         self.readout = Readout(readout, cell.hidden_size, output_size)
         self.output_size, self.loss_name, self.update_every = output_size, loss, update_every
         self.estimator = build_estimator(estimator, cell, dict(estimator_options or {}), seed)
+        self._estimator_threads()
         self._init_evaluation()  # val_* and test_* metrics, the state carried across an evaluation pass
         self.carry = OnlineCarry()  # estimator state, chunk order, update window: between steps and in checkpoints
         self._trained_with: tuple[str, dict[str, Any]] | None = None  # a loaded checkpoint's estimator and options
@@ -156,7 +157,13 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
 
     def configure_callbacks(self) -> list:
         """The thread count of the run (``num_threads``), set at the stage's setup and given back at its end."""
+        self._estimator_threads()
         return [StageThreads(self.num_threads, self.cell.hidden_size)]
+
+    def _estimator_threads(self) -> None:
+        # The module's count holds for the estimator's calls too: "auto" is the same rule; a count or None (the
+        # user's choice, set for the stage by StageThreads) must not be lowered by the estimator's own "auto".
+        self.estimator.num_threads = "auto" if self.num_threads == "auto" else None
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         optimizer = OPTIMIZERS[self.hparams.optimizer]

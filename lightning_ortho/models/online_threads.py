@@ -2,23 +2,20 @@
 
 Online training runs a few tiny operations per time step (``(b, H) x (H, H)`` products at ``H = 32``). On a
 thread pool each of them pays for waking the other threads, which costs far more than the product itself, above
-all on a machine whose cores are busy: the adding task's update took 26 ms with torch's default threads against
-2 ms on one thread on a loaded 2-core machine. UORO measured there on 32 streams, milliseconds per step, 1 / 2
-threads: H = 32 0.28 / 0.93, 128 1.1 / 17, 256 3.0 / 5.9, 512 18 / 65; RTRL H = 32 6.6 / 25.
+all on a machine whose cores are busy (:mod:`lightning_ortho.online.threads` has the measurements and the rule,
+which the estimators apply to their own calls as well). The module sets the count for a whole Trainer stage, so
+the readout, the loss and the optimiser run on it too.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from lightning_ortho._lightning import Callback, pl
+from lightning_ortho.online import threads
+from lightning_ortho.online.threads import AUTO_MAX_HIDDEN, ThreadSetting, resolve_num_threads
 
-#: ``"auto"`` runs on one thread up to this hidden size (on the CPU) and leaves torch's count above it.
-AUTO_MAX_HIDDEN = 256
-
-ThreadSetting = int | Literal["auto"] | None
+__all__ = ["AUTO_MAX_HIDDEN", "StageThreads", "ThreadSetting", "check_num_threads", "resolve_num_threads"]
 
 
 def check_num_threads(value: object) -> ThreadSetting:
@@ -27,20 +24,7 @@ def check_num_threads(value: object) -> ThreadSetting:
     Raises:
         ValueError: it is not; the message lists the choices.
     """
-    if value is None or value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return value  # type: ignore[return-value]
-    raise ValueError(
-        "OnlineRNNModule: num_threads must be 'auto' (one thread for hidden sizes up to"
-        f" {AUTO_MAX_HIDDEN} on the CPU), a positive integer, or None (leave torch's thread count), got {value!r}."
-    )
-
-
-def resolve_num_threads(setting: ThreadSetting, hidden_size: int, device: torch.device) -> int | None:
-    """The thread count a run uses, or ``None`` to leave torch's: ``"auto"`` gives 1 for ``hidden_size <=
-    AUTO_MAX_HIDDEN`` on the CPU and ``None`` otherwise (on a GPU the CPU only launches kernels)."""
-    if setting == "auto":
-        return 1 if device.type == "cpu" and hidden_size <= AUTO_MAX_HIDDEN else None
-    return setting  # type: ignore[return-value]
+    return threads.check_num_threads(value, "OnlineRNNModule")
 
 
 class StageThreads(Callback):

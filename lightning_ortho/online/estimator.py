@@ -17,6 +17,7 @@ from torch import nn
 
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
 from lightning_ortho.online.state import OnlineState
+from lightning_ortho.online.threads import ThreadSetting, call_thread_count, check_num_threads
 
 
 class OnlineGradientEstimator:
@@ -35,6 +36,14 @@ class OnlineGradientEstimator:
     ``input_size`` and ``hidden_size`` (where the cell has them), its dtype, and NaN/inf. The shape checks are
     Python comparisons; the NaN checks are the one host synchronisation per call that ``step`` and ``gradient``
     already make.
+
+    Attributes:
+        num_threads: CPU threads for each :meth:`step` and :meth:`gradient` call (``torch.set_num_threads``,
+            process-wide, given back when the call returns or raises). ``"auto"`` (the default) runs states of
+            ``H <= 256`` on the CPU on one thread, whose tiny operations a thread pool slows down many times on a
+            busy machine (:mod:`lightning_ortho.online.threads`), unless the user chose a count
+            (``torch.set_num_threads`` after importing this package, ``OMP_NUM_THREADS``); an ``int`` runs the
+            calls on that many; ``None`` leaves torch's count.
     """
 
     name = "estimator"
@@ -48,10 +57,19 @@ class OnlineGradientEstimator:
             raise TypeError(f"{type(self).__name__}: cell must be an nn.Module with cell(x, h) -> h_new, got {cell!r}.")
         self.cell = cell
         self.closed_form = closed_form
+        self.num_threads = "auto"
         self.layout = ParameterLayout(cell)
         # The sizes the cell declares (every cell of this package does): x and h0 are checked against them.
         self.input_size = _declared_size(cell, "input_size")
         self.hidden_size = _declared_size(cell, "hidden_size")
+
+    @property
+    def num_threads(self) -> ThreadSetting:
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, value: ThreadSetting) -> None:
+        self._num_threads = check_num_threads(value, type(self).__name__)
 
     # -- the interface ---------------------------------------------------------------------------------------
     def initial_state(self, h0: torch.Tensor) -> OnlineState:
@@ -88,7 +106,7 @@ class OnlineGradientEstimator:
         )
 
     def step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
-        """Advance every stream one step: ``x`` ``(B, I)`` -> ``(h_t (B, H), new state)``.
+        """Advance every stream one step: ``x`` ``(B, I)`` -> ``(h_t (B, H), new state)``, on :attr:`num_threads`.
 
         Raises:
             ValueError: ``x`` is not ``(B, I)`` with the state's ``B``, dtype and device and the cell's
@@ -96,6 +114,18 @@ class OnlineGradientEstimator:
             FloatingPointError: the new state or the influence approximation is NaN/inf (the message names the
                 parameters that hold NaN/inf, if any).
         """
+        threads = self._call_threads(state)
+        if threads is None:
+            return self._step(x, state)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return self._step(x, state)
+        finally:
+            torch.set_num_threads(previous)
+
+    def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
+        """:meth:`step` on the current thread count."""
         self._check_step_input(x, state)
         self._check_finite(x, "x")
         with torch.no_grad():
@@ -122,6 +152,18 @@ class OnlineGradientEstimator:
             ValueError: ``grad_h`` is not ``(B, H)`` like the state's ``h``, or holds NaN/inf.
             FloatingPointError: the estimate is NaN/inf (e.g. a parameter holds NaN: the message names it).
         """
+        threads = self._call_threads(state)
+        if threads is None:
+            return self._gradient(state, grad_h, per_stream)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return self._gradient(state, grad_h, per_stream)
+        finally:
+            torch.set_num_threads(previous)
+
+    def _gradient(self, state: OnlineState, grad_h: torch.Tensor, per_stream: bool) -> dict[str, torch.Tensor]:
+        """:meth:`gradient` on the current thread count."""
         self._check(grad_h, "grad_h", dims=2, like=state.h, same_shape=True)
         with torch.no_grad():
             flat = self._gradient_flat(state, grad_h) if per_stream else self._gradient_summed(state, grad_h)
@@ -169,6 +211,13 @@ class OnlineGradientEstimator:
         return state.replace(h=h, tensors=tensors)
 
     # -- for subclasses ----------------------------------------------------------------------------------------
+    def _call_threads(self, state: OnlineState) -> int | None:
+        """The thread count for a call on ``state`` (:attr:`num_threads`), or ``None`` to keep the current one."""
+        h = state.h if isinstance(state, OnlineState) else None
+        if self._num_threads is None or not isinstance(h, torch.Tensor) or h.dim() != 2:
+            return None  # nothing to decide on: the checks of the call itself say what is wrong
+        return call_thread_count(self._num_threads, h.shape[1], h.device)
+
     def _check_step_input(self, x: torch.Tensor, state: OnlineState) -> None:
         """Type, shape, dtype and device of a step's ``x`` (no host synchronisation; NaN/inf is checked apart)."""
         self._check(x, "x", dims=2, like=state.h)

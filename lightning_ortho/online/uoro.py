@@ -254,7 +254,7 @@ class UORO(OnlineGradientEstimator):
         return cached[2], cached[3]
 
     # -- the fused step (TanhRNNCell, cut at h or z) -------------------------------------------------------------
-    def step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
+    def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
         """Advance every stream one step (see :meth:`OnlineGradientEstimator.step`).
 
         On a fused cell (``fused``) the inputs and the result share one host synchronisation, after the noise is
@@ -263,7 +263,7 @@ class UORO(OnlineGradientEstimator):
         its noise generator already is: continue from the state returned, copy with ``state_dict``).
         """
         if self._fused is None:
-            return super().step(x, state)
+            return super()._step(x, state)
         self._check_step_input(x, state)
         t, h = state.tensors, state.h
         if not self.gir and self.q0 is not None and self.q0.shape[0] != h.shape[1]:

@@ -14,7 +14,7 @@ OTHER_OPTIONS = "the checkpoint was trained with"
 
 def test_resolved_options_fill_in_the_estimators_defaults():
     # UORO's documented defaults (its noise generator is the model's seed, not an option); TBPTT's k has none.
-    uoro = {"projection": "state", "rescaling": "gir", "eps": 1e-7, "closed_form": True}
+    uoro = {"projection": "state", "rescaling": "gir", "eps": 1e-7, "closed_form": True, "fused": True}
     assert online_estimators.resolved_options("uoro", {}) == uoro
     assert online_estimators.resolved_options("uoro", {"eps": 1e-3}) == {**uoro, "eps": 1e-3}
     assert online_estimators.resolved_options("tbptt", {"k": 3}) == {"k": 3, "closed_form": True}

@@ -6,7 +6,7 @@ import torch
 from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules import AddingTaskDataModule
 from lightning_ortho.models import OnlineRNNModule
-from lightning_ortho.online import TanhRNNCell
+from lightning_ortho.online import TanhRNNCell, threads
 
 START = 2  # the count the process has before each test: the suite runs with OMP_NUM_THREADS=1
 
@@ -80,3 +80,21 @@ def test_the_count_is_given_back_when_the_run_fails(tiny_trainer):
 def test_a_bad_num_threads_is_refused_naming_the_choices(value):
     with pytest.raises(ValueError, match="num_threads must be 'auto'"):
         module(num_threads=value)
+
+
+def test_num_threads_none_holds_inside_the_estimators_calls_too(tiny_trainer, monkeypatch):
+    # A process where the estimator's own "auto" would act (no OMP_NUM_THREADS, torch's count as at import):
+    # the module's None (leave torch's count) must reach it, or the estimator would run its calls on one thread.
+    monkeypatch.setattr(threads, "_START_COUNT", START)
+    monkeypatch.setattr(threads, "_ENVIRONMENT_CHOSE", False)
+    model = module(num_threads=None)
+    assert model.estimator.num_threads is None
+    seen, inner = [], model.estimator._step
+
+    def recorded(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return inner(*args, **kwargs)
+
+    model.estimator._step = recorded
+    tiny_trainer(max_epochs=1).fit(model, datamodule=data())
+    assert seen and set(seen) == {START}
