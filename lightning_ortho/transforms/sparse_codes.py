@@ -3,9 +3,12 @@ OMP for any other (shears, scalings)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
-from sklearn.linear_model import orthogonal_mp_gram
+
+from lightning_ortho.transforms.batch_omp import batch_omp
 
 
 def keep_largest(codes: torch.Tensor, s: int) -> torch.Tensor:
@@ -62,13 +65,14 @@ def check_training_data(data: object, s: object, where: str, *, even: bool = Fal
 
 
 def omp_codes(y: torch.Tensor, dictionary: torch.Tensor, s: int) -> torch.Tensor:
-    """``s``-sparse codes by OMP (spec section 10, "sparse coding"): ``Y ~ codes @ D^T``.
+    """``s``-sparse codes by OMP (Rusu, arXiv 1812.03412, "sparse coding" of S-DLA): ``Y ~ codes @ D^T``.
 
-    ``D_n = D diag(1 / ||d_col||)``; ``C = OMP(D_n, Y, s)`` by ``sklearn.linear_model.orthogonal_mp_gram`` with the
-    precomputed Gram ``D_n^T D_n`` and ``D_n^T y`` per sample (float64); then ``codes = C diag(1 / ||d_col||)``, the
-    codes of the unnormalised ``D`` (the column scaling absorbed into ``X``). Rows of ``Y`` that are zero get zero
-    codes (OMP is not run on them); every other row gets at most ``s`` nonzeros (exactly ``s`` unless the row is
-    represented exactly by fewer atoms, when scikit-learn warns that OMP ended early).
+    ``D_n = D diag(1 / ||d_col||)``; ``C = OMP(D_n, Y, s)`` from the precomputed Gram ``D_n^T D_n`` and ``D_n^T y``
+    per sample (float64), all samples at once (:func:`~lightning_ortho.transforms.batch_omp.batch_omp`: the steps of
+    ``sklearn.linear_model.orthogonal_mp_gram``); then ``codes = C diag(1 / ||d_col||)``, the codes of the
+    unnormalised ``D`` (the column scaling absorbed into ``X``). Rows of ``Y`` that are zero get zero codes (OMP is
+    not run on them); every other row gets at most ``s`` nonzeros (exactly ``s`` unless the row is represented
+    exactly by fewer atoms or the atoms are dependent: then a ``RuntimeWarning`` says how many rows stopped early).
 
     Shapes: ``y`` ``(N, n)``, ``dictionary`` ``(n, n)`` -> ``(N, n)`` in ``y``'s dtype and device.
 
@@ -95,11 +99,20 @@ def omp_codes(y: torch.Tensor, dictionary: torch.Tensor, s: int) -> torch.Tensor
     codes = np.zeros_like(data)
     rows = np.flatnonzero(np.any(data != 0, axis=1))
     if rows.size:
-        # OMP is homogeneous in each sample, but scikit-learn stops early on absolute thresholds (a squared
+        # OMP is homogeneous in each sample, but it stops early on absolute thresholds (a squared
         # coefficient below the smallest float): scale every row by an exact power of two to magnitude ~1 first
         # (without it, rows of magnitude 1e-100 got all-zero codes).
         exponents = np.frexp(np.abs(data[rows]).max(axis=1))[1]
         scaled = np.ldexp(data[rows], -exponents[:, None])
-        coefficients = orthogonal_mp_gram(atoms.T @ atoms, atoms.T @ scaled.T, n_nonzero_coefs=s)
-        codes[rows] = np.ldexp(coefficients.reshape(n, rows.size).T, exponents[:, None]) / norms
+        gram = torch.from_numpy(atoms.T @ atoms)
+        coefficients, ended_early = batch_omp(gram, torch.from_numpy(atoms.T @ scaled.T).T, s)
+        codes[rows] = np.ldexp(coefficients.numpy(), exponents[:, None]) / norms
+        if ended_early:
+            warnings.warn(
+                f"{where}: orthogonal matching pursuit stopped before s = {s} atoms for {ended_early} of {rows.size} "
+                f"samples: they are represented exactly by fewer atoms, or the dictionary's atoms are linearly "
+                f"dependent (their codes have fewer nonzeros).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return torch.from_numpy(codes).to(dtype=y.dtype, device=y.device)
