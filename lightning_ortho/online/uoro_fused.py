@@ -22,6 +22,10 @@ from torch import nn
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
 
+#: Parameters from which :meth:`TanhUOROStep.commit` updates ``w_tilde`` stream by stream in one pass (on the CPU):
+#: 10-16 % faster at H = 512-1024 (P = 0.28M-1.1M), slower below a few hundred units (8 streams, 2 calls each).
+ROW_UPDATE_MIN = 1 << 17
+
 
 def fusable_tanh_cell(cell: nn.Module, layout: ParameterLayout) -> bool:
     """Whether :class:`TanhUOROStep` computes ``cell``'s step: a :class:`TanhRNNCell` whose step is exactly
@@ -117,7 +121,19 @@ class TanhUOROStep:
     def commit(
         self, w_tilde: torch.Tensor, inverse_gamma: torch.Tensor, g: torch.Tensor, h: torch.Tensor, x: torch.Tensor
     ) -> None:
-        """``w_tilde <- w_tilde / gamma + g a^T`` in place, with ``1 / gamma`` and ``g`` from :meth:`gir`."""
+        """``w_tilde <- w_tilde / gamma + g a^T`` in place, with ``1 / gamma`` and ``g`` from :meth:`gir`.
+
+        Large ``w_tilde`` on the CPU (``P >= ROW_UPDATE_MIN``, where the step is bound by memory): one ``addr_``
+        per stream and block, ``beta = 1 / gamma``, rescales and adds in a single pass (equal to the two passes to
+        rounding; ``1 / gamma`` is read on the host, which on the CPU waits for nothing).
+        """
+        if w_tilde.device.type == "cpu" and w_tilde.shape[1] >= ROW_UPDATE_MIN:
+            blocks = self._blocks_of(w_tilde, g, x)
+            for stream, scale in enumerate(inverse_gamma.view(-1).tolist()):
+                blocks[1][stream].addr_(g[stream], h[stream], beta=scale)
+                blocks[2][stream].addr_(g[stream], x[stream], beta=scale)
+            blocks[3].mul_(inverse_gamma).add_(g)
+            return
         w_tilde.mul_(inverse_gamma)
         self._accumulate(w_tilde, g, h, x)
 
@@ -143,18 +159,20 @@ class TanhUOROStep:
         self._accumulate(w_tilde_new, g * (1 / alpha), h, x)
         return h_new, h_tilde_new, w_tilde_new
 
-    def _accumulate(self, out: torch.Tensor, g: torch.Tensor, h: torch.Tensor, x: torch.Tensor) -> None:
-        """``out += g a^T`` per stream in place, ``a = [h; x; 1]`` laid out as ``[vec(W_h), vec(W_x), b]``."""
+    def _blocks_of(self, out: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(out, W_h block (B, H, H), W_x block (B, H, I), b block (B, H))``: views of ``out`` ``(B, P)``, kept
+        while ``out`` is the same tensor."""
         blocks = self._blocks
         if blocks is None or blocks[0] is not out:
             batch, hidden = g.shape
             block_hh, block_ih, block_b = out.split_with_sizes((hidden * hidden, hidden * x.shape[1], hidden), 1)
-            blocks = self._blocks = (
-                out,
-                block_hh.view(batch, hidden, hidden),
-                block_ih.view(batch, hidden, -1),
-                block_b,
-            )
+            blocks = (out, block_hh.view(batch, hidden, hidden), block_ih.view(batch, hidden, -1), block_b)
+            self._blocks = blocks
+        return blocks
+
+    def _accumulate(self, out: torch.Tensor, g: torch.Tensor, h: torch.Tensor, x: torch.Tensor) -> None:
+        """``out += g a^T`` per stream in place, ``a = [h; x; 1]`` laid out as ``[vec(W_h), vec(W_x), b]``."""
+        blocks = self._blocks_of(out, g, x)
         column = g.unsqueeze(2)
         blocks[1].addcmul_(column, h.unsqueeze(1))
         blocks[2].addcmul_(column, x.unsqueeze(1))

@@ -9,7 +9,7 @@ import io
 import pytest
 import torch
 
-from lightning_ortho.online import UORO, TanhRNNCell
+from lightning_ortho.online import UORO, TanhRNNCell, uoro_fused
 
 DTYPE = torch.float64
 STREAMS, INPUT, HIDDEN, STEPS = 4, 3, 5, 6
@@ -78,6 +78,20 @@ def test_the_fused_step_gives_what_the_generic_path_gives_for_the_same_draws(pro
                 torch.testing.assert_close(value, other[name], **TOL, msg=name)
     # the estimate moves, and the reset stream's influence restarted from zero
     assert traces[0][-1]["summed"].abs().max() > 0
+
+
+@pytest.mark.parametrize("projection", ["state", "preactivation"])
+def test_the_stream_by_stream_update_of_a_large_w_tilde_gives_the_same_estimate(projection, monkeypatch):
+    cell = make_cell()
+    xs, grads, h0 = data()
+    two_passes, _ = run(UORO(cell, projection=projection, generator=3), xs, grads, h0)
+    monkeypatch.setattr(uoro_fused, "ROW_UPDATE_MIN", 1)  # every w_tilde counts as large
+    one_pass, _ = run(UORO(cell, projection=projection, generator=3), xs, grads, h0)
+    generic, _ = run(UORO(cell, projection=projection, generator=3, closed_form=False), xs, grads, h0)
+    for a, b, c in zip(one_pass, two_passes, generic, strict=True):
+        for name in ("h_tilde", "w_tilde", "summed", "per_stream"):
+            torch.testing.assert_close(a[name], b[name], **TOL, msg=name)
+            torch.testing.assert_close(a[name], c[name], **TOL, msg=name)
 
 
 def test_a_checkpoint_of_the_fused_path_resumes_on_either_path():
