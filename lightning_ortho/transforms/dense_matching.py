@@ -14,9 +14,103 @@ Hagberg, Dan Schult, Pieter Swart), under the 3-clause BSD licence reproduced at
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
-from lightning_ortho.transforms.dense_matching_state import BestEdges, Blossom, InBlossom, Labels, key_of
+
+class _Blossom:
+    """A non-trivial blossom: ``childs`` (sub-blossoms or vertices, base first), ``edges`` between consecutive
+    children, the cached least-slack edges to other S-blossoms, and an integer ``id`` (``>= n``) for the arrays."""
+
+    __slots__ = ["childs", "edges", "mybestedges", "id"]
+
+    def leaves(self) -> Iterator[int]:
+        stack = [*self.childs]
+        while stack:
+            t = stack.pop()
+            if isinstance(t, _Blossom):
+                stack.extend(t.childs)
+            else:
+                yield t
+
+
+def _key(x: int | _Blossom) -> int:
+    return x.id if isinstance(x, _Blossom) else x
+
+
+class _Labels(dict):
+    """``label`` of vertices and blossoms (1 = S, 2 = T, None = free), mirrored into ``array`` by id (0 = free)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__()
+        self.array = array
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.array[_key(key)] = 0 if value is None else value
+
+    def pop(self, key, default=None):
+        self.array[_key(key)] = 0
+        return super().pop(key, default)
+
+    def clear(self) -> None:
+        super().clear()
+        self.array[:] = 0
+
+
+class _InBlossom(dict):
+    """``inblossom`` (the top-level blossom of each vertex), mirrored into ``array`` (its id)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__((v, v) for v in range(len(array)))
+        self.array = array
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.array[key] = _key(value)
+
+
+class _BestEdges:
+    """``bestedge``: the least-slack edge of a vertex (arrays ``first``/``second``, ``-1`` = none, and its slack
+    under the current duals, ``inf`` = none) or of a blossom (dict). ``slack_of(v, w)`` prices an edge when it is set;
+    :meth:`reprice` recomputes every vertex's after the duals change (the same operations: the same bits)."""
+
+    def __init__(self, n: int, slack_of, slacks_of) -> None:
+        self.first = np.full(n, -1, dtype=np.int64)
+        self.second = np.full(n, -1, dtype=np.int64)
+        self.slack = np.full(n, np.inf)
+        self.blossoms: dict[_Blossom, tuple[int, int] | None] = {}
+        self._slack_of, self._slacks_of = slack_of, slacks_of
+
+    def get(self, key):
+        if isinstance(key, _Blossom):
+            return self.blossoms.get(key)
+        return None if self.first[key] < 0 else (int(self.first[key]), int(self.second[key]))
+
+    __getitem__ = get
+
+    def __setitem__(self, key, edge) -> None:
+        if isinstance(key, _Blossom):
+            self.blossoms[key] = edge
+        elif edge is None:
+            self.first[key], self.second[key], self.slack[key] = -1, -1, np.inf
+        else:
+            self.first[key], self.second[key] = edge
+            self.slack[key] = self._slack_of(*edge)
+
+    def pop(self, key, default=None):
+        self.blossoms.pop(key, default)
+
+    def clear(self) -> None:
+        self.blossoms.clear()
+        self.first[:] = -1
+        self.second[:] = -1
+        self.slack[:] = np.inf
+
+    def reprice(self) -> None:
+        known = self.first >= 0
+        self.slack[known] = self._slacks_of(self.first[known], self.second[known])
 
 
 def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
@@ -46,10 +140,10 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
 
     mate: dict[int, int] = {}
     label_ids = np.zeros(2 * n, dtype=np.int64)
-    label = Labels(label_ids)
+    label = _Labels(label_ids)
     labeledge: dict = {}
     top = np.arange(n, dtype=np.int64)
-    inblossom = InBlossom(top)
+    inblossom = _InBlossom(top)
     blossomparent: dict = dict.fromkeys(range(n))
     blossombase: dict = {v: v for v in range(n)}
     dualvar = np.full(n, maxweight, dtype=np.float64)
@@ -65,7 +159,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
     def edge_slacks(first: np.ndarray, second: np.ndarray) -> np.ndarray:
         return dualvar[first] + dualvar[second] - 2 * W[first, second]
 
-    bestedge = BestEdges(n, slack, edge_slacks)
+    bestedge = _BestEdges(n, slack, edge_slacks)
 
     def assignLabel(w, t, v):  # noqa: N802
         b = inblossom[w]
@@ -76,7 +170,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
             labeledge[w] = labeledge[b] = None
         bestedge[w] = bestedge[b] = None
         if t == 1:
-            if isinstance(b, Blossom):
+            if isinstance(b, _Blossom):
                 queue.extend(b.leaves())
             else:
                 queue.append(b)
@@ -110,7 +204,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
         bb = inblossom[base]
         bv = inblossom[v]
         bw = inblossom[w]
-        b = Blossom()
+        b = _Blossom()
         b.id = free_ids.pop()
         blossombase[b] = base
         blossomparent[b] = None
@@ -141,7 +235,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
             inblossom[v] = b
         bestedgeto = {}
         for bv in path:
-            if isinstance(bv, Blossom):
+            if isinstance(bv, _Blossom):
                 if bv.mybestedges is not None:
                     nblist = bv.mybestedges
                     bv.mybestedges = None
@@ -170,7 +264,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
         def _recurse(b, endstage):
             for s in b.childs:
                 blossomparent[s] = None
-                if isinstance(s, Blossom):
+                if isinstance(s, _Blossom):
                     if endstage and blossomdual[s] == 0:
                         yield s
                     else:
@@ -213,7 +307,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
                     if label.get(bv) == 1:
                         j += jstep
                         continue
-                    if isinstance(bv, Blossom):
+                    if isinstance(bv, _Blossom):
                         for v in bv.leaves():
                             if label.get(v):
                                 break
@@ -246,7 +340,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
             t = v
             while blossomparent[t] != b:
                 t = blossomparent[t]
-            if isinstance(t, Blossom):
+            if isinstance(t, _Blossom):
                 yield (t, v)
             i = j = b.childs.index(t)
             if i & 1:
@@ -261,11 +355,11 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
                     w, x = b.edges[j]
                 else:
                     x, w = b.edges[j - 1]
-                if isinstance(t, Blossom):
+                if isinstance(t, _Blossom):
                     yield (t, w)
                 j += jstep
                 t = b.childs[j]
-                if isinstance(t, Blossom):
+                if isinstance(t, _Blossom):
                     yield (t, x)
                 mate[w] = x
                 mate[x] = w
@@ -286,7 +380,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
         for s, j in ((v, w), (w, v)):
             while 1:
                 bs = inblossom[s]
-                if isinstance(bs, Blossom):
+                if isinstance(bs, _Blossom):
                     augmentBlossom(bs, s)
                 mate[s] = j
                 if labeledge[bs] is None:
@@ -294,7 +388,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
                 t = labeledge[bs][0]
                 bt = inblossom[t]
                 s, j = labeledge[bt]
-                if isinstance(bt, Blossom):
+                if isinstance(bt, _Blossom):
                     augmentBlossom(bt, j)
                 mate[j] = s
 
@@ -308,7 +402,7 @@ def max_weight_perfect_matching(weights: np.ndarray) -> list[tuple[int, int]]:
         while start < n:
             bv = inblossom[v]
             tops = top[start:]
-            valid = tops != key_of(bv)  # excludes w == v and the edges inside v's blossom
+            valid = tops != _key(bv)  # excludes w == v and the edges inside v's blossom
             event = valid & tight[start:]
             first_event = int(event.argmax())
             found = bool(event[first_event])
