@@ -19,8 +19,7 @@ One stage (eqs. 7, 8, 16), with later stages taken as the identity:
 ``C_ij^(t) = -2 tr Z + 2[(1 - g11) Z_ii + (1 - g22) Z_jj - g12 Z_ij - g21 Z_ji]`` for the core ``[[g11, g12],
 [g21, g22]]``. So the best stage is the perfect matching of maximum total weight ``w_ij = -min_t C_ij^(t)``
 (``t`` over G1), each pair with its argmin core; it is found exactly by the blossom algorithm
-(:func:`~lightning_ortho.transforms.dense_matching.max_weight_perfect_matching`: NetworkX's
-``max_weight_matching(..., maxcardinality=True)`` step for step, vectorised over the complete graph).
+(``networkx.max_weight_matching(..., maxcardinality=True)``).
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from lightning_ortho._extras import require
 from lightning_ortho.transforms.binary_cores import G1_INDICES, binary_cores
 from lightning_ortho.transforms.blocks import BinaryBlockProduct
 from lightning_ortho.transforms.costs import OpCount
-from lightning_ortho.transforms.dense_matching import max_weight_perfect_matching
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
 from lightning_ortho.transforms.statistics import PassLearner, TransformStatistics, fit_in_memory, principal_basis
 
@@ -103,9 +101,20 @@ def learn_m_stage(data: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor
 
 def m_stage_from_cross(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`learn_m_stage` from ``Z = Yb^T Xb`` ``(n, n)`` alone (``n`` even): same returns."""
+    nx = require("networkx", _NEEDS_NETWORKX)
+    n = z.shape[0]
     costs = m_pair_costs(z).double().cpu()
     best, argbest = costs.min(dim=2)
-    pairs = max_weight_perfect_matching((-best).numpy())
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    best_list = best.tolist()
+    for i in range(n):
+        for j in range(i + 1, n):
+            graph.add_edge(i, j, weight=-best_list[i][j])
+    matching = nx.max_weight_matching(graph, maxcardinality=True)
+    pairs = sorted(tuple(sorted(edge)) for edge in matching)
+    if len(pairs) != n // 2:  # pragma: no cover - the complete graph on an even number of nodes
+        raise AssertionError("learn_m_stage: the matching is not perfect")
     pair_tensor = torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
     core_index = torch.tensor([G1_INDICES[int(argbest[i, j])] for i, j in pairs], dtype=torch.int64)
     return pair_tensor, core_index
