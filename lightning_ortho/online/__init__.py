@@ -1,5 +1,6 @@
-"""Online gradient estimators for recurrent cells (no Lightning): UORO and its variance reductions, exact RTRL,
-truncated BPTT, all behind one interface (:class:`OnlineGradientEstimator`); see ``spec/uoro.md``."""
+"""Online gradient estimators for recurrent cells (no Lightning): UORO (Tallec & Ollivier 2017) and its variance
+reductions (Cooijmans & Martens 2019), exact RTRL, truncated BPTT, all behind one interface
+(:class:`OnlineGradientEstimator`)."""
 
 from lightning_ortho.online.cells import GRUCell, InfluenceBalancingCell, TanhRNNCell
 from lightning_ortho.online.estimator import OnlineGradientEstimator

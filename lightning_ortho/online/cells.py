@@ -4,12 +4,12 @@ Any ``nn.Module`` with that call and its parameters inside works with every esti
 (Jacobian products go through ``torch.func`` on ``functional_call``). A cell can offer more:
 
 * ``preactivation(x, h) -> z`` and ``activation(z) -> h_new`` with ``forward = activation o preactivation``:
-  the cut vertex of UORO's ``projection="preactivation"`` (spec section 2). Parameters used by ``activation``
+  the cut vertex of UORO's ``projection="preactivation"`` (Cooijmans & Martens 2019). Parameters used by ``activation``
   (a bias added after ``z``, modReLU's threshold) do not pass through ``z``: the estimator projects their
   influence in state space (their cut vertex is ``h`` itself), which keeps the estimate unbiased.
 * ``preactivation_input(x, h) -> a`` with ``z = W a`` and ``W`` the parameters named in
   ``preactivation_weights`` laid side by side (a vector parameter is one column): the factorisation
-  ``J^z_W = I (x) a^T`` that UORO's ``projection="none"`` (spec section 8) and the section-7 oracle need.
+  ``J^z_W = I (x) a^T`` that UORO's ``projection="none"`` and the oracle (:mod:`lightning_ortho.online.oracle`) need.
 * ``linearize(x, h)`` returning a closed-form :class:`~lightning_ortho.online.linearization.StepLinearization`:
   the fast path (:class:`TanhRNNCell` has one; tests compare it with the generic path).
 """
@@ -36,7 +36,7 @@ def _check_sizes(cell: str, **sizes: int) -> None:
 
 
 class TanhRNNCell(nn.Module):
-    """The vanilla RNN of spec section 11: ``h' = tanh(W_h h + W_x x + b)``.
+    """The vanilla RNN of Cooijmans & Martens 2019: ``h' = tanh(W_h h + W_x x + b)``.
 
     Parameters ``weight_hh`` ``(H, H)``, ``weight_ih`` ``(H, I)``, ``bias`` ``(H,)``; initialised as
     ``torch.nn.RNNCell`` does (``U(-1/sqrt(H), 1/sqrt(H))``). ``preactivation_input`` is ``a = [h; x; 1]``, so

@@ -1,6 +1,6 @@
 """One step of a recurrent cell and its exact Jacobian products, per stream.
 
-Notation of ``spec/uoro.md``: ``h_t = F(h_{t-1}, x_t; theta_t)``; ``J^{h_t}_{h_{t-1}}`` is the state Jacobian,
+Notation of Cooijmans & Martens 2019: ``h_t = F(h_{t-1}, x_t; theta_t)``; ``J^{h_t}_{h_{t-1}}`` is the state Jacobian,
 ``J^{h_t}_{theta_t}`` the immediate parameter Jacobian, ``z_t`` a cut vertex (the preactivation). A batch holds
 ``B`` independent streams, so every product is per stream: parameter-side results are ``(B, P)`` with
 ``P`` the number of parameters laid out by :class:`ParameterLayout`.
@@ -204,9 +204,9 @@ class StepLinearization:
 
 
 class TanhStepLinearization(StepLinearization):
-    """Closed-form products of ``h' = tanh(W_h h + W_x x + b)`` (spec section 11): with ``d = 1 - h'^2``,
-    ``J^{h'}_h v = d * (W_h v)``, ``c^T J^{h'}_theta = (c * d) [h; x; 1]^T`` (outer products per stream),
-    ``J^{h'}_z = diag(d)``. No ``torch.func`` transform, one matrix product per call."""
+    """Closed-form products of ``h' = tanh(W_h h + W_x x + b)`` (Cooijmans & Martens's vanilla RNN): with
+    ``d = 1 - h'^2``, ``J^{h'}_h v = d * (W_h v)``, ``c^T J^{h'}_theta = (c * d) [h; x; 1]^T`` (outer products per
+    stream), ``J^{h'}_z = diag(d)``. No ``torch.func`` transform, one matrix product per call."""
 
     def __init__(self, cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None):
         self.cell, self.x, self.h = cell, x, h

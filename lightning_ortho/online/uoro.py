@@ -1,12 +1,13 @@
 """Unbiased Online Recurrent Optimization (Tallec & Ollivier 2017) with the variance reductions of Cooijmans &
-Martens 2019: a cut vertex of choice (spatial projection), GIR or a fixed ``Q_t = alpha_t Q0`` rescaling, and the
-preactivation estimator without spatial noise. Equations: ``spec/uoro.md`` sections 2, 3, 5 and 8.
+Martens 2019 ("On the Variance of Unbiased Online Recurrent Optimization"): a cut vertex of choice (their
+generalised spatial projection), greedy iterative rescaling (GIR) or their fixed ``Q_t = alpha_t Q0`` recursion,
+and their preactivation estimator that avoids the spatial projection.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -16,13 +17,12 @@ from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.linearization import StepLinearization
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.uoro_fused import TanhUOROStep, fusable_tanh_cell
+from lightning_ortho.online.uoro_rescaling import Alpha, FixedRescaling, alpha_at, check_alpha, prepare_q0
+
+__all__ = ["PROJECTIONS", "UORO", "Alpha", "FixedRescaling", "Projection"]
 
 Projection = Literal["state", "preactivation", "parameter", "none"]
 PROJECTIONS: tuple[str, ...] = Projection.__args__  # type: ignore[attr-defined]
-#: ``alpha``: a constant, a sequence indexed by step (``alpha[t - 1]`` at step ``t``) or a function of ``t``.
-Alpha = float | Sequence[float] | torch.Tensor | Callable[[int], float]
-#: The fixed rescaling ``Q_t = alpha_t Q0`` (``Q0`` ``None`` is the identity).
-FixedRescaling = tuple[Alpha, torch.Tensor | None]
 
 _ESTIMATE_TENSORS = ("h_tilde", "w_tilde", "a_tilde")
 
@@ -31,12 +31,12 @@ class UORO(OnlineGradientEstimator):
     """UORO: a rank-one, unbiased, online estimate of the influence ``J^{h_t}_theta ~ h_tilde_t w_tilde_t^T``.
 
     Each step draws ``u_t = tau_t nu_t`` (``nu ~ N(0, I)`` at the cut vertex ``z_t``, ``tau = +-1``) and updates
-    (spec section 3, GIR)::
+    (greedy iterative rescaling, Cooijmans & Martens 2019)::
 
         h_tilde_t = gamma_t J^{h_t}_{h_{t-1}} h_tilde_{t-1} + beta_t J^{h_t}_{z_t} u_t
         w_tilde_t = w_tilde_{t-1} / gamma_t + (u_t^T J^{z_t}_{theta_t}) / beta_t
 
-    or, with a fixed rescaling (section 5; unbiased because ``Q`` does not depend on ``u``)::
+    or, with their fixed rescaling (unbiased because ``Q`` does not depend on ``u``)::
 
         h_tilde_t = J^{h_t}_{h_{t-1}} h_tilde_{t-1} + J^{h_t}_{z_t} alpha_t Q0 u_t
         w_tilde_t = w_tilde_{t-1} + (u_t^T Q0^{-1} J^{z_t}_{theta_t}) / alpha_t
@@ -53,10 +53,11 @@ class UORO(OnlineGradientEstimator):
               that ``activation`` reads (a bias after ``z``) do not pass through ``z``, so their influence is
               projected at ``h`` with its own noise (the cut is ``{z, h}``, still unbiased);
             * ``"parameter"``: ``z = theta``, ``nu`` has ``P`` entries (``J^h_theta nu`` is one forward-mode product);
-            * ``"none"``: no spatial noise (section 8): ``H_tilde`` ``(H, Z)`` and ``a_tilde`` ``(A,)`` for a cell
-              with ``z = W a`` (``cell.preactivation_input`` and ``cell.preactivation_weights`` covering every
-              parameter); ``O(H^3)`` per step, the lowest variance.
-        rescaling: ``"gir"`` (greedy iterative rescaling, gamma and beta of section 3 with ``eps``) or
+            * ``"none"``: no spatial noise (Cooijmans & Martens's estimator that avoids the spatial projection):
+              ``H_tilde`` ``(H, Z)`` and ``a_tilde`` ``(A,)`` for a cell with ``z = W a``
+              (``cell.preactivation_input`` and ``cell.preactivation_weights`` covering every parameter);
+              ``O(H^3)`` per step, the lowest variance.
+        rescaling: ``"gir"`` (greedy iterative rescaling, gamma and beta with ``eps``) or
             ``(alpha, Q0)``: ``alpha`` a positive constant, per-step sequence or function of ``t``; ``Q0`` an
             invertible ``(Z, Z)`` matrix at the cut vertex (``None`` = identity; must be ``None`` for "none").
             :mod:`lightning_ortho.online.oracle` computes the oracle ``Q0 = B^{-1/4}`` and optimal ``alpha``.
@@ -67,9 +68,11 @@ class UORO(OnlineGradientEstimator):
         closed_form: use the cell's closed-form Jacobian products when it has them.
         fused: on a :class:`~lightning_ortho.online.TanhRNNCell` with projection ``"state"`` or
             ``"preactivation"``, or a :class:`~lightning_ortho.nn.OrthogonalRNNCell` with ``"state"`` (and
-            ``closed_form``), run the whole step as one fused sequence of calls (:mod:`~lightning_ortho.online.uoro_fused`,
-            :mod:`~lightning_ortho.online.orthogonal_uoro`: the same estimate to float rounding, several times
-            less overhead per step); ``False`` keeps the step on the cell's closed-form linearisation.
+            ``closed_form``), run the whole step as one fused sequence of calls
+            (:mod:`~lightning_ortho.online.uoro_fused`, :mod:`~lightning_ortho.online.orthogonal_uoro`: the
+            same estimate to float rounding, several times less overhead per step; with GIR it updates the
+            state's ``w_tilde`` in place, so keep a copy of a step's ``w_tilde`` that you want to look at later);
+            ``False`` keeps the step on the cell's closed-form linearisation.
 
     Raises:
         ValueError: an unknown projection, a cell that lacks what the projection needs, a ``Q0`` of the
@@ -112,8 +115,8 @@ class UORO(OnlineGradientEstimator):
             if not (isinstance(rescaling, (tuple, list)) and len(rescaling) == 2):
                 raise ValueError(f"UORO: a fixed rescaling is a pair (alpha, Q0), got {rescaling!r}.")
             self.alpha, q0 = rescaling
-            self._check_alpha(self.alpha)
-            self.q0, self.q0_inverse_t = self._prepare_q0(q0)
+            check_alpha(self.alpha)
+            self.q0, self.q0_inverse_t = prepare_q0(q0, projection)
         self._fused = self._fused_step(cell, projection) if fused and closed_form else None
         # (stream_ids, total_streams, total as an int, rows to keep or None for all): read once per state's tensors
         self._rows_cache: tuple | None = None
@@ -144,54 +147,9 @@ class UORO(OnlineGradientEstimator):
             )
         return [(n, 1 if params[n].dim() == 1 else params[n].shape[1]) for n in names]
 
-    @staticmethod
-    def _check_alpha(alpha: Alpha) -> None:
-        if callable(alpha):
-            return
-        values = torch.as_tensor(alpha, dtype=torch.float64)
-        if values.dim() > 1 or not torch.isfinite(values).all() or (values <= 0).any():
-            raise ValueError(
-                f"UORO: alpha must be positive and finite (a number, a 1-d sequence or a function), got {alpha!r}."
-            )
-
-    def _prepare_q0(self, q0: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if q0 is None:
-            return None, None
-        if self.projection == "none":
-            raise ValueError("UORO: projection='none' has no spatial noise, so Q0 must be None (alpha still applies).")
-        if not isinstance(q0, torch.Tensor) or q0.dim() != 2 or q0.shape[0] != q0.shape[1]:
-            raise ValueError(
-                f"UORO: Q0 must be a square (Z, Z) matrix at the cut vertex, got {getattr(q0, 'shape', q0)}."
-            )
-        if not q0.is_floating_point() or not torch.isfinite(q0).all():
-            raise ValueError(
-                f"UORO: Q0 must be a finite floating-point matrix, got {q0.dtype} with"
-                f" {int((~torch.isfinite(q0)).sum()) if q0.is_floating_point() else 'no'} NaN/inf entries; compute it"
-                " from finite statistics (lightning_ortho.online.optimal_q0) or pass None for the identity."
-            )
-        q0 = q0.detach()
-        if torch.linalg.matrix_rank(q0.double()) < q0.shape[0]:
-            raise ValueError("UORO: Q0 is singular; the rescaling Q_t = alpha_t Q0 must be invertible.")
-        return q0, torch.linalg.inv(q0.double()).T.to(q0.dtype)
-
     def alpha_at(self, step: int) -> float:
         """``alpha_t`` of a fixed rescaling at step ``t`` (1-based)."""
-        if callable(self.alpha):
-            value = float(self.alpha(step))
-        else:
-            cached = getattr(self, "_alpha_values", None)
-            if cached is None or cached[0] is not self.alpha:  # read once: a tensor index per step costs more
-                cached = self._alpha_values = (self.alpha, torch.as_tensor(self.alpha, dtype=torch.float64).tolist())
-            values = cached[1]
-            if isinstance(values, float):
-                value = values
-            elif step > len(values):
-                raise ValueError(f"UORO: alpha has {len(values)} steps, step {step} asked for one more.")
-            else:
-                value = values[step - 1]
-        if not value > 0:
-            raise ValueError(f"UORO: alpha_t must be positive, got {value} at step {step}.")
-        return value
+        return alpha_at(self.alpha, step)
 
     # -- state -------------------------------------------------------------------------------------------------
     def initial_state(
@@ -368,8 +326,8 @@ class UORO(OnlineGradientEstimator):
         return {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}
 
     def _advance_without_spatial_noise(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState):
-        """Section 8 / spec 11 variant C: ``H_tilde = gamma J H_tilde + beta tau J^h_z``, ``a_tilde = a_tilde / gamma
-        + tau a / beta``, with the section-8 gamma and beta (Frobenius norms)."""
+        """Without the spatial projection (Cooijmans & Martens 2019): ``H_tilde = gamma J H_tilde + beta tau J^h_z``,
+        ``a_tilde = a_tilde / gamma + tau a / beta``, with GIR's gamma and beta on Frobenius norms."""
         t = state.tensors
         propagated = lin.state_jvp_columns(t["h_tilde"])  # (B, H, Z)
         local = lin.activation_jacobian()  # (B, H, Z)

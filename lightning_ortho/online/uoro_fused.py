@@ -100,8 +100,10 @@ class TanhUOROStep:
         (tau / beta) g)`` from ``x`` ``(B, I)``, ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only),
         the noise ``nu`` ``(B, H)`` and signs ``tau`` ``(B, 1)``; :meth:`commit` then updates ``w_tilde``::
 
-            gamma = sqrt((||w_tilde|| + eps) / (||J h_tilde|| + eps)),  beta = sqrt((||g|| ||a|| + eps) / (||psi|| + eps))
-            h_tilde' = gamma J h_tilde + beta tau psi,                  w_tilde' = w_tilde / gamma + (tau / beta) g a^T
+            gamma = sqrt((||w_tilde|| + eps) / (||J h_tilde|| + eps))
+            beta = sqrt((||g|| ||a|| + eps) / (||psi|| + eps))
+            h_tilde' = gamma J h_tilde + beta tau psi
+            w_tilde' = w_tilde / gamma + (tau / beta) g a^T
 
         A NaN/inf in ``x`` reaches ``h_tilde'`` through ``||a||`` and ``beta`` (``inf * 0`` is NaN), a NaN in
         ``h'`` through ``d``, an overflowed ``w_tilde`` through ``gamma``: a finite ``h_tilde'`` means a finite
