@@ -52,7 +52,7 @@ def prepare_q0(q0: torch.Tensor | None, projection: str) -> tuple[torch.Tensor |
 
 # The values of the last sequence ``alpha`` read, as Python floats: a tensor index per step costs more than the rest
 # of a fused step. Keyed by the object itself (kept alive here, so its id cannot be reused).
-_read: list = [None, None]
+_read: tuple = (None, None)
 
 
 def alpha_at(alpha: Alpha, step: int) -> float:
@@ -61,12 +61,14 @@ def alpha_at(alpha: Alpha, step: int) -> float:
     Raises:
         ValueError: a sequence shorter than ``t``, or a function that returns a value that is not positive.
     """
+    global _read
     if callable(alpha):
         value = float(alpha(step))
     else:
-        if _read[0] is not alpha:
-            _read[:] = [alpha, torch.as_tensor(alpha, dtype=torch.float64).tolist()]
-        values = _read[1]
+        read = _read  # one tuple: read and replaced whole
+        if read[0] is not alpha:
+            read = _read = (alpha, torch.as_tensor(alpha, dtype=torch.float64).tolist())
+        values = read[1]
         if isinstance(values, float):
             value = values
         elif step > len(values):
