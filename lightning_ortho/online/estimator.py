@@ -175,7 +175,7 @@ class OnlineGradientEstimator:
                     f"{type(self).__name__}.gradient: the estimate holds NaN/inf at step {state.step}"
                     f"{self._nonfinite_parameters()}."
                 )
-        return self.layout.unflatten(flat)
+        return self.layout.views(flat)
 
     def reset(self, state: OnlineState, mask: torch.Tensor, h0: torch.Tensor | None = None) -> OnlineState:
         """Restart the streams where ``mask`` ``(B,)`` is true: their state becomes ``h0`` (``(B, H)`` or
