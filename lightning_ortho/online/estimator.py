@@ -213,10 +213,13 @@ class OnlineGradientEstimator:
     # -- for subclasses ----------------------------------------------------------------------------------------
     def _call_threads(self, state: OnlineState) -> int | None:
         """The thread count for a call on ``state`` (:attr:`num_threads`), or ``None`` to keep the current one."""
+        setting = self._num_threads
+        if setting is None or (setting == "auto" and torch.get_num_threads() == 1):
+            return None
         h = state.h if isinstance(state, OnlineState) else None
-        if self._num_threads is None or not isinstance(h, torch.Tensor) or h.dim() != 2:
+        if not isinstance(h, torch.Tensor) or h.dim() != 2:
             return None  # nothing to decide on: the checks of the call itself say what is wrong
-        return call_thread_count(self._num_threads, h.shape[1], h.device)
+        return call_thread_count(setting, h.shape[1], h.device)
 
     def _check_step_input(self, x: torch.Tensor, state: OnlineState) -> None:
         """Type, shape, dtype and device of a step's ``x`` (no host synchronisation; NaN/inf is checked apart)."""

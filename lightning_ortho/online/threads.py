@@ -55,10 +55,9 @@ def call_thread_count(setting: ThreadSetting, hidden_size: int, device: torch.de
     :func:`resolve_num_threads`, except that ``"auto"`` also leaves a count the user chose (set by
     ``torch.set_num_threads`` to another count than at import, or by ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``),
     and ``None`` when the count is already the one wanted."""
-    wanted = resolve_num_threads(setting, hidden_size, device)
-    if wanted is None:
-        return None
     current = torch.get_num_threads()
-    if wanted == current or (setting == "auto" and (_ENVIRONMENT_CHOSE or current != _START_COUNT)):
-        return None
-    return wanted
+    if setting == "auto":
+        if current == 1 or _ENVIRONMENT_CHOSE or current != _START_COUNT:
+            return None
+        return 1 if device.type == "cpu" and hidden_size <= AUTO_MAX_HIDDEN else None
+    return None if setting is None or setting == current else setting
