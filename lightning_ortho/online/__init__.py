@@ -4,6 +4,9 @@ reductions (Cooijmans & Martens 2019), exact RTRL, truncated BPTT, all behind on
 
 from lightning_ortho.online.cells import GRUCell, InfluenceBalancingCell, TanhRNNCell
 from lightning_ortho.online.estimator import OnlineGradientEstimator
+
+# Imported for their closed forms, which they register with linearize() (OrthogonalRNNCell, GRUCell).
+from lightning_ortho.online import gru_linearization, orthogonal_linearization  # noqa: F401  isort: skip
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
 from lightning_ortho.online.modrelu_cell import ModReLURNNCell
 from lightning_ortho.online.oracle import (

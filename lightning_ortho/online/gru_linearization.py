@@ -18,7 +18,7 @@ from torch import nn
 
 from lightning_ortho.nn._checks import LOW_PRECISION
 from lightning_ortho.online.cells import GRUCell
-from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
+from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, register_closed_form
 
 _NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
@@ -150,3 +150,6 @@ class GRUStepLinearization(StepLinearization):
 def _check_kind(kind: str) -> None:
     if kind != "parameter":
         raise ValueError("GRUCell has no preactivation(x, h): use projection='state' or 'parameter'.")
+
+
+register_closed_form(GRUCell, gru_linearization)

@@ -345,15 +345,27 @@ class LinearStepLinearization(StepLinearization):
         raise AssertionError  # unreachable
 
 
-def linearize(cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout, *, closed_form: bool = True):
-    """The cell's closed-form :class:`StepLinearization` when it offers one (and ``closed_form``), else the generic one."""
-    fast: Callable | None = getattr(cell, "linearize", None) if closed_form else None
-    if fast is not None:
-        return fast(x, h, layout)
-    if closed_form:  # cells without the method (nn's OrthogonalRNNCell: nn never imports online), GRUCell
-        from lightning_ortho.online._closed_forms import closed_form_linearization
+#: Closed forms of cell classes that do not carry a ``linearize`` method (``nn``'s OrthogonalRNNCell: ``nn`` never
+#: imports ``online``), keyed by the exact class (a subclass may change the step: it takes the generic path). Each
+#: returns its linearisation, or ``None`` for an instance it does not cover. Filled by :func:`register_closed_form`
+#: from the modules that implement them, which ``lightning_ortho.online`` imports.
+_CLOSED_FORMS: dict[type, Callable[..., StepLinearization | None]] = {}
 
-        lin = closed_form_linearization(cell, x, h, layout)
+
+def register_closed_form(cell_type: type, linearization: Callable[..., StepLinearization | None]) -> None:
+    """Make :func:`linearize` use ``linearization(cell, x, h, layout)`` for cells of exactly ``cell_type``."""
+    _CLOSED_FORMS[cell_type] = linearization
+
+
+def linearize(cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout, *, closed_form: bool = True):
+    """The cell's closed-form :class:`StepLinearization` when it offers one (a ``linearize`` method, or a form
+    registered for its class) and ``closed_form``, else the generic one."""
+    if closed_form:
+        fast: Callable | None = getattr(cell, "linearize", None)
+        if fast is not None:
+            return fast(x, h, layout)
+        registered = _CLOSED_FORMS.get(type(cell))
+        lin = None if registered is None else registered(cell, x, h, layout)
         if lin is not None:
             return lin
     return StepLinearization(cell, x, h, layout)

@@ -31,7 +31,7 @@ from lightning_ortho.nn.auxiliary import AuxiliaryReflection
 from lightning_ortho.nn.parametrized import ParametrizedOrthogonal
 from lightning_ortho.online._orthogonal_matrix_maps import matrix_transition
 from lightning_ortho.online._orthogonal_transitions import ReflectionTransition
-from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
+from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, register_closed_form
 
 _BIAS, _INPUT = "bias", "input_kernel.weight"
 
@@ -220,3 +220,6 @@ class OrthogonalStepLinearization(StepLinearization):
             start = self.layout.offsets[name]
             out[:, :, start : start + numel] = parts[name].reshape(batch, hidden, numel)
         return out
+
+
+register_closed_form(OrthogonalRNNCell, orthogonal_linearization)
