@@ -25,7 +25,7 @@ def _row_axpy(x: torch.Tensor, scale: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 
 def _coefficients(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(c, k, summary)`` of ``H(v) x = x - c v``: ``c = 2 v.x / v.v``, ``k = 2 / v.v``, ``summary = v.x + v.v``.
+    """``(c, k, summary)`` of ``H(v) x = x - c v``: ``c = 2 v.x / v.v``, ``k = 2 / v.v``, ``summary = c + v.v``.
 
     Where ``H(v)`` is undefined (:mod:`~lightning_ortho.nn._undefined`) we take ``H(0) = I``: ``k = 2 / inf = 0``
     and ``c = 0``. Dividing by ``inf`` instead of masking the quotient keeps gradients finite too
@@ -34,7 +34,9 @@ def _coefficients(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch
     vx = _rowdot(v, x)
     vv = _rowdot(v, v)
     k = 2.0 / torch.where(is_defined(vv), vv, torch.inf)
-    return k * vx, k, vx + vv
+    c = k * vx
+    # c, not v.x: a finite v.x over a tiny (but in-range) v.v can still overflow c, and then y.
+    return c, k, c + vv
 
 
 class _Reflection(torch.autograd.Function):
@@ -157,8 +159,9 @@ def reflect_with_summary(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor
     derivatives), small ones plain autograd.
 
     Returns:
-        ``(H(v) x, summary)`` where ``summary = v.x + v.v`` has shape ``(...)`` and is finite exactly when
-        the inputs were, so callers can check finiteness on ``B`` numbers instead of ``B x d``.
+        ``(H(v) x, summary)`` where ``summary = c + v.v`` (``c = 2 v.x / v.v``) has shape ``(...)`` and is finite
+        exactly when the inputs were and ``c`` did not overflow, so callers can check finiteness on ``B`` numbers
+        instead of ``B x d``.
     """
     if x.shape != v.shape:  # broadcast explicitly; autograd sums the gradient of the expanded view
         shape = torch.broadcast_shapes(x.shape, v.shape)

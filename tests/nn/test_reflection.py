@@ -96,3 +96,14 @@ def test_one_unbatched_vector_with_a_badly_scaled_reflection_vector():
         expected[3] = -1.0
         torch.testing.assert_close(reflect(x, v), expected, rtol=0, atol=0)
         torch.testing.assert_close(reflect(x, v), reflect(x[None], v[None])[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_overflowing_coefficient_raises_instead_of_returning_inf(monkeypatch, fused):
+    """Finite x and v whose c = 2 v.x / v.v overflows float32 (v.v = 2e-30 is in range, v.x = 2e15): the result
+    would be -inf; it must be an error, not a silent inf."""
+    monkeypatch.setattr(reflection_module, "FUSED_MIN_NUMEL", 0 if fused else 1 << 30)
+    x = torch.tensor([[1e30, 0.0], [1.0, 2.0]])
+    v = torch.tensor([[1e-15, 1e-15], [1.0, 0.0]])
+    with pytest.raises(ValueError, match="overflow"):
+        reflect(x, v)
