@@ -75,7 +75,7 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
 
     Speed: for ``n(x) = W x`` a batch whose rows are all finite and well scaled runs as one fused Function with
     hand-written derivatives and a single host read (:mod:`~lightning_ortho.nn._fast_reflection`); any other batch
-    (a zero, 1e-20 or 1e19 row, NaN/inf, ``torch.func`` transforms, ``finite_checks(False)``) takes the careful
+    (a zero, 1e-20 or 1e19 row, NaN/inf, ``torch.func`` transforms, ``torch.compile``) takes the careful
     path, which rescales such rows and names a NaN. Both compute the same expression (equal to float rounding).
     ``layer.fused_forward = False`` turns the fused path off.
 
@@ -254,7 +254,13 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
     def _well_scaled_forward(self, x: torch.Tensor) -> torch.Tensor | None:
         """``H(W x) x`` from :func:`~lightning_ortho.nn._fast_reflection.well_scaled_linear_reflection`, or ``None``
         where it does not apply (the caller then takes the careful path, which also raises for bad input)."""
-        if not isinstance(x, torch.Tensor) or not finite_checks_enabled(x):
+        # Under finite_checks(False) too: the one host read here is what makes the path exact (it finds zero and
+        # badly scaled rows), not a NaN check, and the careful path without checks is slower at small sizes.
+        if (
+            not isinstance(x, torch.Tensor)
+            or torch.compiler.is_compiling()
+            or torch._C._functorch.is_functorch_wrapped_tensor(x)
+        ):
             return None
         weight = self.constraint() if self.invertible else self.weight
         if torch._C._functorch.is_functorch_wrapped_tensor(weight):  # torch.func over the parameters

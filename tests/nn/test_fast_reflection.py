@@ -179,3 +179,19 @@ def test_a_coefficient_that_overflows_is_not_kept():
     assert 1e-31 < float((v * v).sum(-1).min()) < 1e31 and not torch.isfinite((v * x).sum(-1) / (v * v).sum(-1)).all()
     assert fast_module.well_scaled_linear_reflection(x, weight) is None
     assert fast_module.well_scaled_linear_reflection(x[:, :4] * 1e-20, torch.eye(4)) is not None
+
+
+def test_unchecked_mode_keeps_the_fused_path_and_the_zero_row_convention(fused_calls):
+    """finite_checks(False) turns off NaN errors, not the fused path (the careful path is slower at small sizes);
+    the fused path's own range check still sends a zero row to the careful path, where H(0) = I."""
+    torch.manual_seed(5)
+    layer = AuxiliaryReflection(6).double()
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    with finite_checks(False):
+        y = layer(x)
+    assert fused_calls["kept"] == 1
+    torch.testing.assert_close(y, careful(layer, x), rtol=1e-12, atol=1e-12)
+    zero = torch.cat([x.detach()[:2], torch.zeros(1, 6, dtype=torch.float64)])
+    with finite_checks(False):
+        y_zero = layer(zero)
+    assert fused_calls["kept"] == 1 and torch.equal(y_zero[2], zero[2])
