@@ -100,7 +100,8 @@ class GRUCell(nn.Module):
     Same parameter layout and initialisation as ``torch.nn.GRUCell`` (``weight_ih`` ``(3H, I)``, ``weight_hh``
     ``(3H, H)``, biases ``(3H,)``, gates in the order r, u, n), so its outputs equal torch's for the same
     weights (tested). It has no single preactivation (the state enters three gates), so UORO projects in state
-    or parameter space; Jacobian products go through ``torch.func``.
+    or parameter space; its Jacobian products are closed forms
+    (:class:`~lightning_ortho.online.gru_linearization.GRUStepLinearization`; a subclass takes ``torch.func``).
 
     Shapes: ``x`` ``(B, input_size)``, ``h`` ``(B, hidden_size)`` -> ``(B, hidden_size)``.
     """
