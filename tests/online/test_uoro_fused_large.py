@@ -1,7 +1,8 @@
-"""The norms of a large ``w_tilde`` that UORO's fused step takes during its update (lightning_ortho.online.uoro_fused)
-serve the next step's ``gamma`` only while ``w_tilde`` is unchanged: the estimates equal the generic ``torch.func``
-path's (float64) across steps, resets, a checkpoint, an in-place change of ``w_tilde`` and inference mode, and the
-next step reads no ``(B, P)`` norm."""
+"""UORO's fused step on a TanhRNNCell at large sizes (lightning_ortho.online.uoro_fused), forced at small ones: the
+norms of ``w_tilde`` taken during its stream-by-stream update serve the next step's ``gamma`` only while ``w_tilde``
+is unchanged, and ``W_h`` read once for ``h`` and ``h_tilde``; the steps equal the generic ``torch.func`` path's
+(float64) across steps, resets, a checkpoint, an in-place change of ``w_tilde`` and inference mode, and the next step
+reads no ``(B, P)`` norm."""
 
 from __future__ import annotations
 
@@ -104,3 +105,16 @@ def test_inference_mode_takes_the_norms_afresh_and_gives_the_same_steps():
     with torch.inference_mode():
         got, _ = trace(estimator, xs, estimator.initial_state(h0))
     assert_traces_close(got, expected)
+
+
+@pytest.mark.parametrize("projection", ["state", "preactivation"])
+@pytest.mark.parametrize("kind", ["gir", "fixed"])
+def test_one_product_for_h_and_h_tilde_gives_the_generic_steps(projection, kind, monkeypatch):
+    monkeypatch.setattr(uoro_fused, "STACKED_FORWARD_MIN", 0)  # W_h read once for both, at every size
+    cell, xs, h0 = setup()
+    rescaling = "gir" if kind == "gir" else (torch.linspace(0.7, 1.3, STEPS, dtype=DTYPE), None)
+    runs = []
+    for options in ({}, {"closed_form": False}):
+        estimator = UORO(cell, projection=projection, rescaling=rescaling, generator=3, **options)
+        runs.append(trace(estimator, xs, estimator.initial_state(h0))[0])
+    assert_traces_close(*runs)
