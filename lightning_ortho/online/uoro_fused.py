@@ -23,9 +23,10 @@ from torch import nn
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
 
-#: Parameters from which :meth:`TanhUOROStep.commit` updates ``w_tilde`` stream by stream in one pass (on the CPU):
-#: 10-16 % faster at H = 512-1024 (P = 0.28M-1.1M), slower below a few hundred units (8 streams, 2 calls each).
-ROW_UPDATE_MIN = 1 << 17
+#: Parameters from which :meth:`TanhUOROStep.commit` updates ``w_tilde`` stream by stream in one pass and takes its
+#: norms on the way (on the CPU): the step is even at H = 256 (P = 74K) and 0.8x at H = 320-384, while three calls
+#: per stream cost more than the two passes they save below (1.3x at H = 192; 8 streams, one thread).
+ROW_UPDATE_MIN = 1 << 16
 #: Bytes of ``W_h`` from which :meth:`TanhUOROStep._forward` reads it once for ``h`` and ``h_tilde`` (one product
 #: of their stack) on the CPU: past a core's L2 cache the second read comes from memory (0.6x the time at H = 1024),
 #: below it the stack costs more than it saves (1.2x at H = 32 and 512, one thread).
