@@ -118,3 +118,18 @@ def test_one_product_for_h_and_h_tilde_gives_the_generic_steps(projection, kind,
         estimator = UORO(cell, projection=projection, rescaling=rescaling, generator=3, **options)
         runs.append(trace(estimator, xs, estimator.initial_state(h0))[0])
     assert_traces_close(*runs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_large_paths_run_in_the_parameters_dtype(dtype, monkeypatch):
+    monkeypatch.setattr(uoro_fused, "STACKED_FORWARD_MIN", 0)
+    cell, xs, h0 = setup()
+    cell, xs, h0 = cell.to(dtype), xs.to(dtype), h0.to(dtype)
+    runs = []
+    for options in ({}, {"fused": False}):
+        estimator = UORO(cell, generator=4, **options)
+        runs.append(trace(estimator, xs, estimator.initial_state(h0))[0])
+    for (h_a, w_a), (h_b, w_b) in zip(*runs, strict=True):
+        assert h_a.dtype == w_a.dtype == dtype
+        torch.testing.assert_close(h_a.float(), h_b.float(), rtol=5e-2, atol=5e-2)
+        torch.testing.assert_close(w_a.float(), w_b.float(), rtol=5e-2, atol=5e-2)
