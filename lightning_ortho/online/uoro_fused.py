@@ -8,8 +8,8 @@ RNN of Cooijmans & Martens 2019)::
 so the parameter-side product of a UORO step is one outer product per stream, of norm ``||c * d|| ||a||``.
 :class:`TanhUOROStep` runs the whole step of Tallec & Ollivier's UORO (GIR or a fixed rescaling
 ``Q_t = alpha_t Q0``; cut vertex ``h`` or ``z``) as about thirty calls on ``(B, H)`` tensors and two passes over
-``w_tilde`` ``(B, P)`` (its norm, and its rescaling and rank-one update in place; for a large ``w_tilde`` on the CPU
-the norm is taken stream by stream right after that stream's update, while its row is still in cache): no
+``w_tilde`` ``(B, P)`` (its norm, and its rescaling and rank-one update in place; a large ``w_tilde`` on the CPU
+takes one, each stream's norm read right after its update while the row is still in cache): no
 :class:`~lightning_ortho.online.linearization.StepLinearization`, no ``c^T J`` materialised, no host
 synchronisation. It computes what :meth:`lightning_ortho.online.UORO._advance` computes on the cell's closed
 form, to float rounding (the tests compare it with the ``torch.func`` path in float64).
