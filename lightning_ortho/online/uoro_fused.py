@@ -8,7 +8,8 @@ RNN of Cooijmans & Martens 2019)::
 so the parameter-side product of a UORO step is one outer product per stream, of norm ``||c * d|| ||a||``.
 :class:`TanhUOROStep` runs the whole step of Tallec & Ollivier's UORO (GIR or a fixed rescaling
 ``Q_t = alpha_t Q0``; cut vertex ``h`` or ``z``) as about thirty calls on ``(B, H)`` tensors and two passes over
-``w_tilde`` ``(B, P)`` (its norm, and its rescaling and rank-one update in place): no
+``w_tilde`` ``(B, P)`` (its norm, and its rescaling and rank-one update in place; a large ``w_tilde`` on the CPU
+takes one, each stream's norm read right after its update while the row is still in cache): no
 :class:`~lightning_ortho.online.linearization.StepLinearization`, no ``c^T J`` materialised, no host
 synchronisation. It computes what :meth:`lightning_ortho.online.UORO._advance` computes on the cell's closed
 form, to float rounding (the tests compare it with the ``torch.func`` path in float64).
@@ -22,9 +23,14 @@ from torch import nn
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
 
-#: Parameters from which :meth:`TanhUOROStep.commit` updates ``w_tilde`` stream by stream in one pass (on the CPU):
-#: 10-16 % faster at H = 512-1024 (P = 0.28M-1.1M), slower below a few hundred units (8 streams, 2 calls each).
-ROW_UPDATE_MIN = 1 << 17
+#: Parameters from which :meth:`TanhUOROStep.commit` updates ``w_tilde`` stream by stream in one pass and takes its
+#: norms on the way (on the CPU): the step is even at H = 256 (P = 74K) and 0.8x at H = 320-384, while three calls
+#: per stream cost more than the two passes they save below (1.3x at H = 192; 8 streams, one thread).
+ROW_UPDATE_MIN = 1 << 16
+#: Bytes of ``W_h`` from which :meth:`TanhUOROStep._forward` reads it once for ``h`` and ``h_tilde`` (one product
+#: of their stack) on the CPU: past a core's L2 cache the second read comes from memory (0.6x the time at H = 1024),
+#: below it the stack costs more than it saves (1.2x at H = 32 and 512, one thread).
+STACKED_FORWARD_MIN = 1 << 21
 
 
 def fusable_tanh_cell(cell: nn.Module, layout: ParameterLayout) -> bool:
@@ -48,7 +54,9 @@ class TanhUOROStep:
 
     With GIR ``w_tilde`` is updated **in place** (:meth:`commit`; a new ``(B, P)`` tensor per step would cost a
     pass and, at large ``P``, fresh pages), and the views of its three parameter blocks are kept while it is the
-    same tensor.
+    same tensor. The norms of a large ``w_tilde`` taken in :meth:`commit` serve the next step's ``gamma`` while it
+    is the same tensor at the same version (``Tensor._version``: any in-place change, a reset or a loaded
+    checkpoint, which make new tensors, means they are taken afresh).
     """
 
     def __init__(self, cell: TanhRNNCell, projection: str, eps: float) -> None:
@@ -56,6 +64,8 @@ class TanhUOROStep:
             raise ValueError(f"TanhUOROStep: projection must be 'state' or 'preactivation', got {projection!r}.")
         self.cell, self.state_cut, self.eps = cell, projection == "state", float(eps)
         self._blocks: tuple[torch.Tensor, ...] | None = None
+        self._rows: tuple | None = None  # (w_tilde, its views per stream: _rows_of)
+        self._norms: tuple | None = None  # (w_tilde, its _version, ||w_tilde|| (B, 1)) after commit
         self._constants: tuple = (None,) * 5
 
     def _constants_like(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -83,6 +93,11 @@ class TanhUOROStep:
         """``(h', d, J h_tilde)``: the new state, the slope ``d = 1 - h'^2`` and ``d * (W_h h_tilde)``, ``(B, H)``."""
         cell = self.cell
         weight_t = cell.weight_hh.T
+        if weight_t.nbytes >= STACKED_FORWARD_MIN and h.device.type == "cpu":
+            both = torch.mm(torch.cat((h, h_tilde)), weight_t)
+            h_new = torch.tanh(both[: h.shape[0]].add_(cell.bias).addmm_(x, cell.weight_ih.T))
+            slope = torch.addcmul(one, h_new, h_new, value=-1)
+            return h_new, slope, both[h.shape[0] :].mul_(slope)
         h_new = torch.tanh(torch.addmm(cell.bias, h, weight_t).addmm_(x, cell.weight_ih.T))
         slope = torch.addcmul(one, h_new, h_new, value=-1)
         return h_new, slope, torch.mm(h_tilde, weight_t).mul_(slope)
@@ -115,7 +130,7 @@ class TanhUOROStep:
         psi, g = (nu, m) if self.state_cut else (m, nu)
         norm = torch.linalg.vector_norm  # (B, 1) norms of the rows: norm(v, 2, 1, True)
         inputs = norm(torch.cat((h, x, ones), 1), 2, 1, True)  # ||a||
-        gamma = norm(w_tilde, 2, 1, True).add_(eps).div_(norm(propagated, 2, 1, True).add_(eps)).sqrt_()
+        gamma = self._norm_of(w_tilde).add(eps).div_(norm(propagated, 2, 1, True).add_(eps)).sqrt_()
         beta = norm(g, 2, 1, True).mul_(inputs).add_(eps).div_(norm(psi, 2, 1, True).add_(eps)).sqrt_()
         h_tilde_new = torch.addcmul(propagated.mul_(gamma), beta * tau, psi)
         return h_new, h_tilde_new, gamma.reciprocal(), g * (tau / beta)
@@ -127,14 +142,20 @@ class TanhUOROStep:
 
         Large ``w_tilde`` on the CPU (``P >= ROW_UPDATE_MIN``, where the step is bound by memory): one ``addr_``
         per stream and block, ``beta = 1 / gamma``, rescales and adds in a single pass (equal to the two passes to
-        rounding; ``1 / gamma`` is read on the host, which on the CPU waits for nothing).
+        rounding; ``1 / gamma`` is read on the host, which on the CPU waits for nothing), and each stream's new norm
+        is taken right after its update, while its row is still in the caches, for the next step's ``gamma``
+        (:meth:`_norm_of`) instead of in a pass of its own.
         """
         if w_tilde.device.type == "cpu" and w_tilde.shape[1] >= ROW_UPDATE_MIN:
-            blocks = self._blocks_of(w_tilde, g, x)
+            self._blocks_of(w_tilde, g, x)[3].mul_(inverse_gamma).add_(g)  # first: each row is final in its turn
+            norm, norms, rows = torch.linalg.vector_norm, [], self._rows_of(w_tilde)
             for stream, scale in enumerate(inverse_gamma.view(-1).tolist()):
-                blocks[1][stream].addr_(g[stream], h[stream], beta=scale)
-                blocks[2][stream].addr_(g[stream], x[stream], beta=scale)
-            blocks[3].mul_(inverse_gamma).add_(g)
+                row, block_hh, block_ih = rows[stream]
+                block_hh.addr_(g[stream], h[stream], beta=scale)
+                block_ih.addr_(g[stream], x[stream], beta=scale)
+                norms.append(norm(row))
+            if not w_tilde.is_inference():  # inference tensors have no version counter to check the norms by
+                self._norms = (w_tilde, w_tilde._version, torch.stack(norms).unsqueeze_(1))
             return
         w_tilde.mul_(inverse_gamma)
         self._accumulate(w_tilde, g, h, x)
@@ -160,6 +181,23 @@ class TanhUOROStep:
         w_tilde_new = w_tilde.clone()
         self._accumulate(w_tilde_new, g * (1 / alpha), h, x)
         return h_new, h_tilde_new, w_tilde_new
+
+    def _norm_of(self, w_tilde: torch.Tensor) -> torch.Tensor:
+        """``||w_tilde||`` per stream ``(B, 1)``: the norms :meth:`commit` took if ``w_tilde`` is the tensor it
+        updated and has not changed since (same ``_version``), else a pass over it."""
+        cached = self._norms
+        if cached is not None and cached[0] is w_tilde and cached[1] == w_tilde._version:
+            return cached[2]
+        return torch.linalg.vector_norm(w_tilde, 2, 1, True)
+
+    def _rows_of(self, out: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """Per stream ``(row (P,), W_h block (H, H), W_x block (H, I))`` of ``out`` (views), kept while it is the
+        same tensor (call :meth:`_blocks_of` first)."""
+        rows = self._rows
+        if rows is None or rows[0] is not out:
+            _, block_hh, block_ih, _ = self._blocks
+            rows = self._rows = (out, tuple(zip(out.unbind(0), block_hh.unbind(0), block_ih.unbind(0), strict=True)))
+        return rows[1]
 
     def _blocks_of(self, out: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``(out, W_h block (B, H, H), W_x block (B, H, I), b block (B, H))``: views of ``out`` ``(B, P)``, kept
