@@ -47,6 +47,9 @@ def test_quick_run_writes_every_row(quick):
     assert 0 <= compress["error"] <= 100 and compress["blocks"] > 0
     recipe = next(r for r in data["rows"] if r["section"] == "online_recipe")
     assert recipe["spinners"] == 1 and recipe["default_threads_s"] > 0 and recipe["one_thread_s"] > 0
+    for online in (r for r in data["rows"] if r["section"].startswith("uoro_bptt")):  # the breakdown is there
+        assert 0 < online["estimator_ms_per_step"] and online["estimator_over_bptt"] > 0
+        assert "the estimator's own step + gradient" in bench._details(online)
     bandwidth = next(r for r in data["rows"] if r["section"] == "uoro_bandwidth")
     assert bandwidth["parameters"] == 64 * 64 + 64 * 32 + 64  # w_tilde holds one row of P per stream
     assert bandwidth["w_tilde_mb"] == pytest.approx(8 * bandwidth["parameters"] * 4 / 2**20)
