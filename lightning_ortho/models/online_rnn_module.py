@@ -14,10 +14,10 @@ from lightning_ortho.models.online_carry import OnlineCarry
 from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, differing_options, initial_state
 from lightning_ortho.models.online_evaluation import OnlineEvaluation
 from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, explain_nonfinite_grad_h, read_chunk
+from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.models.online_threads import StageThreads, check_num_threads
 from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.online import OnlineState
-from lightning_ortho.online.losses import masked_loss_sum
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 _CHECKPOINT_KEY = "online_rnn_module"
@@ -197,11 +197,8 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
 
     def _accumulate(self, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, streams: int) -> torch.Tensor:
         """Add step t's gradient estimate to the window's buffer; return the step's masked loss sum (detached)."""
-        h_in = h.detach().requires_grad_(True)
-        readout = [(f"readout.{n}", p) for n, p in self.readout.named_parameters() if p.requires_grad]
-        with torch.enable_grad():
-            loss_sum = masked_loss_sum(self.readout(h_in), y, mask, self.loss_name)
-            grad_h, *readout_grads = torch.autograd.grad(loss_sum / streams, [h_in, *(p for _, p in readout)])
+        readout = [f"readout.{n}" for n, p in self.readout.named_parameters() if p.requires_grad]
+        loss_sum, grad_h, readout_grads = readout_step(self.readout, h, y, mask, self.loss_name, streams)
         with _no_autocast(h):
             try:
                 cell_grads = self.estimator.gradient(self.carry.state, grad_h.to(h.dtype))
@@ -215,12 +212,12 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         pending = self._pending_buffer()
         found = [
             *((f"cell.{n}", g) for n, g in cell_grads.items()),
-            *zip((n for n, _ in readout), readout_grads, strict=True),
+            *zip(readout, readout_grads, strict=True),
         ]
         for name, g in found:
             if name in pending:  # frozen parameters have no buffer
                 pending[name] += g.to(pending[name].dtype)
-        return loss_sum.detach().double()
+        return loss_sum
 
     def _pending_buffer(self) -> dict[str, torch.Tensor]:
         if self.carry.pending is None:

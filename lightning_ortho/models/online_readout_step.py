@@ -1,0 +1,91 @@
+"""One online step's readout loss and its gradients in closed form: what ``torch.autograd.grad`` of
+``masked_loss_sum(readout(h), y, mask, loss) / streams`` gives, in a handful of kernels and without a graph."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout
+
+
+def readout_step(
+    readout: Readout, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str, streams: int
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The step's masked loss sum, ``dL/dh`` and the readout's parameter gradients, with ``L = loss_sum / streams``.
+
+    ``h`` ``(b, H)``; ``y`` ``(b,)`` int64 class indices, or ``(b, O)`` float (probabilities for
+    ``"cross_entropy"``, real targets for ``"mse"``); ``mask`` ``(b,)`` bool. With ``o = readout(h)`` computed in at
+    least float32 (autocast off) and per stream ``l = 0.5 ||o - y||^2`` (``dl/do = o - y``) or
+    ``l = -sum_k y_k log softmax(o)_k`` (``dl/do = softmax(o) sum_k y_k - y``; a class index is its one-hot row),
+    ``g = dL/do = (dl/do) * mask / streams``; then ``dL/dh = g W`` (kind ``"linear"``, ``o = h W^T + c``) or ``g``
+    padded with zeros to ``H`` (kind ``"units"``), ``dL/dW = g^T h`` and ``dL/dc = sum_streams g``. Masked streams
+    contribute exactly zero, whatever their targets hold (NaN, inf, out-of-range classes, -100).
+
+    Returns:
+        ``(loss_sum, grad_h, readout_grads)``: the sum of ``l`` over the masked streams as a detached float64
+        scalar; ``grad_h`` in ``h``'s dtype; the gradients of the readout's parameters that require one, in the
+        order of ``readout.named_parameters()`` and in their dtypes (frozen ones are skipped).
+
+    Raises:
+        ValueError: ``loss`` is neither ``"mse"`` nor ``"cross_entropy"``, or int64 targets with ``"mse"``.
+    """
+    linear = readout.linear
+    dtype = torch.promote_types(h.dtype, torch.float32)
+    if linear is not None:
+        dtype = torch.promote_types(dtype, linear.weight.dtype)
+    # the loss and its gradient in at least float32, as masked_loss_sum computes them also under autocast
+    autocast = torch.is_autocast_enabled(h.device.type)
+    with torch.autocast(h.device.type, enabled=False) if autocast else contextlib.nullcontext():
+        hc = h.detach().to(dtype)
+        if linear is not None:
+            weight = linear.weight.detach().to(dtype)
+            if linear.bias is not None:
+                outputs = torch.addmm(linear.bias.detach().to(dtype), hc, weight.t())
+            else:
+                outputs = hc @ weight.t()
+        else:
+            outputs = hc[:, : readout.output_size]
+        loss_sum, g = _loss_and_gradient(outputs, y, mask, loss, streams)
+        if linear is not None:
+            grad_h = g @ weight
+        else:
+            grad_h = torch.nn.functional.pad(g, (0, h.shape[-1] - g.shape[-1]))
+        grads = []
+        if linear is not None:
+            if linear.weight.requires_grad:
+                grads.append((g.t() @ hc).to(linear.weight.dtype))
+            if linear.bias is not None and linear.bias.requires_grad:
+                grads.append(g.sum(0).to(linear.bias.dtype))
+    return loss_sum.double(), grad_h.to(h.dtype), grads
+
+
+def _loss_and_gradient(
+    outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str, streams: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum of l over masked streams, g = (dl/do) * mask / streams)`` for ``outputs`` ``(b, O)``."""
+    rows = mask[:, None]
+    if loss == "mse":
+        if not y.is_floating_point():
+            raise ValueError(f"readout_step: loss='mse' takes float (b, O) targets, got {y.dtype}.")
+        # where() after the subtraction: a NaN/inf target at a masked stream is dropped, not multiplied by zero
+        residual = torch.where(rows, outputs - y.to(outputs.dtype), 0.0)
+        flat = residual.view(-1)
+        return torch.dot(flat, flat).mul_(0.5), residual.div_(streams)
+    if loss != "cross_entropy":
+        raise ValueError(f"readout_step: loss must be 'mse' or 'cross_entropy', got {loss!r}.")
+    log_p = torch.log_softmax(outputs, -1)
+    if y.dtype == torch.long:
+        mask = mask & (y != IGNORE_INDEX)  # as cross_entropy's ignore_index (read_chunk already masks them)
+        rows = mask[:, None]
+        index = torch.where(mask, y, 0)[:, None]  # padding may be out of range
+        loss_sum = torch.where(mask, log_p.gather(1, index).squeeze(1), 0.0).sum().neg_()
+        # softmax(o) - onehot(y), zero at masked streams
+        g = torch.where(rows, log_p.exp_().scatter_(1, index, -1.0, reduce="add"), 0.0)
+        return loss_sum, g.div_(streams)
+    target = torch.where(rows, y.to(outputs.dtype), 0.0)  # padding may be NaN or inf
+    loss_sum = torch.dot(target.view(-1), log_p.view(-1)).neg_()
+    # target - softmax(o) * sum_k target_k = -(dl/do); the sign goes into the division
+    g = torch.addcmul(target, log_p.exp_(), target.sum(-1, keepdim=True), value=-1.0)
+    return loss_sum, g.div_(-streams)

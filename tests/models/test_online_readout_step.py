@@ -1,0 +1,152 @@
+"""readout_step: the online step's readout loss and gradients in closed form equal autograd through
+``masked_loss_sum(readout(h), y, mask, loss) / streams``, and the module trains the same with either."""
+
+import pytest
+import torch
+
+import lightning_ortho.models.online_rnn_module as online_rnn_module
+from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout
+from lightning_ortho.models.online_readout_step import readout_step
+from lightning_ortho.online.losses import masked_loss_sum
+from tests.models.test_online_rnn_module import TinyStreams, model, trainer
+
+B, H, OUT = 6, 7, 4
+
+
+def autograd_step(readout, h, y, mask, loss, streams):
+    """The reference: what OnlineRNNModule._accumulate took by autograd before the closed form."""
+    h_in = h.detach().requires_grad_(True)
+    params = [p for p in readout.parameters() if p.requires_grad]
+    with torch.enable_grad():
+        loss_sum = masked_loss_sum(readout(h_in), y, mask, loss)
+        grad_h, *grads = torch.autograd.grad(loss_sum / streams, [h_in, *params])
+    return loss_sum.detach().double(), grad_h, grads
+
+
+def targets(kind, dtype, mask, g):
+    """Targets whose masked-out entries hold padding the loss must never see (NaN, inf, -100, out of range)."""
+    if kind == "index":
+        y = torch.randint(0, OUT, (B,), generator=g)
+        return torch.where(mask, y, torch.tensor([IGNORE_INDEX, 99, -7, OUT, 0, 1]))
+    y = torch.randn(B, OUT, generator=g, dtype=torch.float64)
+    if kind == "probabilities":
+        y = torch.softmax(y, -1)
+    y = y.to(dtype)
+    padding = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30, 0.0, 2.0], dtype=dtype)
+    return torch.where(mask[:, None], y, padding[:, None])
+
+
+CASES = [("mse", "real"), ("cross_entropy", "index"), ("cross_entropy", "probabilities")]
+MASKS = {
+    "some": [True, False, True, False, True, True],
+    "all": [True] * B,
+    "none": [False] * B,
+}
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=list(MASKS))
+@pytest.mark.parametrize("loss, kind", CASES, ids=[k for _, k in CASES])
+@pytest.mark.parametrize("readout_kind", ["linear", "units"])
+def test_equals_autograd_in_float64(readout_kind, loss, kind, mask):
+    g = torch.Generator().manual_seed(0)
+    readout = Readout(readout_kind, H, OUT).double()
+    mask = torch.tensor(MASKS[mask])
+    h = torch.randn(B, H, generator=g, dtype=torch.float64)
+    y = targets(kind, torch.float64, mask, g)
+    streams = B + 2  # not the batch size: the division is by the given number of streams
+    expected = autograd_step(readout, h, y, mask, loss, streams)
+    got = readout_step(readout, h, y, mask, loss, streams)
+    assert got[0].dtype == torch.float64 and got[1].dtype == torch.float64 and not got[1].requires_grad
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-12, atol=1e-14)
+    assert len(got[2]) == len(expected[2]) == (2 if readout_kind == "linear" else 0)
+    for a, b in zip(got[2], expected[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    if not mask.any():
+        assert got[0] == 0 and not got[1].any()
+    else:
+        assert got[1].abs().max() > 0  # the comparison is not of zeros
+
+
+@pytest.mark.parametrize("frozen", ["weight", "bias", "both"])
+def test_frozen_readout_parameters_are_skipped(frozen):
+    g = torch.Generator().manual_seed(1)
+    readout = Readout("linear", H, OUT).double()
+    for name in ("weight", "bias") if frozen == "both" else (frozen,):
+        getattr(readout.linear, name).requires_grad_(False)
+    mask = torch.tensor(MASKS["some"])
+    h, y = torch.randn(B, H, generator=g, dtype=torch.float64), targets("index", torch.float64, mask, g)
+    expected = autograd_step(readout, h, y, mask, "cross_entropy", B)
+    got = readout_step(readout, h, y, mask, "cross_entropy", B)
+    assert len(got[2]) == len(expected[2]) == (0 if frozen == "both" else 1)
+    for a, b in zip([got[1], *got[2]], [expected[1], *expected[2]], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_no_bias_and_ignore_index_at_a_scored_entry_as_cross_entropy_ignores_it():
+    g = torch.Generator().manual_seed(2)
+    readout = Readout("linear", H, OUT).double()
+    readout.linear.bias = None
+    mask = torch.ones(B, dtype=torch.bool)  # -100 is scored by the mask but ignored by the loss
+    h, y = torch.randn(B, H, generator=g, dtype=torch.float64), torch.tensor([0, IGNORE_INDEX, 3, 1, 2, 0])
+    expected = autograd_step(readout, h, y, mask, "cross_entropy", B)
+    got = readout_step(readout, h, y, mask, "cross_entropy", B)
+    for a, b in zip([got[0], got[1], *got[2]], [expected[0], expected[1], *expected[2]], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("loss, kind", CASES, ids=[k for _, k in CASES])
+@pytest.mark.parametrize("readout_kind", ["linear", "units"])
+def test_float32_and_bfloat16_within_their_precision(readout_kind, loss, kind, dtype):
+    g = torch.Generator().manual_seed(3)
+    readout = Readout(readout_kind, H, OUT).to(dtype)
+    mask = torch.tensor(MASKS["some"])
+    h, y = torch.randn(B, H, generator=g).to(dtype), targets(kind, dtype, mask, g)
+    expected = autograd_step(readout, h, y, mask, loss, B)
+    got = readout_step(readout, h, y, mask, loss, B)
+    assert got[0].dtype == torch.float64 and got[1].dtype == dtype
+    assert [t.dtype for t in got[2]] == [dtype] * len(got[2]) and len(got[2]) == len(expected[2])
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-6}
+    for a, b in zip([got[0], got[1], *got[2]], [expected[0], expected[1], *expected[2]], strict=True):
+        torch.testing.assert_close(a, b.to(a.dtype), **tol)
+
+
+def test_autocast_does_not_lower_the_precision():
+    g = torch.Generator().manual_seed(4)
+    readout = Readout("linear", H, OUT)
+    mask = torch.tensor(MASKS["some"])
+    h, y = torch.randn(B, H, generator=g), targets("real", torch.float32, mask, g)
+    expected = readout_step(readout, h, y, mask, "mse", B)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = readout_step(readout, h, y, mask, "mse", B)
+    for a, b in zip([got[0], got[1], *got[2]], [expected[0], expected[1], *expected[2]], strict=True):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_bad_loss_is_a_clear_error():
+    readout, h, mask = Readout("units", H, OUT), torch.zeros(B, H), torch.ones(B, dtype=torch.bool)
+    with pytest.raises(ValueError, match="loss must be 'mse' or 'cross_entropy'"):
+        readout_step(readout, h, torch.zeros(B, OUT), mask, "hinge", B)
+    with pytest.raises(ValueError, match="float"):
+        readout_step(readout, h, torch.zeros(B, dtype=torch.long), mask, "mse", B)
+
+
+@pytest.mark.parametrize("loss, soft", [("mse", False), ("cross_entropy", False), ("cross_entropy", True)])
+def test_module_trains_as_with_the_autograd_readout(loss, soft, tmp_path, monkeypatch):
+    """A short float32 fit with the closed form against the same fit with the autograd readout."""
+    torch.manual_seed(0)
+    initial = {n: p.detach().clone() for n, p in model("uoro", loss=loss).named_parameters()}
+    fitted = []
+    for step in (readout_step, autograd_step):
+        monkeypatch.setattr(online_rnn_module, "readout_step", step)
+        torch.manual_seed(0)
+        module = model("uoro", loss=loss, update_every=2, optimizer="sgd", lr=0.5)  # sgd: not scale-free
+        data = TinyStreams(streams=3, steps=4, chunks_per_epoch=2, loss=loss, soft=soft)
+        trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(module, data)
+        assert module.global_step == 4
+        fitted.append({n: p.detach().clone() for n, p in module.named_parameters()})
+    for name, p in fitted[0].items():
+        torch.testing.assert_close(p, fitted[1][name], rtol=1e-5, atol=1e-6, msg=name)
+        assert (p - initial[name]).abs().max() > 1e-3, name  # every parameter moved: the fits did train
