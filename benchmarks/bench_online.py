@@ -191,10 +191,17 @@ def make_estimator(key: str, cell: nn.Module):
 
 class Runner:
     """One method on one running stream of the problem: :meth:`run` advances it ``steps`` steps (an online method
-    with ``estimator`` instead of METHODS' one for ``key``)."""
+    with ``estimator`` instead of METHODS' one for ``key``).
 
-    def __init__(self, key: str, problem: Problem, estimator=None) -> None:
-        self.key, self.problem, self.t = key, problem, 0
+    ``readout`` (online methods): ``"autograd"`` takes ``dL/dh`` and the readout's gradients by autograd through the
+    readout and ``mse_loss`` at each step (the figures this benchmark publishes); ``"closed_form"`` takes the same
+    gradients with the library's ``readout_step``, as ``OnlineRNNModule`` runs its online step.
+    """
+
+    def __init__(self, key: str, problem: Problem, estimator=None, readout: str = "autograd") -> None:
+        if readout not in ("autograd", "closed_form"):
+            raise ValueError(f"Runner: readout must be 'autograd' or 'closed_form', got {readout!r}.")
+        self.key, self.problem, self.t, self.readout = key, problem, 0, readout
         self.h = problem.h0
         self.estimator = self.state = None
         if key not in ("forward", "bptt"):
@@ -237,12 +244,21 @@ class Runner:
         est, readout = self.estimator, self.problem.readout
         names = [n for n, _ in self.problem.cell.named_parameters()]
         state = self.state
+        closed_form = self.readout == "closed_form"
+        if closed_form:  # imported here: the memory benchmark's processes import lightning_ortho.online only
+            from lightning_ortho.models.online_readout_step import readout_step
+
+            everywhere = torch.ones(self.problem.batch, dtype=torch.bool)
         for _ in range(steps):
             x, y = self.problem.data(self.t)
             h, state = est.step(x, state)
-            h = h.detach().requires_grad_(True)
-            loss = nn.functional.mse_loss(readout(h), y)
-            grad_h, *readout_grads = torch.autograd.grad(loss, [h, *readout.parameters()])
+            if closed_form:
+                # streams = b O / 2: the module's loss sum 0.5 ||o - y||^2 / streams is then mse_loss's mean
+                _, grad_h, readout_grads = readout_step(readout, h, y, everywhere, "mse", y.numel() / 2)
+            else:
+                h = h.detach().requires_grad_(True)
+                loss = nn.functional.mse_loss(readout(h), y)
+                grad_h, *readout_grads = torch.autograd.grad(loss, [h, *readout.parameters()])
             cell_grads = est.gradient(state, grad_h)
             for acc, g in zip(self.grads, [*(cell_grads[n] for n in names), *readout_grads], strict=True):
                 acc.add_(g)

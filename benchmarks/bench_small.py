@@ -13,7 +13,8 @@ Rows (``section``; the figure; the goal):
   256 (goal <= 1.5x) and 512, 784 (for information);
 * ``uoro_bptt``: a step of ``UORO(cell)`` (its defaults: state projection, GIR) against a step of backprop through
   time, ``TanhRNNCell(32, H)``, 8 streams, H = 32, 128 (goal <= 2x); the protocol of bench_online's ``Runner``: UORO
-  is ``est.step``, the readout's loss, ``dL/dh`` by autograd, ``est.gradient`` and accumulating it; BPTT a forward
+  is ``est.step``, the readout's loss and ``dL/dh`` in closed form (``readout="closed_form"``: the library's
+  ``readout_step``, as ``OnlineRNNModule`` runs its online step), ``est.gradient`` and accumulating it; BPTT a forward
   pass over STEPS steps with autograd recording, then one backward pass, per step;
 * ``uoro_bptt_orthogonal``: the same on ``OrthogonalRNNCell(32, 64, transition="aux")`` (goal <= 3x);
 * ``orthogonal_rnn``: ``OrthogonalRNN(1, 170, transition="aux")`` against ``transition="cayley"``, forward+backward
@@ -134,11 +135,12 @@ def measure_aux_linear(dims, info_dims, batch: int, rounds: int, min_time: float
 
 
 def _uoro_against_bptt(section: str, what: str, problem: Problem, steps: int, rounds: int, **fields) -> dict:
-    """The Runner's online step (estimator step, readout loss and ``dL/dh`` by autograd, estimator gradient,
+    """The Runner's online step (estimator step, readout loss and ``dL/dh`` in closed form, estimator gradient,
     accumulation) against a BPTT step; beside it, for the breakdown, the estimator's own ``step`` + ``gradient``
     (with a fixed ``dL/dh``) on a stream of its own, in the same rounds."""
     torch.manual_seed(0)
-    runners = {"uoro": Runner("uoro_state", problem, estimator=UORO(problem.cell)), "bptt": Runner("bptt", problem)}
+    online = Runner("uoro_state", problem, estimator=UORO(problem.cell), readout="closed_form")
+    runners = {"uoro": online, "bptt": Runner("bptt", problem)}
     estimator = UORO(problem.cell)
     state = [estimator.initial_state(problem.h0)]
     inputs = [problem.data(t)[0] for t in range(steps)]
@@ -167,7 +169,7 @@ def _uoro_against_bptt(section: str, what: str, problem: Problem, steps: int, ro
 def measure_uoro_bptt(hiddens, steps: int, rounds: int) -> list[dict]:
     rows = []
     for hidden in hiddens:
-        what = f"UORO(TanhRNNCell(32, {hidden})) step + gradient / BPTT step, 8 streams"
+        what = f"UORO(TanhRNNCell(32, {hidden})) step + gradient (closed-form readout) / BPTT step, 8 streams"
         rows.append(_uoro_against_bptt("uoro_bptt", what, Problem(hidden), steps, rounds, H=hidden))
     return rows
 
@@ -175,7 +177,10 @@ def measure_uoro_bptt(hiddens, steps: int, rounds: int) -> list[dict]:
 def measure_uoro_bptt_orthogonal(hidden: int, steps: int, rounds: int) -> list[dict]:
     torch.manual_seed(0)
     cell = OrthogonalRNNCell(32, hidden, transition="aux")
-    what = f'UORO(OrthogonalRNNCell(32, {hidden}, transition="aux")) step + gradient / BPTT step, 8 streams'
+    what = (
+        f'UORO(OrthogonalRNNCell(32, {hidden}, transition="aux")) step + gradient (closed-form readout) / BPTT step,'
+        " 8 streams"
+    )
     return [_uoro_against_bptt("uoro_bptt_orthogonal", what, Problem(hidden, cell=cell), steps, rounds, H=hidden)]
 
 
@@ -274,7 +279,7 @@ def _details(row: dict) -> str:
             f"{row['uoro_ms_per_step']:.3g} / {row['bptt_ms_per_step']:.3g} ms per step; "
             f"best rounds {row['ratio_of_best']:.2f}x"
         )
-        if "estimator_over_bptt" in row:  # the breakdown: the rest of the online step is the readout's autograd
+        if "estimator_over_bptt" in row:  # the breakdown: the rest is the readout step and accumulating
             text += (
                 f"; the estimator's own step + gradient {row['estimator_ms_per_step']:.3g} ms "
                 f"({row['estimator_over_bptt']:.2f}x BPTT)"

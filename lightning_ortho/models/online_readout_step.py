@@ -3,21 +3,21 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
+from torch import nn
 
 from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout
 
 
 def readout_step(
-    readout: Readout, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str, streams: int
+    readout: Readout | nn.Linear, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str, streams: float
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The step's masked loss sum, ``dL/dh`` and the readout's parameter gradients, with ``L = loss_sum / streams``.
 
-    ``h`` ``(b, H)``; ``y`` ``(b,)`` int64 class indices, or ``(b, O)`` float (probabilities for
-    ``"cross_entropy"``, real targets for ``"mse"``); ``mask`` ``(b,)`` bool. With ``o = readout(h)`` computed in at
-    least float32 (autocast off) and per stream ``l = 0.5 ||o - y||^2`` (``dl/do = o - y``) or
+    ``readout`` the module's :class:`Readout` or an ``nn.Linear(H, O)``; ``h`` ``(b, H)``; ``y`` ``(b,)`` int64
+    class indices, or ``(b, O)`` float (probabilities for ``"cross_entropy"``, real targets for ``"mse"``); ``mask``
+    ``(b,)`` bool; ``streams`` the divisor. With ``o = readout(h)`` computed in at least float32 (autocast off) and
+    per stream ``l = 0.5 ||o - y||^2`` (``dl/do = o - y``) or
     ``l = -sum_k y_k log softmax(o)_k`` (``dl/do = softmax(o) sum_k y_k - y``; a class index is its one-hot row),
     ``g = dL/do = (dl/do) * mask / streams``; then ``dL/dh = g W`` (kind ``"linear"``, ``o = h W^T + c``) or ``g``
     padded with zeros to ``H`` (kind ``"units"``), ``dL/dW = g^T h`` and ``dL/dc = sum_streams g``. Masked streams
@@ -31,38 +31,47 @@ def readout_step(
     Raises:
         ValueError: ``loss`` is neither ``"mse"`` nor ``"cross_entropy"``, or int64 targets with ``"mse"``.
     """
-    linear = readout.linear
+    linear = readout if isinstance(readout, nn.Linear) else readout.linear
+    if torch.is_autocast_enabled(h.device.type):  # the loss in at least float32, as masked_loss_sum computes it
+        with torch.autocast(h.device.type, enabled=False):
+            return _step(readout, linear, h, y, mask, loss, streams)
+    return _step(readout, linear, h, y, mask, loss, streams)
+
+
+def _step(readout, linear, h, y, mask, loss, streams):
+    # detached: no autograd graph; .to only where the dtype differs (each call costs time at these sizes)
     dtype = torch.promote_types(h.dtype, torch.float32)
     if linear is not None:
         dtype = torch.promote_types(dtype, linear.weight.dtype)
-    # the loss and its gradient in at least float32, as masked_loss_sum computes them also under autocast
-    autocast = torch.is_autocast_enabled(h.device.type)
-    with torch.autocast(h.device.type, enabled=False) if autocast else contextlib.nullcontext():
-        hc = h.detach().to(dtype)
-        if linear is not None:
-            weight = linear.weight.detach().to(dtype)
-            if linear.bias is not None:
-                outputs = torch.addmm(linear.bias.detach().to(dtype), hc, weight.t())
-            else:
-                outputs = hc @ weight.t()
+    hc = _as(h, dtype)
+    if linear is not None:
+        weight = _as(linear.weight, dtype)
+        if linear.bias is not None:
+            outputs = torch.addmm(_as(linear.bias, dtype), hc, weight.t())
         else:
-            outputs = hc[:, : readout.output_size]
-        loss_sum, g = _loss_and_gradient(outputs, y, mask, loss, streams)
-        if linear is not None:
-            grad_h = g @ weight
-        else:
-            grad_h = torch.nn.functional.pad(g, (0, h.shape[-1] - g.shape[-1]))
-        grads = []
-        if linear is not None:
-            if linear.weight.requires_grad:
-                grads.append((g.t() @ hc).to(linear.weight.dtype))
-            if linear.bias is not None and linear.bias.requires_grad:
-                grads.append(g.sum(0).to(linear.bias.dtype))
-    return loss_sum.double(), grad_h.to(h.dtype), grads
+            outputs = torch.mm(hc, weight.t())
+    else:
+        outputs = hc[:, : readout.output_size]
+    loss_sum, g = _loss_and_gradient(outputs, y, mask, loss, streams)
+    grads = []
+    if linear is not None:
+        grad_h = torch.mm(g, weight)
+        if linear.weight.requires_grad:
+            grads.append(_as(torch.mm(g.t(), hc), linear.weight.dtype))
+        if linear.bias is not None and linear.bias.requires_grad:
+            grads.append(_as(g.sum(0), linear.bias.dtype))
+    else:
+        grad_h = torch.nn.functional.pad(g, (0, h.shape[-1] - g.shape[-1]))
+    return loss_sum.double(), _as(grad_h, h.dtype), grads
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    t = t.detach()
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _loss_and_gradient(
-    outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str, streams: int
+    outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str, streams: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum of l over masked streams, g = (dl/do) * mask / streams)`` for ``outputs`` ``(b, O)``."""
     rows = mask[:, None]

@@ -111,3 +111,19 @@ def test_the_recipe_is_built_as_the_cli_builds_it():
     assert model.cell.input_size == data.input_size and model.output_size == data.output_size
     assert data.chunks_per_epoch == 2 and trainer == {"accelerator": "cpu", "devices": 1, "deterministic": True}
     assert seed == 0
+
+
+def test_online_rows_take_the_readout_in_closed_form_with_the_autograd_gradients():
+    """Runner(readout="closed_form") (the uoro rows' protocol) accumulates the gradients of readout="autograd"."""
+    problem = bench.Problem(6, batch=3)
+    runners = []
+    for readout in ("autograd", "closed_form"):
+        torch.manual_seed(0)
+        runner = bench.Runner("uoro_state", problem, estimator=bench.UORO(problem.cell), readout=readout)
+        runner.run(5)
+        runners.append(runner)
+    for a, b in zip(runners[0].grads, runners[1].grads, strict=True):
+        assert a.abs().max() > 0
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="readout must be 'autograd' or 'closed_form'"):
+        bench.Runner("uoro_state", problem, readout="manual")
