@@ -28,7 +28,8 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
 
     Every training chunk ``(b streams, T steps)`` continues the streams of the previous one. For each step ``t``
     the estimator advances (``h_t, state = estimator.step(x_t, state)``), the readout's loss ``L_t`` gives
-    ``dL_t/dh_t`` by autograd, and ``estimator.gradient(state, dL_t/dh_t)`` (the cell's parameters) plus the
+    ``dL_t/dh_t`` in closed form (:func:`~lightning_ortho.models.online_readout_step.readout_step`, equal to
+    autograd's), and ``estimator.gradient(state, dL_t/dh_t)`` (the cell's parameters) plus the
     readout's exact gradient are added to a per-parameter buffer. Every ``update_every`` steps (a window may span
     chunks) the buffer ``g`` reaches the parameters through one ``manual_backward`` of the surrogate
     ``sum_p (p * g_p).sum()``, whose gradient is exactly ``g``: precision plugins (loss scaling) and DDP's
