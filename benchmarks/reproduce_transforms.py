@@ -1,4 +1,4 @@
-"""Rusu 2018, "Learning multiplication-free linear transformations" (arXiv 1812.03412; spec section 11): the
+"""Rusu 2018, "Learning multiplication-free linear transformations" (arXiv 1812.03412, its experiments): the
 representation error of s-sparse codes of 8x8 image patches under learned fast transforms, against their
 operation counts, beside fixed fast transforms, dense bases and FAµST (pyfaust) at equal operation counts.
 

@@ -1,4 +1,4 @@
-"""Architecture rules of design.md, checked on the source (AST, nothing is imported):
+"""Architecture rules of the project, checked on the source (AST, nothing is imported):
 
 * the math packages (``nn``, ``flows``, ``online``, ``transforms``) never import Lightning/torchmetrics or the
   Lightning-side packages (``models``, ``callbacks``, ``datamodules``, ``cli``);
@@ -181,7 +181,7 @@ def test_every_subpackage_is_placed_in_the_layer_table():
     assert EXISTING_MATH, "no math package found: the parametrized checks below would test nothing"
     assert {"nn", "models", "cli"} <= GRAPH.units(), f"the graph misses known subpackages: {sorted(GRAPH.units())}"
     missing = unclassified(GRAPH, LAYERS)
-    assert not missing, f"place {sorted(missing)} in LAYERS of tests/test_layering.py (and in design.md's layers)"
+    assert not missing, f"place {sorted(missing)} in LAYERS of tests/test_layering.py"
 
 
 @pytest.mark.parametrize("package", [PACKAGE, *EXISTING_MATH])

@@ -26,7 +26,7 @@ LUMA_WEIGHTS = (0.299, 0.587, 0.114)
 class ImagePatchesDataModule(SplitDataModule):
     """Non-overlapping (by default) ``patch_size x patch_size`` patches of photographs as ``(N, n)`` rows.
 
-    With the defaults this is the paper's data (spec section 11: 8x8 patches of 8-bit images divided by 255, each
+    With the defaults this is the paper's data (Rusu's experiments: 8x8 patches of 8-bit images divided by 255, each
     patch's own mean removed, ``n = 64``), cut from scikit-learn's bundled sample photographs
     (``sklearn.datasets.load_sample_images()``: ``china.jpg`` and ``flower.jpg``, 427x640 RGB, giving
     ``2 * 53 * 80 = 8480`` patches) instead of the paper's lena.

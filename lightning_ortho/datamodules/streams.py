@@ -1,6 +1,6 @@
 """Data for online recurrent training: chunks of parallel, endless streams, delivered in time order.
 
-Online training (UORO, RTRL, truncated BPTT; design.md, "Online training (UORO) in Lightning") carries a recurrent
+Online training (UORO, RTRL, truncated BPTT) carries a recurrent
 state from one batch to the next, so a batch is not a set of independent sequences but a *chunk*: the next ``T``
 time steps of ``B`` parallel, independent streams. Batch ``k`` continues exactly where batch ``k - 1`` stopped.
 Nothing may shuffle, drop or reorder chunks, and every process of a distributed run must carry its own streams.

@@ -91,7 +91,7 @@ class FastTransformModule(pl.LightningModule):
         iterations: maximum number of sweeps (``"b"``, ``"shear"``).
         rounds: outer rounds of ``"m"``.
         tol: convergence threshold on the error change, in percent (``None``: shear sweeps run all ``iterations``,
-            as the spec's fixed ``K``; B treats it as 0).
+            as the paper's fixed ``K``; B treats it as 0).
         features: ``"flatten"`` (each input flattened to a vector, for vectors or patches) or ``"patches"`` (images
             ``(B, C, H, W)`` cut into non-overlapping ``patch_size`` patches, each patch's mean removed when
             ``remove_mean``).

@@ -24,7 +24,7 @@ _CHECKPOINT_KEY = "online_rnn_module"
 
 
 class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
-    """A recurrent cell trained online on ordered chunks of parallel streams (design.md, "Online training").
+    """A recurrent cell trained online on ordered chunks of parallel streams.
 
     Every training chunk ``(b streams, T steps)`` continues the streams of the previous one. For each step ``t``
     the estimator advances (``h_t, state = estimator.step(x_t, state)``), the readout's loss ``L_t`` gives

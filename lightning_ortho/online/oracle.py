@@ -1,4 +1,4 @@
-"""Oracle quantities of UORO's variance analysis (spec sections 5-7), computed by backprop on a fixed sequence.
+"""Oracle quantities of UORO's variance analysis (Cooijmans & Martens 2019, the oracle rescalings), computed by backprop on a fixed sequence.
 
 On one stream with fixed parameters and loss gradients ``delta_s = dL_s/dh_s`` along the noise-free
 trajectory, the fixed-``Q`` estimator's total estimate ``g = sum_t b^(t)T Q u u^T Q^{-1} S^(t) J`` has

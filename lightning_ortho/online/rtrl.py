@@ -1,4 +1,4 @@
-"""Real-time recurrent learning: the exact forward-mode influence matrix (spec eq. 5)."""
+"""Real-time recurrent learning: the exact forward-mode influence matrix (Williams & Zipser 1989)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
-"""B_m-DLA (spec section 5, Algorithm 2): learn an orthonormal B-transform ``D = B_m ... B_1`` and sparse codes.
+"""B_m-DLA (Rusu, Algorithm 2): learn an orthonormal B-transform ``D = B_m ... B_1`` and sparse codes.
 
-Problem (spec eq. 1) with batch-first data ``Y`` ``(N, n)`` (the paper's ``Y`` transposed) and codes ``X``
+Problem (Rusu eq. 1) with batch-first data ``Y`` ``(N, n)`` (the paper's ``Y`` transposed) and codes ``X``
 ``(N, n)`` with ``s`` nonzeros per row:
 
-    min_{D, X} ||Y - X D^T||_F^2,   D = B_{i_m j_m} ... B_{i_1 j_1} with binary cores (spec section 3).
+    min_{D, X} ||Y - X D^T||_F^2,   D = B_{i_m j_m} ... B_{i_1 j_1} with binary cores (:mod:`binary_cores`).
 
 Orientation. Write ``Y_p = Y^T`` and ``X_p = X^T`` for the paper's ``(n, N)`` matrices. Then
 ``||Y_p - D X_p|| = ||Y - X D^T||`` and the paper's ``Z = Y_p X_p^T`` (eq. 9) is, batch-first,
 
     Z = Y^T X    (n, n),   Z_ab = sum_r Y[r, a] X[r, b].
 
-``Z`` keeps the paper's orientation, so every update of the spec applies to it verbatim: ``X_p <- B_k X_p`` is
+``Z`` keeps the paper's orientation, so every update of the paper applies to it verbatim: ``X_p <- B_k X_p`` is
 ``X <- X B_k^T`` and gives ``Z <- Z B_k^T``; ``B^T Y_p`` is ``(Y B)^T`` and gives ``Z = B^T Y^T X``; peeling
 ``B_k^T`` off the front is ``Z <- B_k Z``.
 
@@ -41,7 +41,7 @@ from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.sparse_codes import check_training_data, keep_largest
 from lightning_ortho.transforms.statistics import PassLearner, TransformStatistics, fit_in_memory, principal_basis
 
-#: Candidate core indices before the first convergence (G1, the spec's t = 1..8) and after it (t = 1..15: every
+#: Candidate core indices before the first convergence (G1, types t = 1..8 of :mod:`binary_cores`) and after it (t = 1..15: every
 #: core except the identity; this includes the swap t = 14, which the author's code disables).
 NARROW_CANDIDATES = tuple(G1_INDICES)
 WIDE_CANDIDATES = tuple(k for k in range(16) if k != IDENTITY_INDEX)
@@ -95,7 +95,7 @@ def best_block(z: torch.Tensor, candidates: torch.Tensor) -> tuple[int, int, int
     """Eq. (10): ``(i, j, core_index, cost)`` minimising ``C_ij^(t)`` over all pairs ``i < j`` and candidates.
 
     Ties go to the first pair in row-major order, then the first candidate. The best block is returned even when
-    its cost is positive (there is no "keep the identity" option, spec section 4).
+    its cost is positive (there is no "keep the identity" option in the paper's choice of a B-transform, eq. 10).
     """
     costs, pairs = block_costs(z, candidates)
     flat = int(costs.argmin())
@@ -327,7 +327,7 @@ def learn_b_transform(
     allow_swap: bool = True,
     on_step: Callable[[], object] | None = None,
 ) -> BTransformResult:
-    """B_m-DLA (spec section 5): ``m`` binary blocks and ``s``-sparse codes minimising ``||Y - X D^T||_F^2``.
+    """B_m-DLA (Rusu, Algorithm 2): ``m`` binary blocks and ``s``-sparse codes minimising ``||Y - X D^T||_F^2``.
 
     Steps (``Z`` as in the module docstring, ``T_s`` = :func:`keep_largest`):
 

@@ -1,6 +1,7 @@
-"""The 16 orthonormal "binary" 2x2 cores of spec section 3 (eq. 11): the symmetry group of the regular octagon.
+"""The 16 orthonormal "binary" 2x2 cores ``G1 u G2`` of Rusu's orthogonal B-transforms: the symmetry group of
+the regular octagon.
 
-Index order (0-based ``k``): ``k = t - 1`` for the code's type ``t = 1..15`` of the spec's table, and the
+Index order (0-based ``k``): ``k = t - 1`` for the code's type ``t = 1..15`` of the table below, and the
 identity last, ``k = 15`` (``IDENTITY_INDEX``). So ``k = 0..7`` is ``G1`` (entries ``+-2^{-1/2}``, the
 45-degree rotations and reflections) and ``k = 8..15`` is ``G2`` (signed permutations, a subgroup with ``I``).
 Each core is row-major ``[[a, c], [b, d]]`` in the notation of eq. (2): acting on the pair ``(x_i, x_j)`` it gives
@@ -89,7 +90,7 @@ SELF_INVERSE_INDICES = tuple(int(k) for k in torch.nonzero(CORE_INVERSE == torch
 
 def binary_core_cost(index: int) -> OpCount:
     """Operations to apply core ``index`` to a pair: 2 additions + 2 multiplications (by ``2^{-1/2}``) for G1,
-    nothing for G2 (signed permutations; negations are free, spec section 3).
+    nothing for G2 (signed permutations; negations are free, as the paper counts them).
 
     Raises:
         IndexError: ``index`` is not in ``0..15``.

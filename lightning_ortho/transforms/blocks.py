@@ -1,6 +1,6 @@
 """Products of 2x2 blocks on coordinate pairs: the one representation of B-, M-, shear- and O-transforms.
 
-Spec section 2, eqs. (2)-(3): ``R_ij`` is the identity except ``R(i,i) = a``, ``R(i,j) = c``, ``R(j,i) = b``,
+Rusu eqs. (2)-(3): ``R_ij`` is the identity except ``R(i,i) = a``, ``R(i,j) = c``, ``R(j,i) = b``,
 ``R(j,j) = d``; its core is ``[[a, c], [b, d]]``. A product of ``m`` blocks is
 
     R = R_{i_m j_m} ... R_{i_2 j_2} R_{i_1 j_1},
@@ -111,7 +111,7 @@ def embed_block(n: int, i: int, j: int, core: torch.Tensor) -> torch.Tensor:
 
 
 class BlockProduct(nn.Module):
-    """A product of ``m`` 2x2 blocks, ``R = R_{i_m j_m} ... R_{i_1 j_1}`` (spec eqs. 2-3), applied batch-first.
+    """A product of ``m`` 2x2 blocks, ``R = R_{i_m j_m} ... R_{i_1 j_1}`` (Rusu eqs. 2-3), applied batch-first.
 
     Args:
         n: dimension (``>= 2``).
@@ -325,12 +325,12 @@ class BlockProduct(nn.Module):
 
 
 class BinaryBlockProduct(BlockProduct):
-    """A B-transform (spec eq. 11): a :class:`BlockProduct` whose cores are fixed binary cores.
+    """A B-transform (Rusu eq. 11): a :class:`BlockProduct` whose cores are fixed binary cores.
 
     Args:
         n, pairs: as :class:`BlockProduct`.
         core_index: ``(m,)`` indices into :func:`~lightning_ortho.transforms.binary_cores.binary_cores`
-            (0..15, the spec's ``t - 1``; 15 is the identity). Kept as the buffer ``core_index``.
+            (0..15, the type ``t - 1`` of :mod:`binary_cores`; 15 is the identity). Kept as the buffer ``core_index``.
         dtype: dtype of the (fixed, non-trainable) core buffer; inputs of other dtypes use cores cast to theirs.
 
     :meth:`transpose` and :meth:`inverse` (equal, the product is orthonormal) stay binary via the inverse table;
@@ -384,8 +384,8 @@ class BinaryBlockProduct(BlockProduct):
         """Operations of one ``R x`` (``terms`` is ignored: the cores are ``+-1`` or ``+-2^{-1/2}``).
 
         ``defer_scaling=False``: per-core counts, 2 additions + 2 multiplications per G1 block (``B`` with ``m = 32``
-        G1 blocks: 64 + 64, spec section 11). ``defer_scaling=True``: a G1 core is ``2^{-1/2}`` times a ``+-1``
-        matrix, and the factor is carried along per coordinate instead of applied (spec section 8, ``M = 2^{-q/2}
+        G1 blocks: 64 + 64, as in Rusu's experiments). ``defer_scaling=True``: a G1 core is ``2^{-1/2}`` times a ``+-1``
+        matrix, and the factor is carried along per coordinate instead of applied (Rusu, Algorithm 3, ``M = 2^{-q/2}
         prod M_l``): a G1 block costs 2 additions when both coordinates carry the same pending power ``e`` of
         ``2^{-1/2}``; otherwise the lower one is first brought level (1 multiplication, or 1 shift when the
         difference is even). G2 blocks move the pending powers with the coordinates. At the end each coordinate

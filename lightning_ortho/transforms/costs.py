@@ -1,6 +1,7 @@
-"""Operation counts of fast transforms, as the multiplication-free paper counts them (spec sections 2, 3, 10).
+"""Operation counts of fast transforms, as Rusu's "Learning multiplication-free linear transformations"
+counts them (its R-, B- and shear transforms).
 
-Conventions (inferred where the spec is silent, chosen so that the paper's own counts come out):
+Conventions (inferred where the paper is silent, chosen so that the paper's own counts come out):
 
 * A negation or a multiplication by ``+-1`` is free (signs are absorbed into the following addition or
   subtraction); a subtraction counts as an addition.
@@ -8,14 +9,14 @@ Conventions (inferred where the spec is silent, chosen so that the paper's own c
   cost of its multipliers. When all nonzero entries of the row share one magnitude ``|e|`` the multiplier is
   factored out and paid once (``r (x_2 - x_1)`` for the binary cores: 1 addition + 1 multiplication).
 * A multiplier ``|e| != 1``: without SOPOT terms, a power of two costs 1 shift and anything else 1
-  multiplication; with ``terms=p`` (entries in ``R_p``, spec eq. 4) a multiplier whose greedy SOPOT expansion
+  multiplication; with ``terms=p`` (entries in ``R_p``, Rusu eq. 4) a multiplier whose greedy SOPOT expansion
   has ``k <= p`` terms costs ``k`` shifts and ``k - 1`` additions ("multiplying by a in R_p takes p shifts and
   p - 1 additions").
 
 With these rules a generic 2x2 block costs 2 additions + 4 multiplications, a binary G1 core 2 additions + 2
 multiplications, a signed permutation (G2) nothing, a shear ``[1 0; b 1]`` 1 addition + 1 multiplication (or
 ``p`` shifts + ``p`` additions in ``R_p``), and an ``R_p`` block with four ``p``-term entries ``4p`` shifts +
-``4p - 2`` additions, as in the spec.
+``4p - 2`` additions, as in the paper.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def row_cost(entries: list[float], terms: int | None = None) -> OpCount:
 
 
 def block_cost(core: list[list[float]], terms: int | None = None) -> OpCount:
-    """Cost of applying one 2x2 block ``[[a, c], [b, d]]`` (spec eq. 2) to the pair ``(x_i, x_j)``.
+    """Cost of applying one 2x2 block ``[[a, c], [b, d]]`` (Rusu eq. 2) to the pair ``(x_i, x_j)``.
 
     Raises:
         ValueError: as :func:`multiplier_cost`.

@@ -1,14 +1,14 @@
-"""M_q-DLA (spec section 8, the paper's Algorithm 3): learn an M-transform by stage-wise perfect matchings.
+"""M_q-DLA (Rusu, Algorithm 3): learn an M-transform by stage-wise perfect matchings.
 
 An M-transform (eq. 15) is ``M = Mbar_q ... Mbar_1``, each stage ``Mbar_l`` a product of ``n/2`` binary blocks on
-pairs that partition ``{0..n-1}``, every core in G1 (spec ``t = 1..8``, :mod:`binary_cores` index ``t - 1``).
+pairs that partition ``{0..n-1}``, every core in G1 (types ``t = 1..8``, :mod:`binary_cores` index ``t - 1``).
 It is returned as a :class:`~lightning_ortho.transforms.blocks.BinaryBlockProduct` with ``q n / 2`` blocks, stage
 ``l`` in rows ``l n/2 .. (l+1) n/2 - 1`` of ``pairs`` (stage 0 acts first).
 
 Orientation. The paper has data ``Y`` ``(n, N)`` and codes ``X`` ``(n, N)`` with ``Y ~ D X``. Here data and codes
 are batch-first, ``Yb = Y^T`` and ``Xb = X^T`` ``(N, n)``, so ``Yb ~ Xb D^T``. Then
 
-* ``Z = Y X^T = Yb^T Xb`` ``(n, n)``, ``Z_ij = <column i of Yb, column j of Xb>`` (spec eq. 9);
+* ``Z = Y X^T = Yb^T Xb`` ``(n, n)``, ``Z_ij = <column i of Yb, column j of Xb>`` (the correlation matrix of Rusu's costs, eq. 8);
 * ``X_{l+1} = Mbar_l X_l`` becomes ``Xb_{l+1} = Xb_l Mbar_l^T``, i.e. ``stage.forward(Xb_l)``;
 * the SVD ``Y = U S V^T`` gives ``U`` as the left singular vectors of ``Yb^T``, and the codes
   ``T_s(U^T Y)``, ``T_s(M^T Y)`` become ``T_s(Yb U)``, ``T_s(Yb M)`` (``T_s`` = :func:`keep_largest` per row);
@@ -56,7 +56,7 @@ class MTransformResult:
 
 
 def m_pair_costs(z: torch.Tensor) -> torch.Tensor:
-    """All single-block costs ``C_ij^(t)`` of spec eq. (8) for the G1 cores: ``(n, n) -> (n, n, 8)``.
+    """All single-block costs ``C_ij^(t)`` of Rusu eq. (8) for the G1 cores: ``(n, n) -> (n, n, 8)``.
 
     ``C[i, j, t-1] = -2 tr Z + 2[(1 - g11) Z_ii + (1 - g22) Z_jj - g12 Z_ij - g21 Z_ji]`` with ``[[g11, g12],
     [g21, g22]]`` the G1 core of index ``t - 1``; then ``||Y - B_ij X||^2 = ||Y||^2 + ||X||^2 + C_ij^(t)``
@@ -226,7 +226,7 @@ def learn_m_transform(
     generator: torch.Generator | None = None,
     on_step: Callable[[], object] | None = None,
 ) -> MTransformResult:
-    """M_q-DLA (spec section 8): learn ``M = Mbar_q ... Mbar_1`` and ``s``-sparse codes with ``Y ~ X M^T``.
+    """M_q-DLA (Rusu, Algorithm 3): learn ``M = Mbar_q ... Mbar_1`` and ``s``-sparse codes with ``Y ~ X M^T``.
 
     Steps (batch-first, see the module docstring for the orientation):
 

@@ -1,4 +1,5 @@
-"""Image patches as training data for fast transforms (spec section 11: 8x8 patches, each patch's own mean removed).
+"""Image patches as training data for fast transforms (Rusu's experiments: 8x8 patches, each patch's own mean
+removed).
 
 Pure PyTorch; nothing here imports Lightning.
 """
@@ -13,7 +14,7 @@ def image_patches(
 ) -> torch.Tensor:
     """Square ``size x size`` patches of images as rows ``Y`` ``(N, C*size*size)``, the learners' batch-first data.
 
-    The paper's experiment (spec section 11) takes a 512x512 image divided by 255, cuts it into non-overlapping
+    The paper's experiment takes a 512x512 image divided by 255, cuts it into non-overlapping
     8x8 patches (``n = 64``, ``N = 4096``) and removes each patch's own mean; ``image_patches(image, 8)`` of that
     image is its ``Y`` (the paper's ``n x N`` matrix, transposed).
 

@@ -1,9 +1,9 @@
-"""Sums of signed powers of two (SOPOT): spec section 2, eq. (4) and Algorithm 1.
+"""Sums of signed powers of two (SOPOT): Rusu eq. (4) and Algorithm 1.
 
 ``R_p = { sum_{t=1}^p s_t 2^{v_t} : s_t in {-1, 0, +1}, v_t in Z }``. Multiplying by an element of ``R_p`` takes
 ``p`` shifts and ``p - 1`` additions, so a transform whose coefficients lie in ``R_p`` needs no multiplier.
 
-What the spec leaves open and what this module does (inferred from the author's MATLAB ``nearestpow2sum``):
+What the paper leaves open and what this module does (inferred from the author's MATLAB ``nearestpow2sum``):
 
 * exponents are unbounded (``v_t`` is any integer the floating-point type can hold; the paper's 8-bit storage
   would suggest ``-128..127``, which only matters for values below ``2^-128``), one more than the dtype's largest

@@ -1,4 +1,4 @@
-"""O-transforms (spec section 6): products of unnormalised binary blocks, integer matrices at 2 additions a block.
+"""O-transforms (Rusu's unnormalised O-transforms): products of unnormalised binary blocks, integer matrices at 2 additions a block.
 
 ``O_ij`` is eq. (2) with the core ``O~ = sqrt(2) G~`` for ``G~`` in G1 (spec t = 1..8): entries ``+-1`` with
 orthogonal rows, ``O~^T O~ = 2 I``, ``det O~ = +-2``. A product ``O = O_{i_m j_m} ... O_{i_1 j_1}`` has integer
@@ -27,7 +27,7 @@ def o_cores(core_index: torch.Tensor | Sequence[int], dtype: torch.dtype = torch
     index = torch.as_tensor(core_index, dtype=torch.int64) if len(core_index) else torch.empty(0, dtype=torch.int64)
     if index.dim() != 1 or (index.numel() and (int(index.min()) < 0 or int(index.max()) > max(G1_INDICES))):
         raise ValueError(
-            f"o_cores: core indices must be G1 indices 0..7 (the spec's t = 1..8; only G1 cores scale to +-1 "
+            f"o_cores: core indices must be G1 indices 0..7 (types t = 1..8 of binary_cores; only G1 cores scale to +-1 "
             f"entries), got {index.tolist()[:8]}."
         )
     # sqrt(2) * (+-2^{-1/2}) rounds to +-1 up to one ulp; round so the cores are exactly the integer matrices.
@@ -46,7 +46,7 @@ def o_transform(
 
 
 def o_block_change(z: torch.Tensor, code_energy: torch.Tensor, i: int, j: int, core: torch.Tensor) -> torch.Tensor:
-    """Exact ``||Y - X O_ij^T||^2 - ||Y - X||^2`` for one unnormalised block (spec section 6, derived there):
+    """Exact ``||Y - X O_ij^T||^2 - ||Y - X||^2`` for one unnormalised block (derived from Rusu's O-transform update):
 
         Delta_ij(O~) = ||x_i||^2 + ||x_j||^2 - 2 sum_{a, b in {i, j}} (O~ - I)_ab Z_ab,
 

@@ -59,7 +59,7 @@ def test_quick_run_writes_the_schema(quick):
 def dense_float64(product) -> np.ndarray:
     """The product's matrix, multiplying the embedded 2x2 cores one by one in float64 (numpy, no library code)."""
     r = 1 / math.sqrt(2)
-    g1 = [  # the spec's table, t = 1..8 (row-major [[a, c], [b, d]])
+    g1 = [  # binary_cores' table, t = 1..8 (row-major [[a, c], [b, d]])
         [[-r, r], [r, r]],
         [[r, r], [-r, r]],
         [[r, -r], [r, r]],

@@ -1,4 +1,4 @@
-"""OnlineRNNModule: online training by manual optimisation (design.md, "Online training (UORO) in Lightning")."""
+"""OnlineRNNModule: online training by manual optimisation."""
 
 import copy
 import math

@@ -1,4 +1,4 @@
-"""Tests of B_m-DLA (spec section 5) in batch-first orientation."""
+"""Tests of B_m-DLA (Rusu, Algorithm 2) in batch-first orientation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The 16 binary cores of spec section 3: the octagon group, its inverse table and the operation counts."""
+"""The 16 binary cores G1 u G2 of Rusu's B-transforms: the octagon group, its inverse table and the operation counts."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Products of 2x2 blocks (spec eqs. 2-3): float64 dense references, layer schedule, inverse, costs, autograd."""
+"""Products of 2x2 blocks (Rusu eqs. 2-3): float64 dense references, layer schedule, inverse, costs, autograd."""
 
 import itertools
 
@@ -167,7 +167,7 @@ def test_op_count_generic_and_special_cores():
 
 
 def test_op_count_sopot_blocks():
-    # every entry has exactly p = 2 greedy terms: 4p shifts and 4p - 2 additions (spec section 2)
+    # every entry has exactly p = 2 greedy terms: 4p shifts and 4p - 2 additions (Rusu, R_p-transforms)
     core = torch.tensor([[[0.75, 3.0], [-0.375, 1.5]]], dtype=DT)
     assert BlockProduct(2, [(0, 1)], core).op_count(terms=2) == OpCount(additions=6, shifts=8)
     # a shear in R_p: p shifts + p additions
@@ -259,14 +259,16 @@ def test_op_count_spec_section_11_and_deferred_scaling(gen):
     n = 64
     pairs = random_pairs(n, 32, gen)
     b = BinaryBlockProduct(n, pairs, torch.randint(0, 8, (32,), generator=gen))
-    assert b.op_count() == OpCount(additions=64, multiplications=64)  # spec section 11, B with m = 32
+    assert b.op_count() == OpCount(additions=64, multiplications=64)  # Rusu's experiments, B with m = 32
     for q, scale in ((8, OpCount(shifts=n)), (3, OpCount(multiplications=n))):
         stages = [torch.randperm(n, generator=gen).view(-1, 2).tolist() for _ in range(q)]
         m = BinaryBlockProduct(
             n, [p for stage in stages for p in stage], torch.randint(0, 8, (n * q // 2,), generator=gen)
         )
         assert m.op_count() == OpCount(additions=n * q, multiplications=n * q)
-        assert m.op_count(defer_scaling=True) == OpCount(additions=n * q) + scale  # spec section 8: nq adds, n shifts
+        assert (
+            m.op_count(defer_scaling=True) == OpCount(additions=n * q) + scale
+        )  # Rusu, Algorithm 3: nq adds, n shifts
     # hand count: (0,1) G1 -> pending 1,1,0; (1,2) G1 levels coordinate 2 (1 mul) -> 1,2,2; end: 1 mul + 2 shifts
     chain = BinaryBlockProduct(3, [(0, 1), (1, 2)], [0, 3])
     assert chain.op_count(defer_scaling=True) == OpCount(additions=4, multiplications=2, shifts=2)

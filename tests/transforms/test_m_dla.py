@@ -1,4 +1,4 @@
-"""M_q-DLA (spec section 8): stage costs (eqs. 7-8) against brute force, optimal matchings, structure, costs."""
+"""M_q-DLA (Rusu, Algorithm 3): stage costs (eqs. 7-8) against brute force, optimal matchings, structure, costs."""
 
 import itertools
 
@@ -179,7 +179,7 @@ def test_deterministic_and_rounds_extend_the_first_round():
 # -------------------------------------------------------------------------------------------------- op counts
 @pytest.mark.parametrize(("n", "q"), [(4, 1), (6, 2), (8, 3), (8, 4)])
 def test_op_count_matches_paper(n, q):
-    """Mx takes nq additions and n multiplications (shifts when q is even), spec section 8."""
+    """Mx takes nq additions and n multiplications (shifts when q is even), Rusu Algorithm 3."""
     result = learn_m_transform(data(n, 100, seed=q), q, 2)
     deferred = result.transform.op_count(defer_scaling=True)
     if q % 2:

@@ -1,4 +1,4 @@
-"""Tests of S-DLA (spec section 10) in batch-first orientation: closed forms against line searches and brute force
+"""Tests of S-DLA (Rusu's shears and scalings) in batch-first orientation: closed forms against line searches and brute force
 over dense matrices, rounding, costs, OMP against scikit-learn, and the learner."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _parabola(f) -> tuple[float, float]:
 
 
 def _round(kind: str, v: float, bits: int | None) -> float:
-    """Stored parameter (shear value or g - 1) as the spec rounds it."""
+    """Stored parameter (shear value or g - 1) as the paper rounds it."""
     if bits is None:
         return v
     if kind != "scale":
@@ -249,7 +249,7 @@ def test_stored_values_are_sopot_and_scalings_powers_of_two(bits: int) -> None:
 
 
 def test_one_bit_cost_of_32_blocks_at_n64() -> None:
-    # Spec section 11: S (m = 32, p = 1) needs at most 32 additions + 32 shifts and no multiplication at n = 64.
+    # Rusu's experiments: S (m = 32, p = 1) needs at most 32 additions + 32 shifts and no multiplication at n = 64.
     y, _ = _data(64, 300, 9)
     result = learn_shear_transform(y, 32, 4, bits=1, iterations=1)
     cost = result.transform.op_count(terms=1)

@@ -1,4 +1,4 @@
-"""Algorithm 1 (greedy SOPOT), spec section 2: against a scalar float64 reference written from the spec."""
+"""Algorithm 1 (greedy SOPOT) of Rusu: against a scalar float64 reference written from the paper."""
 
 import math
 import random
@@ -12,7 +12,7 @@ from lightning_ortho.transforms import SOPOTResult, sopot, sopot_terms_needed, s
 
 
 def reference_sopot(x: float, p: int, tol: float = 1e-6) -> tuple[float, int]:
-    """The spec's Algorithm 1 on one Python float: (x_hat, terms used)."""
+    """The paper's Algorithm 1 on one Python float: (x_hat, terms used)."""
     estimate, residual, used = 0.0, x, 0
     for _ in range(p):
         if abs(residual) <= tol:
