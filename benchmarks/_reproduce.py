@@ -55,6 +55,29 @@ class EpochRecorder(pl.Callback):
         self.rows.append(row)
 
 
+def scratch_folder() -> tempfile.TemporaryDirectory:
+    """Where a run's outputs (logs, image grids of callbacks) go: a temporary folder, never the working tree, removed
+    when the ``with`` block ends."""
+    return tempfile.TemporaryDirectory(prefix="lightning-ortho-bench-")
+
+
+def quiet_trainer(epochs: int, recorder: pl.Callback, **trainer_kwargs) -> pl.Trainer:
+    """A one-process CPU Trainer for a timed run: no logger, checkpoints, progress bar, summary or sanity check;
+    ``recorder`` is its callback."""
+    return pl.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[recorder],
+        **trainer_kwargs,
+    )
+
+
 def train_once(
     build: Callable[[], tuple[pl.LightningModule, pl.LightningDataModule]],
     seed: int,
@@ -67,22 +90,9 @@ def train_once(
     pl.seed_everything(seed, verbose=False)
     model, data = build()
     recorder = EpochRecorder()
-    # Run outputs (logs, image grids of callbacks) go to a scratch folder, never into the working tree, and it goes.
-    with tempfile.TemporaryDirectory(prefix="lightning-ortho-bench-") as scratch:
+    with scratch_folder() as scratch:
         trainer_kwargs.setdefault("default_root_dir", scratch)
-        trainer = pl.Trainer(
-            max_epochs=epochs,
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            callbacks=[recorder],
-            **trainer_kwargs,
-        )
-        trainer.fit(model, data)
+        quiet_trainer(epochs, recorder, **trainer_kwargs).fit(model, data)
     if recorder.first_losses and recorder.rows:
         recorder.rows[0]["first_step_losses"] = [round(v, 4) for v in recorder.first_losses]
     return (recorder.rows, model, data) if return_model else recorder.rows

@@ -23,7 +23,6 @@ Writes benchmarks/results/reproduce_uoro_training-HARDWARE.json and .png.
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from benchmarks._common import (
     write_result,
 )
 from benchmarks._render import claims_table
+from benchmarks._reproduce import quiet_trainer, scratch_folder
 from lightning_ortho._lightning import pl
 from lightning_ortho.datamodules import (
     AddingTaskDataModule,
@@ -86,20 +86,8 @@ def fit(build, epochs: int, max_time: str | None = None) -> tuple[list[dict], st
     pl.seed_everything(0, verbose=False)
     model, data = build()
     recorder = Recorder()
-    with tempfile.TemporaryDirectory(prefix="lightning-ortho-bench-") as scratch:
-        trainer = pl.Trainer(
-            max_epochs=epochs,
-            max_time=max_time,
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            callbacks=[recorder],
-            default_root_dir=scratch,
-        )
+    with scratch_folder() as scratch:
+        trainer = quiet_trainer(epochs, recorder, max_time=max_time, default_root_dir=scratch)
         try:
             trainer.fit(model, data)
         except (FloatingPointError, ValueError) as error:  # the estimator refuses NaN/inf states: training diverged
