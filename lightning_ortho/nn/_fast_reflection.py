@@ -13,12 +13,18 @@ products, a division and one ``addcmul``; the backward pass one row dot product,
 GEMMs (``addmm``, which also adds the direct term), with ``g = dL/dy``, ``t = g.v / v.v`` and ``u = c g + t y``:
 
     dL/dx = g - 2 t v - 2 u W,        dL/dW = -2 u^T x.
+
+On the CPU (float32, float64) the row passes around the GEMMs run as one C pass each
+(:mod:`lightning_ortho._native.reflection_rows`: the same expressions, about seven kernel launches fewer per pass,
+which is most of the cost at d <= 256); elsewhere, or where no C compiler is found, the PyTorch ops above run.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
 
+from lightning_ortho._native.reflection_rows import reflect_rows, reflect_rows_backward, row_kernels
 from lightning_ortho.nn._undefined import accurate_range
 
 #: Row reductions above this many elements use a batched ``(1, d) x (d, 1)`` product, which does not materialise
@@ -55,9 +61,16 @@ def _backward(
     code builds a graph of the gradient when called with grad mode on (double backward)."""
     t = (_rowdot(grad_y, v) / vv).unsqueeze(-1)
     u = torch.addcmul(grad_y * c.unsqueeze(-1), t, y)  # c g + t y
+    return _gemms(torch.addcmul(grad_y, t, v, value=-2.0) if needs[0] else None, u, x, weight, needs)
+
+
+def _gemms(
+    r: torch.Tensor | None, u: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, needs: tuple[bool, ...]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(dL/dx, dL/dW) = (r - 2 u W, -2 u^T x)``, each only where needed, with ``r = g - 2 t v``."""
     grad_x = grad_weight = None
     if needs[0]:
-        grad_x = torch.addmm(torch.addcmul(grad_y, t, v, value=-2.0), u, weight, alpha=-2.0)
+        grad_x = torch.addmm(r, u, weight, alpha=-2.0)
     if needs[1]:
         # beta = 0: addmm ignores its input (documented, NaN included); weight only lends its shape.
         grad_weight = torch.addmm(weight, u.t(), x, beta=0.0, alpha=-2.0)
@@ -78,11 +91,19 @@ class _WellScaledLinearReflection(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, span):  # noqa: D102
-        y, v, c, vv = _reflect(x, weight)
-        # vv + 0 * c is vv where c is finite and NaN where it is not (0 * inf = NaN): one reduction checks both.
-        span.extend(torch.aminmax(torch.add(vv, c, alpha=0.0)))
+        kernels = row_kernels(x)
+        if kernels is not None:  # the row passes in one C pass (GEMM by PyTorch)
+            x = x.contiguous()
+            v = torch.mm(x, weight.t())
+            y, c, vv, lowest, highest = reflect_rows(kernels, x, v)
+            span.extend((lowest, highest))
+        else:
+            y, v, c, vv = _reflect(x, weight)
+            # vv + 0 * c is vv where c is finite and NaN where it is not (0 * inf = NaN): one reduction checks both.
+            span.extend(torch.aminmax(torch.add(vv, c, alpha=0.0)))
         ctx.save_for_backward(x, weight, y)
         ctx.x, ctx.weight, ctx.v, ctx.c, ctx.vv = x, weight, v, c, vv  # inputs and intermediates: no cycle
+        ctx.kernels = kernels
         return y
 
     @staticmethod
@@ -92,6 +113,9 @@ class _WellScaledLinearReflection(torch.autograd.Function):
         if torch.is_grad_enabled():  # double backward: recompute the intermediates inside the graph
             y, v, c, vv = _reflect(x, weight)
             return (*_backward(grad_y, x, weight, y, v, c, vv, needs), None)
+        if ctx.kernels is not None and grad_y.device.type == "cpu" and grad_y.dtype is x.dtype:
+            u, r = reflect_rows_backward(ctx.kernels, grad_y, ctx.v, y, ctx.c, ctx.vv)
+            return (*_gemms(r, u, x, weight, needs), None)
         # A gradient from sum() is expanded (stride 0); elementwise kernels are faster on a contiguous copy.
         return (*_backward(grad_y.contiguous(), x, weight, y, ctx.v, ctx.c, ctx.vv, needs), None)
 
@@ -107,19 +131,30 @@ class _WellScaledLinearReflection(torch.autograd.Function):
         return torch.addcmul(torch.addcmul(x_t, c_t.unsqueeze(-1), v, value=-2.0), c.unsqueeze(-1), v_t, value=-2.0)
 
 
+def _is_dual(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` carries a forward-mode tangent (which only the PyTorch ops propagate)."""
+    return forward_ad.unpack_dual(tensor).tangent is not None
+
+
 def well_scaled_linear_reflection(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """``H(x W^T) x`` for ``(N, d)`` rows and a ``(d, d)`` ``W`` of the same dtype (float32 or float64), or ``None``
     when some row has ``v.v`` outside the accurate range or a non-finite ``c``. Then the result is discarded:
     zero, 1e-20 and 1e19 rows, NaN and inf go to the careful path, which handles or names them."""
-    span: list[torch.Tensor] = []
+    span: list = []
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         y = _WellScaledLinearReflection.apply(x, weight, span)
+    elif (kernels := row_kernels(x)) is not None and not _is_dual(x) and not _is_dual(weight):
+        x = x.contiguous()  # no graph to record and no tangent to carry: the C row pass, saving nothing
+        y, _, _, lowest, highest = reflect_rows(kernels, x, torch.mm(x, weight.t()))
+        span.extend((lowest, highest))
     else:  # no graph to record (inference, or a dual tensor of forward-mode AD): the plain ops suffice
         y, _, c, vv = _reflect(x, weight)
         span.extend(torch.aminmax(torch.add(vv, c, alpha=0.0)))
     low, high = _RANGES[x.dtype]
-    # On the CPU two reads cost less than a stack; on an accelerator one synchronisation beats two.
-    lowest, highest = (span[0].item(), span[1].item()) if x.is_cpu else torch.stack(span).tolist()
+    if isinstance(span[0], float):  # from the C kernels: already on the host
+        lowest, highest = span
+    else:  # on the CPU two reads cost less than a stack; on an accelerator one synchronisation beats two
+        lowest, highest = (span[0].item(), span[1].item()) if x.is_cpu else torch.stack(span).tolist()
     if lowest >= low and highest <= high:  # False for NaN
         return y
     return None

@@ -17,6 +17,16 @@ def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x - 2 * v * (v * x).sum(-1, keepdim=True) / (v * v).sum(-1, keepdim=True)
 
 
+@pytest.fixture(autouse=True, params=["c_rows", "torch_rows"])
+def row_implementation(request, monkeypatch):
+    """Every test twice: with the C row kernels (where a compiler exists) and with the PyTorch ops."""
+    if request.param == "torch_rows":
+        monkeypatch.setattr(fast_module, "row_kernels", lambda x: None)
+    elif fast_module.row_kernels(torch.zeros(1, 1)) is None:
+        pytest.skip("the C row kernels are not available on this machine (no C compiler)")
+    return request.param
+
+
 @pytest.fixture
 def fused_calls(monkeypatch):
     """How many times the fused Function ran, and how many of its results were kept."""
@@ -195,3 +205,21 @@ def test_unchecked_mode_keeps_the_fused_path_and_the_zero_row_convention(fused_c
     with finite_checks(False):
         y_zero = layer(zero)
     assert fused_calls["kept"] == 1 and torch.equal(y_zero[2], zero[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_strided_output_gradient_and_a_strided_input(dtype):
+    """The backward pass reads ``g`` with its strides (a transposed view here) and the forward pass a transposed
+    ``x``; values and gradients equal the plain expression's."""
+    torch.manual_seed(3)
+    weight = torch.randn(6, 6, dtype=dtype, requires_grad=True)
+    x = torch.randn(6, 9, dtype=dtype).t().requires_grad_()  # (9, 6), not contiguous
+    g = torch.randn(6, 9, dtype=dtype).t()
+    y = fast_module.well_scaled_linear_reflection(x, weight)
+    grads = torch.autograd.grad(y, (x, weight), g)
+    expected = reference(x, weight)
+    expected_grads = torch.autograd.grad(expected, (x, weight), g)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype is torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(y, expected, **tolerance)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want, **tolerance)
