@@ -33,6 +33,8 @@ __all__ = ["NativeKernelsUnavailableWarning", "cache_dir", "compiler", "enabled"
 #: Compiler flags: optimised, portable (no ``-march=native``: the cache may be shared between machines), IEEE
 #: semantics (no ``-ffast-math``); ``-fopenmp-simd`` only honours the ``omp simd`` pragmas (no OpenMP runtime).
 FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
+#: Linked after the source: the C math library (tanh, sqrt).
+LIBRARIES = ("-lm",)
 
 
 class NativeKernelsUnavailableWarning(UserWarning):
@@ -74,7 +76,7 @@ def _build(source: Path, command: list[str]) -> Path:
         b"\0".join(
             [
                 text,
-                " ".join(command + list(FLAGS)).encode(),
+                " ".join(command + list(FLAGS) + list(LIBRARIES)).encode(),
                 platform.platform().encode(),
                 sys.implementation.cache_tag.encode(),
             ]
@@ -89,7 +91,11 @@ def _build(source: Path, command: list[str]) -> Path:
     os.close(handle)
     try:
         result = subprocess.run(
-            [*command, *FLAGS, "-o", partial, str(source)], capture_output=True, text=True, timeout=300, check=False
+            [*command, *FLAGS, "-o", partial, str(source), *LIBRARIES],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
         if result.returncode != 0:
             raise OSError(f"{' '.join(command)} exited with {result.returncode}: {result.stderr.strip()[-2000:]}")

@@ -63,9 +63,9 @@ class OrthogonalUOROStep:
         w_tilde: torch.Tensor,
         nu: torch.Tensor,
         tau: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, torch.Tensor]:
         """The step with greedy iterative rescaling, up to its update of ``w_tilde``: ``(h', h_tilde', 1 / gamma,
-        pending)`` from ``x`` ``(B, I)``, ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only), the noise
+        pending, the float64 sum of h_tilde')`` from ``x`` ``(B, I)``, ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only), the noise
         ``nu`` ``(B, H)`` and the signs ``tau`` ``(B, 1)``; :meth:`commit` then updates ``w_tilde`` in place.
 
         A NaN/inf in ``x`` reaches ``h_tilde'`` through ``||x||`` and ``beta``, a NaN in ``h'`` is copied into its
@@ -79,7 +79,14 @@ class OrthogonalUOROStep:
         ratio = norms[:, :2].div(norms[:, 2:]).sqrt_()  # (B, 2): gamma, beta
         gamma, beta = ratio[:, :1], ratio[:, 1:]
         h_tilde_new = torch.addcmul(propagated.mul_(gamma), beta * tau, nu)
-        return lin.h_new, _carry_nonfinite(h_tilde_new, lin.h_new), gamma.reciprocal(), (lin, nu, tau.div(beta)[:, 0])
+        h_tilde_new = _carry_nonfinite(h_tilde_new, lin.h_new)
+        return (
+            lin.h_new,
+            h_tilde_new,
+            gamma.reciprocal(),
+            (lin, nu, tau.div(beta)[:, 0]),
+            h_tilde_new.sum(dtype=torch.float64),
+        )
 
     def commit(
         self, w_tilde: torch.Tensor, inverse_gamma: torch.Tensor, pending: tuple, h: torch.Tensor, x: torch.Tensor

@@ -235,8 +235,8 @@ class UORO(OnlineGradientEstimator):
             if rows is not None:
                 nu, tau = nu[rows], tau[rows]
             if self.gir:
-                h_new, h_tilde, inverse_gamma, g = fused.gir(x, h, t["h_tilde"], w_tilde, nu, tau)
-                total = h_tilde.sum(dtype=dtype)  # covers x, h' and w_tilde (TanhUOROStep.gir)
+                # the sum of h_tilde' covers x, h' and w_tilde (TanhUOROStep.gir)
+                h_new, h_tilde, inverse_gamma, g, total = fused.gir(x, h, t["h_tilde"], w_tilde, nu, tau)
             else:
                 u = tau * nu
                 scaled = u if self.q0 is None else u @ self.q0.T.to(u)  # Q0 u
@@ -245,7 +245,7 @@ class UORO(OnlineGradientEstimator):
                 h_new, h_tilde, w_tilde = fused.fixed(x, h, t["h_tilde"], w_tilde, scaled, dual, alpha)
                 total = x.sum(dtype=dtype) + h_tilde.sum(dtype=dtype) + w_tilde.sum(dtype=dtype)
             tensors = {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}
-            if not math.isfinite(total.item()):  # the error path, or finite entries whose sum overflowed
+            if not math.isfinite(total if isinstance(total, float) else total.item()):  # or a sum that overflowed
                 self._check_finite(x, "x")
                 self._check_finite_step(h_new, tensors, state.step + 1)
             if self.gir:  # checked first: an error leaves the state passed in as it was

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lightning_ortho._native.uoro_tanh import commit, gir_rows, uoro_tanh_kernels
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
 
@@ -63,6 +64,7 @@ class TanhUOROStep:
         if projection not in ("state", "preactivation"):
             raise ValueError(f"TanhUOROStep: projection must be 'state' or 'preactivation', got {projection!r}.")
         self.cell, self.state_cut, self.eps = cell, projection == "state", float(eps)
+        self.native = True  # the C kernels where they apply (see the class docstring)
         self._blocks: tuple[torch.Tensor, ...] | None = None
         self._rows: tuple | None = None  # (w_tilde, its views per stream: _rows_of)
         self._norms: tuple | None = None  # (w_tilde, its _version, ||w_tilde|| (B, 1)) after commit
@@ -87,20 +89,31 @@ class TanhUOROStep:
         bits = torch.randint(0, 2, (streams, 1), generator=generator, device=like.device, dtype=like.dtype)
         return nu, torch.addcmul(minus_one, bits, two)
 
-    def _forward(
-        self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor, one: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(h', d, J h_tilde)``: the new state, the slope ``d = 1 - h'^2`` and ``d * (W_h h_tilde)``, ``(B, H)``."""
+    def _products(self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W_h h + W_x x + b, W_h h_tilde)``, ``(B, H)``: the step's GEMMs."""
         cell = self.cell
         weight_t = cell.weight_hh.T
         if weight_t.nbytes >= STACKED_FORWARD_MIN and h.device.type == "cpu":
             both = torch.mm(torch.cat((h, h_tilde)), weight_t)
-            h_new = torch.tanh(both[: h.shape[0]].add_(cell.bias).addmm_(x, cell.weight_ih.T))
-            slope = torch.addcmul(one, h_new, h_new, value=-1)
-            return h_new, slope, both[h.shape[0] :].mul_(slope)
-        h_new = torch.tanh(torch.addmm(cell.bias, h, weight_t).addmm_(x, cell.weight_ih.T))
+            return both[: h.shape[0]].add_(cell.bias).addmm_(x, cell.weight_ih.T), both[h.shape[0] :]
+        return torch.addmm(cell.bias, h, weight_t).addmm_(x, cell.weight_ih.T), torch.mm(h_tilde, weight_t)
+
+    def _forward(
+        self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor, one: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(h', d, J h_tilde)``: the new state, the slope ``d = 1 - h'^2`` and ``d * (W_h h_tilde)``, ``(B, H)``."""
+        preactivation, propagated = self._products(x, h, h_tilde)
+        h_new = torch.tanh(preactivation)
         slope = torch.addcmul(one, h_new, h_new, value=-1)
-        return h_new, slope, torch.mm(h_tilde, weight_t).mul_(slope)
+        return h_new, slope, propagated.mul_(slope)
+
+    def _kernels(self, *tensors: torch.Tensor) -> tuple | None:
+        """The C kernels (:mod:`lightning_ortho._native.uoro_tanh`) when every tensor is a C-contiguous CPU tensor
+        of the cell's dtype, else ``None`` (the PyTorch ops then run)."""
+        dtype = self.cell.weight_hh.dtype
+        if not self.native or any(t.dtype is not dtype or not t.is_contiguous() for t in tensors):
+            return None
+        return uoro_tanh_kernels(tensors[0])
 
     def gir(
         self,
@@ -110,9 +123,9 @@ class TanhUOROStep:
         w_tilde: torch.Tensor,
         nu: torch.Tensor,
         tau: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | float]:
         """The step with greedy iterative rescaling, up to its update of ``w_tilde``: ``(h', h_tilde', 1 / gamma,
-        (tau / beta) g)`` from ``x`` ``(B, I)``, ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only),
+        (tau / beta) g, the sum of h_tilde')`` (the sum a float64 0-d tensor or a float) from ``x`` ``(B, I)``, ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only),
         the noise ``nu`` ``(B, H)`` and signs ``tau`` ``(B, 1)``; :meth:`commit` then updates ``w_tilde``::
 
             gamma = sqrt((||w_tilde|| + eps) / (||J h_tilde|| + eps))
@@ -122,8 +135,13 @@ class TanhUOROStep:
 
         A NaN/inf in ``x`` reaches ``h_tilde'`` through ``||a||`` and ``beta`` (``inf * 0`` is NaN), a NaN in
         ``h'`` through ``d``, an overflowed ``w_tilde`` through ``gamma``: a finite ``h_tilde'`` means a finite
-        step, so the caller can check it before anything is changed in place.
+        step, so the caller can check its sum before anything is changed in place.
         """
+        kernels = self._kernels(h, x, h_tilde, w_tilde, nu, tau)
+        if kernels is not None:  # the row work in one C pass around the GEMMs
+            preactivation, propagated = self._products(x, h, h_tilde)
+            return gir_rows(kernels, preactivation.tanh_(), propagated, nu, tau, h, x, self._norm_of(w_tilde), self.eps,
+                            self.state_cut)  # fmt: skip
         one, eps, _, _, ones = self._constants_like(h)
         h_new, slope, propagated = self._forward(x, h, h_tilde, one)
         m = nu * slope
@@ -133,7 +151,7 @@ class TanhUOROStep:
         gamma = self._norm_of(w_tilde).add(eps).div_(norm(propagated, 2, 1, True).add_(eps)).sqrt_()
         beta = norm(g, 2, 1, True).mul_(inputs).add_(eps).div_(norm(psi, 2, 1, True).add_(eps)).sqrt_()
         h_tilde_new = torch.addcmul(propagated.mul_(gamma), beta * tau, psi)
-        return h_new, h_tilde_new, gamma.reciprocal(), g * (tau / beta)
+        return h_new, h_tilde_new, gamma.reciprocal(), g * (tau / beta), h_tilde_new.sum(dtype=torch.float64)
 
     def commit(
         self, w_tilde: torch.Tensor, inverse_gamma: torch.Tensor, g: torch.Tensor, h: torch.Tensor, x: torch.Tensor
@@ -146,6 +164,12 @@ class TanhUOROStep:
         is taken right after its update, while its row is still in the caches, for the next step's ``gamma``
         (:meth:`_norm_of`) instead of in a pass of its own.
         """
+        kernels = self._kernels(h, x, w_tilde, inverse_gamma, g)
+        if kernels is not None:  # rescale, add and take the norms in one C pass
+            norms = commit(kernels, w_tilde, inverse_gamma, g, h, x)
+            if not w_tilde.is_inference():  # inference tensors have no version counter to check the norms by
+                self._norms = (w_tilde, w_tilde._version, norms)
+            return
         if w_tilde.device.type == "cpu" and w_tilde.shape[1] >= ROW_UPDATE_MIN:
             self._blocks_of(w_tilde, g, x)[3].mul_(inverse_gamma).add_(g)  # first: each row is final in its turn
             norm, norms, rows = torch.linalg.vector_norm, [], self._rows_of(w_tilde)

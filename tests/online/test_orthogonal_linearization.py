@@ -258,7 +258,7 @@ def test_fused_gir_step_equals_the_update_on_generic_products(transition):
     beta = ((norm(pulled) + eps) / (norm(nu) + eps)).sqrt()
 
     fused = OrthogonalUOROStep(cell, "state", eps)
-    h_new, h_tilde_new, inverse_gamma, pending = fused.gir(x, h, h_tilde, w_tilde.clone(), nu, tau)
+    h_new, h_tilde_new, inverse_gamma, pending, _ = fused.gir(x, h, h_tilde, w_tilde.clone(), nu, tau)
     torch.testing.assert_close(h_new, generic.h_new, **TIGHT)
     torch.testing.assert_close(h_tilde_new, gamma * propagated + beta * tau * nu, **TIGHT)
     for _ in range(2):  # a new w_tilde tensor each time: nothing of the previous one is reused
@@ -286,7 +286,7 @@ def test_fused_step_carries_a_nan_state_into_h_tilde(parameter):
         dict(cell.named_parameters())[parameter].view(-1)[1] = float("nan")
     x, h, h_tilde, w_tilde, nu, tau, _ = _step_inputs(cell, 17, generic=False)  # the cell itself raises
     fused = OrthogonalUOROStep(cell, "state", 1e-7)
-    h_new, h_tilde_new, _, _ = fused.gir(x, h, h_tilde, w_tilde, nu, tau)
+    h_new, h_tilde_new, _, _, _ = fused.gir(x, h, h_tilde, w_tilde, nu, tau)
     assert not torch.isfinite(h_new).all() and not torch.isfinite(h_tilde_new).all()
     assert not torch.isfinite(fused.fixed(x, h, h_tilde, w_tilde, nu, nu, 1.0)[1]).all()
 

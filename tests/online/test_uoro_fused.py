@@ -16,6 +16,16 @@ STREAMS, INPUT, HIDDEN, STEPS = 4, 3, 5, 6
 TOL = {"rtol": 1e-11, "atol": 1e-12}
 
 
+@pytest.fixture(autouse=True, params=["c_rows", "torch_rows"])
+def row_implementation(request, monkeypatch):
+    """Every test twice: the fused step's row work by the C kernels (where a compiler exists) and by PyTorch ops."""
+    if request.param == "torch_rows":
+        monkeypatch.setattr(uoro_fused, "uoro_tanh_kernels", lambda like: None)
+    elif uoro_fused.uoro_tanh_kernels(torch.zeros(1, dtype=DTYPE)) is None:
+        pytest.skip("the C kernels are not available on this machine (no C compiler)")
+    return request.param
+
+
 def make_cell(dtype=DTYPE, cls=TanhRNNCell) -> torch.nn.Module:
     torch.manual_seed(0)
     return cls(INPUT, HIDDEN).to(dtype)

@@ -1,0 +1,77 @@
+"""Python bindings of ``uoro_tanh.c``: the row work of UORO's GIR step on the tanh cell and its one-pass update of
+``w_tilde``, for float32/float64 CPU tensors (see :class:`lightning_ortho.online.uoro_fused.TanhUOROStep`, which
+computes the same with PyTorch ops elsewhere)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from lightning_ortho._native import load
+
+_POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+_TYPES = {torch.float32: ("float32", ctypes.c_float), torch.float64: ("float64", ctypes.c_double)}
+
+
+def uoro_tanh_kernels(like: torch.Tensor) -> tuple | None:
+    """``(gir_rows, commit)`` C functions for ``like``'s dtype, or ``None`` when it is not a float32/float64 CPU
+    tensor or the kernels are unavailable (:func:`lightning_ortho._native.load`)."""
+    if like.device.type != "cpu" or like.dtype not in _TYPES:
+        return None
+    library = load("uoro_tanh")
+    if library is None:
+        return None
+    suffix, scalar = _TYPES[like.dtype]
+    rows, commit = getattr(library, f"uoro_tanh_gir_rows_{suffix}"), getattr(library, f"uoro_tanh_commit_{suffix}")
+    if rows.argtypes is None:  # ctypes keeps the function objects: declare the signatures once
+        rows.argtypes = [_POINTER] * 7 + [_LONG, _LONG, _LONG, scalar, _INT] + [_POINTER] * 3
+        rows.restype = ctypes.c_double
+        commit.argtypes = [_POINTER] * 5 + [_LONG, _LONG, _LONG, _POINTER]
+        commit.restype = None
+    return rows, commit
+
+
+def gir_rows(
+    kernels: tuple,
+    h_new: torch.Tensor,
+    prop: torch.Tensor,
+    nu: torch.Tensor,
+    tau: torch.Tensor,
+    h: torch.Tensor,
+    x: torch.Tensor,
+    w_norm: torch.Tensor,
+    eps: float,
+    state_cut: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """``(h', h_tilde', 1 / gamma (B, 1), (tau / beta) g, sum of h_tilde')`` from the new state ``h'`` and
+    ``prop = W_h h_tilde`` ``(B, H)``, the noise ``nu`` ``(B, H)`` and ``tau`` ``(B, 1)``, ``h`` ``(B, H)``, ``x``
+    ``(B, I)`` and ``||w_tilde||`` ``(B, 1)``; every tensor C-contiguous and of one dtype."""
+    batch, hidden = h_new.shape
+    h_tilde, g = torch.empty_like(h_new), torch.empty_like(h_new)
+    inverse_gamma = h_new.new_empty(batch, 1)
+    total = kernels[0](
+        h_new.data_ptr(), prop.data_ptr(), nu.data_ptr(), tau.data_ptr(), h.data_ptr(), x.data_ptr(),
+        w_norm.data_ptr(), batch, hidden, x.shape[1], eps, int(state_cut),
+        h_tilde.data_ptr(), inverse_gamma.data_ptr(), g.data_ptr(),
+    )  # fmt: skip
+    return h_new, h_tilde, inverse_gamma, g, total
+
+
+def commit(
+    kernels: tuple,
+    w_tilde: torch.Tensor,
+    inverse_gamma: torch.Tensor,
+    g: torch.Tensor,
+    h: torch.Tensor,
+    x: torch.Tensor,
+) -> torch.Tensor:
+    """``w_tilde <- w_tilde / gamma + g a^T`` in place (``a = [h; x; 1]``, blocks ``[vec(W_h), vec(W_x), b]``) and
+    the new ``||w_tilde||`` per stream ``(B, 1)``; every tensor C-contiguous and of one dtype."""
+    norms = w_tilde.new_empty(w_tilde.shape[0], 1)
+    kernels[1](
+        w_tilde.data_ptr(), inverse_gamma.data_ptr(), g.data_ptr(), h.data_ptr(), x.data_ptr(),
+        g.shape[0], g.shape[1], x.shape[1], norms.data_ptr(),
+    )  # fmt: skip
+    torch.autograd.graph.increment_version(w_tilde)  # written behind PyTorch's back: tell its version counter
+    return norms
