@@ -22,13 +22,14 @@ import pytest
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "lightning_ortho"
 PACKAGE = "lightning_ortho"
 LIGHTNING = frozenset({"pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics"})
-MATH_PACKAGES = ("nn", "flows", "online", "transforms")
+MATH_PACKAGES = ("nn", "flows", "online", "transforms", "_native")
 LIGHTNING_SIDE = ("_lightning_choice", "_lightning", "models", "callbacks", "datamodules", "cli", "command")
 #: Layer of every subpackage (or top-level module) of lightning_ortho: an import may go to the same or a lower layer.
 #: The top-level ``__init__`` runs on ``import lightning_ortho.nn``, so it sits with the math packages.
 LAYERS = {
     PACKAGE: 0,
     "_extras": 0,  # optional dependencies and the error naming their extra: pure Python, below everything
+    "_native": 0,  # C kernels compiled on first use (ctypes) and their bindings: torch only
     "nn": 0,
     "flows": 0,
     "online": 0,
