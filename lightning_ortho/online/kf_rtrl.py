@@ -38,9 +38,9 @@ class KFRTRL(OnlineGradientEstimator):
     the zero norms of the first step (``u_0 = 0``, ``A_0 = 0``, where ``p1 = 1``). The estimate of ``dL_t/dW`` is
     the outer product ``(A_t^T g_t) u_t^T`` ``(Z, n_a)`` with ``g_t = dL_t/dh_t``, split into the parameters of ``W``.
 
-    Only ``c1 c2`` reaches the estimate (``c1`` alone flips both factors), so it is distributed as Cooijmans &
-    Martens's UORO without spatial projection (``UORO(projection="none")``) with greedy iterative rescaling
-    (``p1 = 1 / gamma``, ``p2 = 1 / beta``).
+    With ``s_t = c1_1 ... c1_t`` the factors are ``s_t`` times those of Cooijmans & Martens's UORO without spatial
+    projection (``UORO(projection="none")``, greedy iterative rescaling: ``p1 = 1 / gamma``, ``p2 = 1 / beta``)
+    driven by ``tau_t = c2_t s_t``, again independent fair signs: the two estimates are the same random variable.
 
     Parameters outside ``W`` (a bias added after the activation, modReLU's threshold) are refused: every parameter
     of the cell must be named in ``preactivation_weights``; use :class:`~lightning_ortho.online.UORO` for such
