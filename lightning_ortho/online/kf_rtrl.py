@@ -1,0 +1,246 @@
+"""Kronecker-factored RTRL (Mujika, Meier & Steger 2018, "Approximating Real-Time Recurrent Learning with Random
+Kronecker Factors", NeurIPS): an unbiased estimate of RTRL's influence matrix as one Kronecker product per stream.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho.online.linearization import StepLinearization
+from lightning_ortho.online.state import OnlineState
+
+__all__ = ["KFRTRL"]
+
+_FACTORS = ("input_factor", "hidden_factor")
+
+
+class KFRTRL(OnlineGradientEstimator):
+    """KF-RTRL (Mujika et al. 2018, section 4): ``dh_t/dvec(W) ~ u_t^T (x) A_t`` for a cell with ``z_t = W a_t``.
+
+    The cell must offer ``preactivation_input(x, h) -> a`` ``(B, n_a)``, ``preactivation(x, h) -> z``,
+    ``activation(z)`` (``forward = activation o preactivation``) and
+    ``preactivation_weights``, the names of the parameters that, laid side by side (a vector parameter is one
+    column), make ``W`` ``(Z, n_a)`` (:class:`~lightning_ortho.online.TanhRNNCell`: ``a = [h; x; 1]``,
+    ``W = [W_h W_x b]``). With ``J_t = dh_t/dh_{t-1}`` and ``D_t = dh_t/dz_t`` ``(H, Z)``, RTRL's influence obeys
+    ``G_t = J_t G_{t-1} + a_t^T (x) D_t``; with ``G_{t-1} = u_{t-1}^T (x) A_{t-1}`` the right side is the sum of two
+    Kronecker products ``u_{t-1}^T (x) (J_t A_{t-1}) + a_t^T (x) D_t``, which one random product replaces (Mujika et
+    al. 2018, Lemma 1 and Theorem 1), with independent signs ``c1, c2`` uniform on ``{-1, +1}`` per stream::
+
+        u_t = c1 p1 u_{t-1} + c2 p2 a_t                        (n_a,)
+        A_t = (c1 / p1) J_t A_{t-1} + (c2 / p2) D_t            (H, Z)
+        p1 = sqrt((||J_t A_{t-1}|| + eps) / (||u_{t-1}|| + eps)),   p2 = sqrt((||D_t|| + eps) / (||a_t|| + eps))
+
+    (Frobenius norms). ``E[u_t^T (x) A_t | past] = u_{t-1}^T (x) J_t A_{t-1} + a_t^T (x) D_t`` for any positive
+    ``p1, p2`` because ``E[c1 c2] = 0``, so the estimate is unbiased; these ``p`` minimise the variance the step adds
+    (Mujika et al. 2018, Theorem 1; Marschall, Cho & Savin 2020, JMLR 21(135), section on KF-RTRL). ``eps`` guards
+    the zero norms of the first step (``u_0 = 0``, ``A_0 = 0``, where ``p1 = 1``). The estimate of ``dL_t/dW`` is
+    the outer product ``(A_t^T g_t) u_t^T`` ``(Z, n_a)`` with ``g_t = dL_t/dh_t``, split into the parameters of ``W``.
+
+    With ``s_t = c1_1 ... c1_t`` the factors are ``s_t`` times those of Cooijmans & Martens's UORO without spatial
+    projection (``UORO(projection="none")``, greedy iterative rescaling: ``p1 = 1 / gamma``, ``p2 = 1 / beta``)
+    driven by ``tau_t = c2_t s_t``, again independent fair signs: the two estimates are the same random variable.
+
+    Parameters outside ``W`` (a bias added after the activation, modReLU's threshold) are refused: every parameter
+    of the cell must be named in ``preactivation_weights``; use :class:`~lightning_ortho.online.UORO` for such
+    cells. Cost per stream and step: memory ``n_a + H Z``; time ``O(H^2 Z)`` for ``J_t A_{t-1}`` (``O(H^3)`` for a
+    fully connected recurrence, as in the paper) plus ``O(H n_a)``.
+
+    State entries: ``input_factor`` ``u`` ``(B, n_a)``, ``hidden_factor`` ``A`` ``(B, H, Z)``, and (as UORO)
+    ``stream_ids`` / ``total_streams``.
+
+    Args:
+        cell: a recurrent cell with the factorisation above (every parameter in ``W``).
+        generator: the source of the signs: a seed (each :meth:`initial_state` starts a generator from it), a
+            ``torch.Generator`` (used as is), or ``None`` (a seed drawn from torch's global generator). The
+            generator lives in the state and its ``state_dict``.
+        eps: added to the norms in ``p1`` and ``p2`` (non-negative; needed at the first step).
+        closed_form: use the cell's closed-form Jacobian products when it has them.
+
+    Raises:
+        ValueError: a cell without ``preactivation_input``, ``preactivation``, ``activation`` and
+            ``preactivation_weights``, with
+            parameters outside ``W``, or whose weights do not have ``Z`` rows; a negative ``eps``; a generator that
+            is neither a seed nor a ``torch.Generator``. At a step: ``preactivation_input`` not of ``n_a`` entries.
+    """
+
+    name = "kf_rtrl"
+
+    def __init__(
+        self,
+        cell: nn.Module,
+        *,
+        generator: int | torch.Generator | None = None,
+        eps: float = 1e-7,
+        closed_form: bool = True,
+    ) -> None:
+        super().__init__(cell, closed_form=closed_form)
+        if isinstance(eps, bool) or not (isinstance(eps, (int, float)) and eps >= 0):
+            raise ValueError(f"KFRTRL: eps must be a non-negative number, got {eps!r}.")
+        if isinstance(generator, bool) or (generator is not None and not isinstance(generator, (int, torch.Generator))):
+            raise ValueError(f"KFRTRL: generator must be a seed (int), a torch.Generator or None, got {generator!r}.")
+        self.eps, self.generator = float(eps), generator
+        self.weight_columns = _weight_columns(cell)
+        self.inputs = sum(columns for _, columns, _ in self.weight_columns)  # n_a
+        self.preactivations = _weight_rows(cell, self.weight_columns)  # Z
+        self._rows_cache: tuple | None = None
+
+    # -- state -------------------------------------------------------------------------------------------------
+    def initial_state(
+        self, h0: torch.Tensor, *, stream_ids: torch.Tensor | None = None, total_streams: int | None = None
+    ) -> OnlineState:
+        """The state before the first step: zero factors ``u`` ``(B, n_a)`` and ``A`` ``(B, H, Z)``.
+
+        ``stream_ids`` ``(B,)`` and ``total_streams``: these streams are rows ``stream_ids`` of ``total_streams``;
+        every step draws the signs of all ``total_streams`` and keeps these rows, so processes that each hold some
+        of the streams (DDP) draw the signs that one process holding all of them would (as UORO does).
+
+        Raises:
+            ValueError: see :meth:`OnlineGradientEstimator.initial_state`; ``stream_ids`` not ``B`` indices in
+                ``[0, total_streams)``.
+        """
+        state = super().initial_state(h0)
+        batch = h0.shape[0]
+        total = int(total_streams) if total_streams is not None else batch
+        ids = torch.arange(batch) if stream_ids is None else stream_ids
+        ids = torch.as_tensor(ids, dtype=torch.long, device=h0.device)
+        if ids.shape != (batch,) or ids.min() < 0 or ids.max() >= total:
+            raise ValueError(
+                f"KFRTRL: stream_ids must be {batch} indices in [0, total_streams={total}), got {ids.tolist()}."
+            )
+        state.tensors["stream_ids"] = ids
+        state.tensors["total_streams"] = torch.tensor(total, device=h0.device)
+        return state
+
+    def _new_generator(self, h0: torch.Tensor) -> torch.Generator:
+        if isinstance(self.generator, torch.Generator):
+            return self.generator
+        seed = self.generator if self.generator is not None else int(torch.randint(0, 2**62, ()).item())
+        return torch.Generator(device=h0.device).manual_seed(seed)
+
+    def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch, hidden = h0.shape
+        return {
+            "input_factor": h0.new_zeros(batch, self.inputs),
+            "hidden_factor": h0.new_zeros(batch, hidden, self.preactivations),
+        }
+
+    def _reset_tensor(self, name: str, value: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return super()._reset_tensor(name, value, keep) if name in _FACTORS else value
+
+    def _watched_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {name: tensors[name] for name in _FACTORS}
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    def _signs(self, state: OnlineState, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(c1, c2)``, each ``(B,)`` in ``{-1, +1}`` of ``like``'s dtype: independent fair signs per stream, drawn
+        for all ``total_streams`` from the state's generator and sliced to this state's rows."""
+        total, rows = self._rows(state)
+        signs = torch.randint(0, 2, (total, 2), generator=state.generator, device=like.device, dtype=like.dtype)
+        signs = signs.mul_(2).sub_(1)
+        if rows is not None:
+            signs = signs[rows]
+        return signs[:, 0], signs[:, 1]
+
+    def _rows(self, state: OnlineState) -> tuple[int, torch.Tensor | None]:
+        """``(total_streams, rows)``: ``rows`` the state's ``stream_ids``, or ``None`` when they are all streams in
+        order (read once per ``stream_ids`` tensor: a host synchronisation)."""
+        ids, total_tensor = state.tensors["stream_ids"], state.tensors["total_streams"]
+        cached = self._rows_cache
+        if cached is None or cached[0] is not ids or cached[1] is not total_tensor:
+            total = int(total_tensor)
+            every = ids.shape[0] == total and bool((ids == torch.arange(total, device=ids.device)).all())
+            cached = self._rows_cache = (ids, total_tensor, total, None if every else ids)
+        return cached[2], cached[3]
+
+    def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:
+        t = state.tensors
+        inputs = self.cell.preactivation_input(x, state.h).detach()  # a_t (B, n_a)
+        if inputs.shape != (x.shape[0], self.inputs):
+            raise ValueError(
+                f"KFRTRL: {type(self.cell).__name__}.preactivation_input returned shape {tuple(inputs.shape)}, but"
+                f" its preactivation_weights {[n for n, _, _ in self.weight_columns]} have {self.inputs} columns"
+                f" side by side: W a needs ({x.shape[0]}, {self.inputs}); make the two agree."
+            )
+        propagated = lin.state_jvp_columns(t["hidden_factor"])  # J_t A_{t-1} (B, H, Z)
+        local = lin.activation_jacobian()  # D_t (B, H, Z)
+        c1, c2 = self._signs(state, inputs)
+        p1, p2 = self._balance(t["input_factor"], propagated, inputs, local)
+        input_factor = (c1 * p1)[:, None] * t["input_factor"] + (c2 * p2)[:, None] * inputs
+        hidden_factor = (c1 / p1)[:, None, None] * propagated + (c2 / p2)[:, None, None] * local
+        return {**t, "input_factor": input_factor, "hidden_factor": hidden_factor}
+
+    def _balance(
+        self, input_factor: torch.Tensor, propagated: torch.Tensor, inputs: torch.Tensor, local: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(p1, p2)``, each ``(B,)``: ``p1 = sqrt((||J A|| + eps) / (||u|| + eps))`` and
+        ``p2 = sqrt((||D|| + eps) / (||a|| + eps))``, the variance-minimising constants (Mujika et al. 2018,
+        Theorem 1), from ``u_{t-1}`` ``(B, n_a)``, ``J_t A_{t-1}`` ``(B, H, Z)``, ``a_t`` ``(B, n_a)``, ``D_t``
+        ``(B, H, Z)``."""
+        return self._ratio(_norms(propagated), _norms(input_factor)), self._ratio(_norms(local), _norms(inputs))
+
+    def _ratio(self, numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+        """``sqrt((n + eps) / (d + eps))`` of per-stream norms ``(B,)``."""
+        return torch.sqrt((numerator + self.eps) / (denominator + self.eps))
+
+    # -- the estimate ------------------------------------------------------------------------------------------
+    def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
+        t = state.tensors
+        row = torch.einsum("bh,bhz->bz", grad_h, t["hidden_factor"])  # A_t^T g_t (B, Z)
+        return self._flatten_weight(row[:, :, None] * t["input_factor"][:, None, :], lead=1)
+
+    def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
+        t = state.tensors
+        row = torch.einsum("bh,bhz->bz", grad_h, t["hidden_factor"])
+        return self._flatten_weight(row.T @ t["input_factor"], lead=0)  # sum_b (A^T g)_b u_b^T, (Z, n_a)
+
+    def _flatten_weight(self, weight: torch.Tensor, lead: int) -> torch.Tensor:
+        """``W``-shaped ``(*lead, Z, n_a)`` -> the layout's flat ``(*lead, P)``, column blocks to parameters."""
+        parts, start = {}, 0
+        for name, columns, is_vector in self.weight_columns:
+            block = weight[..., start : start + columns]
+            parts[name] = block[..., 0] if is_vector else block
+            start += columns
+        return self.layout.flatten(parts, lead=lead)
+
+
+def _weight_columns(cell: nn.Module) -> list[tuple[str, int, bool]]:
+    """``[(name, columns, is_vector)]`` of the parameters of ``W`` in ``preactivation_weights`` order; raise
+    ``ValueError`` unless the cell has the factorisation ``z = W a`` covering every parameter."""
+    names = getattr(cell, "preactivation_weights", None)
+    needed = ("preactivation_input", "preactivation", "activation")
+    if names is None or not all(hasattr(cell, method) for method in needed):
+        raise ValueError(
+            "KFRTRL needs a cell with z = W a: preactivation_input(x, h), preactivation(x, h), activation(z) and"
+            f" preactivation_weights"
+            f" ({type(cell).__name__} lacks them; TanhRNNCell has them). Use UORO or RTRL for this cell."
+        )
+    params = dict(cell.named_parameters())
+    unknown = sorted(set(names) - set(params))
+    if unknown:
+        raise ValueError(f"KFRTRL: preactivation_weights names {unknown}, which are not parameters of the cell.")
+    outside = sorted(set(params) - set(names))
+    if outside:
+        raise ValueError(
+            f"KFRTRL needs every parameter inside W = {list(names)}, but the cell also has {outside} (they act"
+            " outside the preactivation, which one Kronecker product does not cover); use UORO for this cell."
+        )
+    return [(n, 1 if params[n].dim() == 1 else params[n].shape[1], params[n].dim() == 1) for n in names]
+
+
+def _weight_rows(cell: nn.Module, columns: list[tuple[str, int, bool]]) -> int:
+    """``Z``, the rows every parameter of ``W`` shares; ``ValueError`` if they differ or one is not 1-d or 2-d."""
+    params = dict(cell.named_parameters())
+    shapes = {n: tuple(params[n].shape) for n, _, _ in columns}
+    rows = {s[0] for s in shapes.values() if len(s) in (1, 2)}
+    if len(rows) != 1 or any(len(s) not in (1, 2) for s in shapes.values()):
+        raise ValueError(
+            f"KFRTRL: the parameters of W must be (Z, k) matrices or (Z,) vectors with one Z, got {shapes}."
+        )
+    return rows.pop()
+
+
+def _norms(value: torch.Tensor) -> torch.Tensor:
+    """Per-stream Frobenius norms ``(B,)`` of ``(B, ...)``."""
+    return torch.linalg.vector_norm(value.flatten(1), dim=1)
