@@ -201,9 +201,10 @@ def test_snap2_on_a_dense_tanh_rnn_is_rtrl():
     torch.testing.assert_close(run(est, xs, h0, cots)[0], ref.bptt_gradient(cell, xs, h0, cots), **TOL)
 
 
-@pytest.mark.parametrize("kind", ["tanh", "chain"])
+@pytest.mark.parametrize("kind", ["tanh", "chain", "gru", "ortho-cayley-modrelu"])
 @pytest.mark.parametrize("order", [1, 2])
 def test_sparse_and_dense_products_and_closed_form_agree(kind, order):
+    """The orthogonal cell's transition parameters touch every unit: one vector-Jacobian product per unit."""
     cell = make(kind)
     xs, h0, cots = ref.sequence(cell, T, B, seed=6)
     results = [
@@ -216,16 +217,21 @@ def test_sparse_and_dense_products_and_closed_form_agree(kind, order):
         torch.testing.assert_close(state.tensors["influence"], results[0][1].tensors["influence"], rtol=0, atol=1e-12)
 
 
-def test_derived_patterns():
-    cell = make("tanh")
-    hidden, inputs, size = cell.hidden_size, cell.input_size, ref.param_count(cell)
-    est = SnAp(cell, order=1)
-    assert est.state_pattern.all()
-    expected = torch.zeros(hidden, size, dtype=torch.bool)
+def rows_of_a_dense_rnn(hidden, inputs):
+    """``dF/dtheta``'s pattern for parameters ``W_h (H, H)``, ``W_x (H, I)``, ``b (H,)`` acting on unit ``i`` by row."""
+    expected = torch.zeros(hidden, hidden * (hidden + inputs + 1), dtype=torch.bool)
     for i in range(hidden):  # W_h[i, :], W_x[i, :] and b[i] touch unit i only
         expected[i, i * hidden : (i + 1) * hidden] = True
         expected[i, hidden * hidden + i * inputs : hidden * hidden + (i + 1) * inputs] = True
         expected[i, hidden * hidden + hidden * inputs + i] = True
+    return expected
+
+
+def test_derived_patterns():
+    cell = make("tanh")
+    est = SnAp(cell, order=1)
+    assert est.state_pattern.all()
+    expected = rows_of_a_dense_rnn(cell.hidden_size, cell.input_size)
     assert torch.equal(est.parameter_pattern, expected)
     assert snap_mask(est.state_pattern, expected, 2).all()
 
@@ -235,6 +241,37 @@ def test_derived_patterns():
     assert torch.equal(
         snap_mask(links, chain.parameter_pattern, 2), (links.double() @ chain.parameter_pattern.double()) > 0
     )
+
+
+class ReluCell(nn.Module):
+    """``h' = relu(W h + U x + b)``: a unit that is off at a probe hides its row of both Jacobians there."""
+
+    def __init__(self, input_size: int = 2, hidden_size: int = 6) -> None:
+        super().__init__()
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.W = nn.Parameter(torch.randn(hidden_size, hidden_size) / math.sqrt(hidden_size))
+        self.U = nn.Parameter(torch.randn(hidden_size, input_size))
+        self.b = nn.Parameter(torch.zeros(hidden_size))
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.relu(h @ self.W.T + x @ self.U.T + self.b)
+
+
+def test_the_pattern_is_structural_not_accidental():
+    # a parameter that is zero now (c = 0: no unit reads its neighbour yet) still links the units it can link
+    cell = make("chain")
+    with torch.no_grad():
+        cell.c.zero_()
+    links = torch.eye(4, dtype=torch.bool) | torch.diag(torch.ones(3, dtype=torch.bool), -1)
+    assert torch.equal(SnAp(cell).state_pattern, links)
+    # units switched off at one random point: the union over probes recovers the whole structure
+    torch.manual_seed(0)
+    relu = ReluCell().to(DTYPE)
+    one, many = SnAp(relu, probes=1), SnAp(relu, probes=20)
+    assert many.state_pattern.all()
+    assert torch.equal(many.parameter_pattern, rows_of_a_dense_rnn(relu.hidden_size, relu.input_size))
+    assert not one.state_pattern.all()  # some unit was off at the single probe
+    assert torch.equal(one.state_pattern | many.state_pattern, many.state_pattern)
 
 
 def test_a_declared_pattern_is_used_and_checked():
