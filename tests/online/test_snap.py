@@ -274,6 +274,33 @@ def test_the_pattern_is_structural_not_accidental():
     assert torch.equal(one.state_pattern | many.state_pattern, many.state_pattern)
 
 
+class FixedInputCell(ElementwiseCell):
+    """An element-wise cell whose input map is a plain float32 tensor (no buffer): it cannot run in float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fixed = torch.randn(self.hidden_size, self.input_size)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.w * h + x @ self.fixed.T + x @ self.U.T + self.b)
+
+
+def test_a_cell_that_cannot_run_in_float64_is_probed_in_its_own_dtype():
+    torch.manual_seed(0)
+    cell = FixedInputCell()  # float32
+    est = SnAp(cell)
+    assert torch.equal(est.state_pattern, torch.eye(cell.hidden_size, dtype=torch.bool))
+    assert est.kept == ref.param_count(cell)
+    xs, h0, cots = (t.float() for t in ref.sequence(cell, 3, B))
+    total, _ = run(est, xs, h0, cots)
+    params = ref.parameters(cell)
+    h, loss = h0, 0.0
+    for t in range(3):
+        h = cell(xs[t], h)
+        loss = loss + (cots[t] * h).sum()
+    torch.testing.assert_close(total, ref.flat(torch.autograd.grad(loss, params), params))
+
+
 def test_a_declared_pattern_is_used_and_checked():
     cell = make("declared")
     xs, h0, cots = ref.sequence(cell, T, B)
