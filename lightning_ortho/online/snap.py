@@ -8,6 +8,7 @@ from the structure of the cell's Jacobians (:func:`jacobian_pattern`).
 
 from __future__ import annotations
 
+import numbers
 from typing import Literal
 
 import torch
@@ -117,14 +118,16 @@ class SnAp(OnlineGradientEstimator):
     SnAp-2 is exact for two steps.
 
     Memory: the state holds the ``K`` kept values per stream, ``(B, K)`` (RTRL holds ``(B, H, P)``), in the
-    order of :attr:`rows`, :attr:`cols` (the kept entries, row-major); shared by all streams, ``O(K + N)``
-    integer indices with ``N`` the products of the sparse update. The sparse update costs ``O(B N)`` with ``N``
-    the pairs ``(k, p) <- (j, p)`` of kept entries where unit ``k`` reads unit ``j`` (``N = K = P`` for SnAp-1
-    of such a cell), plus one Jacobian-vector product per colour of ``J``'s columns and one vector-Jacobian product
-    per colour of ``I``'s rows (columns, rows that share no row, column share a colour: Curtis, Powell & Reid
-    1974), e.g. ``H`` and ``1`` for a dense tanh RNN. The dense update (``product="dense"``, or where the
-    sparse one would multiply more than 1/16 of RTRL's ``H^2 P`` terms) runs RTRL's step on the influence
-    scattered into ``(B, H, P)`` and gathers the kept entries back: RTRL's cost, the same result.
+    order of :attr:`rows`, :attr:`cols` (the kept entries, row-major); shared by all streams, :attr:`plan_size`
+    integer indices, ``O(K + N)``. The sparse update costs ``O(B N)`` multiply-adds, ``N`` (:attr:`pairs`) the
+    pairs ``(k, p) <- (j, p)`` of kept entries where unit ``k`` reads unit ``j`` (``N = K = P`` for SnAp-1 of a
+    cell whose parameters each touch one unit), plus one Jacobian-vector product per colour of ``J``'s columns and
+    one vector-Jacobian product per colour of ``I``'s rows, where columns that no row reads together, and rows
+    that no parameter touches together, share a colour (the grouping of Curtis, Powell & Reid 1974): ``H`` and
+    ``1`` products for a dense tanh RNN. The dense update (``product="dense"``, or ``"auto"`` where the sparse one
+    would multiply more than 1/16 of RTRL's ``H^2 P`` terms) runs RTRL's step on the influence scattered into
+    ``(B, H, P)`` and gathers the kept entries back: RTRL's cost, the same result. Deriving the pattern holds
+    ``(H, P)`` dense Jacobians once.
 
     Args:
         cell: the recurrent cell. Its pattern is derived with :func:`jacobian_pattern` (which needs the cell's
@@ -146,7 +149,7 @@ class SnAp(OnlineGradientEstimator):
     def __init__(
         self, cell: nn.Module, *, order: int = 1, product: Product = "auto", probes: int = 3, closed_form: bool = True
     ) -> None:
-        if isinstance(order, bool) or not isinstance(order, int) or order not in (1, 2):
+        if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order not in (1, 2):
             raise ValueError(
                 f"SnAp: order must be 1 or 2 (the steps of reach kept in the influence), got {order!r}; use RTRL for"
                 " the exact influence."
@@ -156,7 +159,7 @@ class SnAp(OnlineGradientEstimator):
         if isinstance(probes, bool) or not isinstance(probes, int) or probes < 1:
             raise ValueError(f"SnAp: probes must be a positive integer (random points to probe), got {probes!r}.")
         super().__init__(cell, closed_form=closed_form)
-        self.order = order
+        self.order = int(order)
         state, parameter = self._pattern(cell, probes)
         self.state_pattern, self.parameter_pattern = state, parameter
         kept = snap_mask(state, parameter, order)
@@ -170,6 +173,8 @@ class SnAp(OnlineGradientEstimator):
         dense = self.full or self.pairs > _SPARSE_SHARE * hidden * hidden * size
         self.dense = product == "dense" or (product == "auto" and dense)
         self._plan = self._dense_plan() if self.dense else self._sparse_plan(state, parameter)
+        #: integer indices the update and the gradient share across streams (``rows``, ``cols`` and the plan)
+        self.plan_size = 2 * self.kept + sum(v.numel() for v in self._plan.values() if not v.is_floating_point())
         self._cache: dict[tuple, dict[str, torch.Tensor]] = {}
 
     # -- structure ------------------------------------------------------------------------------------------
@@ -256,13 +261,13 @@ class SnAp(OnlineGradientEstimator):
         """RTRL's step on the influence scattered into ``(B, H, P)``, then the kept entries gathered back."""
         batch, (hidden, size) = values.shape[0], (len(self.state_pattern), self.layout.size)
         if self.full:  # the kept entries, row-major, are the whole influence
-            influence = values.view(batch, hidden, size)
+            influence = values.reshape(batch, hidden, size)
         else:
             influence = values.new_zeros(batch, hidden * size)
             influence[:, plan["flat"]] = values
             influence = influence.view(batch, hidden, size)
-        updated = lin.state_jvp_columns(influence) + lin.parameter_jacobian()
-        return updated.reshape(batch, -1) if self.full else updated.reshape(batch, -1)[:, plan["flat"]]
+        updated = (lin.state_jvp_columns(influence) + lin.parameter_jacobian()).reshape(batch, -1)
+        return updated if self.full else updated[:, plan["flat"]]
 
     def _sparse_update(self, lin: StepLinearization, values: torch.Tensor, plan) -> torch.Tensor:
         """``mask * (J M + I)`` on the kept entries: gathered products and one ``index_add``."""
@@ -281,7 +286,7 @@ class SnAp(OnlineGradientEstimator):
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         values = state.tensors["influence"]
         if self.full:
-            return torch.einsum("bh,bhp->bp", grad_h, values.view(values.shape[0], grad_h.shape[1], -1))
+            return torch.einsum("bh,bhp->bp", grad_h, values.reshape(values.shape[0], grad_h.shape[1], -1))
         plan = self._on(values)
         out = values.new_zeros(values.shape[0], self.layout.size)
         return out.index_add_(1, plan["cols"], grad_h[:, plan["rows"]] * values)

@@ -6,6 +6,7 @@ the first steps from a zero influence) it must equal BPTT to float64 rounding; w
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -176,7 +177,8 @@ def test_snap1_on_a_dense_tanh_rnn_follows_its_closed_form_and_differs_from_bptt
     cell = make("tanh")
     xs, h0, cots = ref.sequence(cell, T, B)
     est = SnAp(cell, order=1, product="sparse")
-    assert est.kept == ref.param_count(cell) and est.pairs == ref.param_count(cell)  # O(P) memory and work
+    size = ref.param_count(cell)
+    assert est.kept == size and est.pairs == size and est.plan_size <= 8 * size  # O(P) memory and work
     got, _ = run(est, xs, h0, cots)
 
     hidden = cell.hidden_size
@@ -394,6 +396,10 @@ def test_per_stream_rows_sum_to_the_summed_gradient(kind, order):
 def test_an_order_other_than_1_or_2_is_refused(order):
     with pytest.raises(ValueError, match="order must be 1 or 2"):
         SnAp(make("tanh"), order=order)
+
+
+def test_an_integer_order_of_any_integer_type_is_taken():
+    assert SnAp(make("tanh"), order=np.int64(2)).order == 2
 
 
 def test_bad_options_and_cells_are_refused():
