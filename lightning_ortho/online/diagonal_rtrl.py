@@ -24,6 +24,19 @@ from lightning_ortho.online.estimator import OnlineGradientEstimator
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
 from lightning_ortho.online.state import OnlineState
 
+_COMPLEX_DTYPES = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
+def complex_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The complex dtype whose real and imaginary parts are ``dtype`` (``float64`` -> ``complex128``).
+
+    Raises:
+        ValueError: ``dtype`` has no complex counterpart (``bfloat16``, integers).
+    """
+    if dtype not in _COMPLEX_DTYPES:
+        raise ValueError(f"a complex state needs float16/32/64 parameters, got {dtype}; convert the cell (.double()).")
+    return _COMPLEX_DTYPES[dtype]
+
 
 def real_part_of_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``Re(a * b)`` without forming the imaginary part (``a * b`` for real tensors)."""
@@ -70,7 +83,7 @@ def _probe_points(cell: nn.Module, complex_state: bool, count: int = 2) -> list[
         h = torch.randn(1, sizes["hidden_size"], generator=generator, dtype=torch.float64)
         if complex_state:
             h = torch.complex(h, torch.randn(1, sizes["hidden_size"], generator=generator, dtype=torch.float64))
-        kind = torch.complex(reference[:0], reference[:0]).dtype if complex_state else reference.dtype
+        kind = complex_dtype(reference.dtype) if complex_state else reference.dtype
         points.append((x.to(reference.device, reference.dtype), h.to(reference.device, kind)))
     return points
 
@@ -194,6 +207,14 @@ class ComplexOnlineState(OnlineState):
         return ComplexOnlineState(**fields, kind=self.kind, varying_dims=self.varying_dims, windows=self.windows)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved_h = state.get("h") if isinstance(state, dict) else None
+        if isinstance(saved_h, torch.Tensor) and saved_h.is_complex() != self.h.is_complex():
+            kinds = ("complex", "real") if saved_h.is_complex() else ("real", "complex")
+            raise ValueError(
+                f"OnlineState.load_state_dict: the saved hidden states h are {kinds[0]}, this state's are {kinds[1]}:"
+                " the state was saved with another cell; make the state to load into with initial_state of the"
+                " estimator that saved it."
+            )
         saved = state
         if isinstance(state, dict) and isinstance(state.get("tensors"), dict):
             saved = dict(state, tensors={k: _real_view(v) for k, v in state["tensors"].items()})
@@ -276,8 +297,7 @@ class DiagonalRTRL(OnlineGradientEstimator):
         return new.replace(h=torch.where(mask[:, None], start, new.h))
 
     def _state_dtype(self) -> torch.dtype:
-        reference = next(self.cell.parameters())
-        return torch.complex(reference[:0], reference[:0]).dtype
+        return complex_dtype(next(self.cell.parameters()).dtype)
 
     def _complex_h0(self, h0: Any, where: str) -> Any:
         """A real floating ``h0`` of the parameters' dtype becomes complex; anything else goes to the checks."""

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from lightning_ortho.online.diagonal_rtrl import DiagonalTraces, real_part_of_product
+from lightning_ortho.online.diagonal_rtrl import DiagonalTraces, complex_dtype, real_part_of_product
 from lightning_ortho.online.linearization import ParameterLayout
 
 #: The parameters in the order of ``named_parameters()``; the names of Orvieto et al.'s code (appendix A).
@@ -86,7 +86,7 @@ class LinearRecurrentUnit(nn.Module):
 
     def state_dtype(self) -> torch.dtype:
         """The complex dtype of ``h``: ``complex128`` for ``float64`` parameters, ``complex64`` for ``float32``."""
-        return torch.complex(self.nu_log[:0], self.nu_log[:0]).dtype
+        return complex_dtype(self.nu_log.dtype)
 
     def eigenvalues(self) -> torch.Tensor:
         """``lambda = exp(-exp(nu_log) + i exp(theta_log))``, ``(H,)`` complex."""
