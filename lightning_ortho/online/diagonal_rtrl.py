@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacfwd, jacrev, jvp, vjp, vmap
 
-from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
 from lightning_ortho.online.state import OnlineState
 
@@ -332,8 +332,10 @@ class DiagonalRTRL(OnlineGradientEstimator):
 
     # -- the estimator ---------------------------------------------------------------------------------------------
     def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
+        """:meth:`OnlineGradientEstimator.step` with one host synchronisation for the NaN/inf checks of ``x``, the
+        new state and the traces (one sum of them all; on NaN/inf the base checks say which, entry by entry, so a
+        sum that overflowed from finite entries raises nothing). Nothing is written before the checks."""
         self._check_step_input(x, state)
-        self._check_finite(x, "x")
         with torch.no_grad():
             h_new, tensors = self.traces.advance(x, state.h, state.tensors)
         if h_new.shape != state.h.shape or h_new.dtype != state.h.dtype:
@@ -342,8 +344,19 @@ class DiagonalRTRL(OnlineGradientEstimator):
                 f" {tuple(state.h.shape)}; h0 must have one column per unit of the cell (its hidden size)."
             )
         h_new = h_new.detach()
-        self._check_finite_step(h_new, tensors, state.step + 1)
+        dtype = _sum_dtype(x.dtype)
+        total = x.sum(dtype=dtype) + _real_view(h_new).sum(dtype=dtype)
+        for value in tensors.values():
+            total = total + _real_view(value).sum(dtype=dtype)
+        if not bool(torch.isfinite(total)):
+            self._check_finite(x, "x")
+            self._check_finite_step(h_new, tensors, state.step + 1)
         return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
+
+    def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
+        # One sum of grad_h and the estimate (false on an overflowed sum too: the caller confirms entry by entry).
+        dtype = _sum_dtype(flat.dtype)
+        return bool(torch.isfinite(_real_view(grad_h).sum(dtype=dtype) + flat.sum(dtype=dtype)))
 
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.traces.initial(h0)

@@ -20,10 +20,6 @@ from lightning_ortho.online.linearization import ParameterLayout
 LRU_PARAMETERS = ("nu_log", "theta_log", "gamma_log", "B_re", "B_im", "C_re", "C_im", "D")
 
 
-#: The per-unit parameters and their traces in :class:`LRUTraces`.
-_UNIT_TRACES = {"nu_log": "e_nu", "theta_log": "e_theta", "gamma_log": "e_gamma"}
-
-
 class LinearRecurrentUnit(nn.Module):
     """The linear recurrent unit of Orvieto et al. 2023 (section 3, appendix A), one layer:
 
@@ -98,7 +94,7 @@ class LinearRecurrentUnit(nn.Module):
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """``h' = lambda * h + exp(gamma_log) * (B x)``: ``x`` ``(B, I)`` real, ``h`` ``(B, H)`` complex."""
-        return self.eigenvalues() * h + torch.exp(self.gamma_log) * self.input_projection(x)
+        return torch.addcmul(torch.exp(self.gamma_log) * self.input_projection(x), self.eigenvalues(), h)
 
     def output(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``y = Re(C h) + D * x`` ``(B, I)`` for ``h`` ``(B, H)`` complex and ``x`` ``(B, I)`` (the step's input)."""
@@ -151,28 +147,27 @@ class LRUTraces(DiagonalTraces):
     ``dh'/dtheta_log = i phi lambda h``, ``dh'/dgamma_log = gamma u``, ``dh'_k/dB_re[k, j] = gamma_k x_j`` and
     ``dh'_k/dB_im[k, j] = i gamma_k x_j``. The traces (per stream, complex) follow ``e' = lambda e + immediate``:
 
-        e_nu    (B, H):    e_nu'    = lambda e_nu    - mu lambda h_{t-1}
-        e_theta (B, H):    e_theta' = lambda e_theta + i phi lambda h_{t-1}
-        e_gamma (B, H):    e_gamma' = lambda e_gamma + gamma u_t
-        e_B     (B, H, I): e_B'     = lambda e_B     + gamma x_t^T          (dh_k/dB_re[k, j]; dh_k/dB_im = i e_B)
+        e_nu    = e_units[:, 0] (B, H):  e_nu'    = lambda e_nu    - mu lambda h_{t-1}
+        e_theta = e_units[:, 1] (B, H):  e_theta' = lambda e_theta + i phi lambda h_{t-1}
+        e_gamma = e_units[:, 2] (B, H):  e_gamma' = lambda e_gamma + gamma u_t
+        e_B                  (B, H, I):  e_B'     = lambda e_B     + gamma x_t^T    (dh_k/dB_re[k, j]; dh_k/dB_im = i e_B)
 
     and ``dL_t/dp = Re(conj(g) e_p)`` with ``g = dL_t/dRe h_t + i dL_t/dIm h_t`` (PyTorch's gradient of a real
     loss with respect to a complex tensor); ``dL/dB_im = Re(conj(g) i e_B) = -Im(conj(g) e_B)``. ``C`` and ``D``
-    do not enter ``h``: their entries are zero (their gradients come from backprop through the output).
+    do not enter ``h``: their entries are zero (their gradients come from backprop through the output). The
+    three per-unit traces are one ``(B, 3, H)`` tensor so that a step updates them with one operation.
     """
 
     complex_state = True
-    names = ("e_nu", "e_theta", "e_gamma", "e_B")
 
     def __init__(self, cell: LinearRecurrentUnit, layout: ParameterLayout) -> None:
         self.cell, self.layout = cell, layout
+        self.recurrent = 3 * cell.hidden_size + 2 * cell.hidden_size * cell.input_size  # entries before C_re
 
     def initial(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         batch, hidden = h0.shape
         return {
-            "e_nu": h0.new_zeros(batch, hidden),
-            "e_theta": h0.new_zeros(batch, hidden),
-            "e_gamma": h0.new_zeros(batch, hidden),
+            "e_units": h0.new_zeros(batch, 3, hidden),
             "e_B": h0.new_zeros(batch, hidden, self.cell.input_size),
         }
 
@@ -182,28 +177,22 @@ class LRUTraces(DiagonalTraces):
         cell = self.cell
         mu, phi, gamma = torch.exp(cell.nu_log), torch.exp(cell.theta_log), torch.exp(cell.gamma_log)
         lam = torch.exp(torch.complex(-mu, phi))
-        u = cell.input_projection(x)
-        driven = gamma * u
-        h_new = lam * h + driven
+        driven = gamma * cell.input_projection(x)
+        slopes = torch.stack([lam * -mu, lam * (phi * 1j)])  # dlambda/dnu_log, dlambda/dtheta_log (2, H)
+        immediate = torch.cat([slopes * h[:, None, :], driven[:, None, :]], dim=1)
         new = {
-            "e_nu": lam * traces["e_nu"] - (mu * lam) * h,
-            "e_theta": lam * traces["e_theta"] + (phi * lam * 1j) * h,
-            "e_gamma": lam * traces["e_gamma"] + driven,
+            "e_units": torch.addcmul(immediate, lam, traces["e_units"]),
             "e_B": lam[:, None] * traces["e_B"] + gamma[:, None] * x[:, None, :],
         }
-        return h_new, new
+        return torch.addcmul(driven, lam, h), new
 
     def gradient(self, traces: dict[str, torch.Tensor], grad_h: torch.Tensor, per_stream: bool) -> torch.Tensor:
         conj = grad_h.conj()
-        if per_stream:
-            weights = conj[:, :, None] * traces["e_B"]
-            parts = {name: real_part_of_product(conj, traces[trace]) for name, trace in _UNIT_TRACES.items()}
-        else:
-            weights = torch.einsum("bh,bhi->hi", conj, traces["e_B"])
-            parts = {name: real_part_of_product(conj, traces[trace]).sum(0) for name, trace in _UNIT_TRACES.items()}
-        parts["B_re"], parts["B_im"] = weights.real, -weights.imag
-        lead = weights.shape[:-2]
-        for name, shape in zip(self.layout.names, self.layout.shapes, strict=True):
-            if name not in parts:  # C_re, C_im, D: outside the recurrence
-                parts[name] = weights.real.new_zeros(*lead, *shape)
-        return self.layout.flatten(parts, lead=len(lead))
+        units = real_part_of_product(conj[:, None, :], traces["e_units"])  # (B, 3, H)
+        weights = conj[:, :, None] * traces["e_B"]  # (B, H, I): conj(g) e_B
+        if not per_stream:
+            units, weights = units.sum(0), weights.sum(0)
+        lead = units.shape[:-2]
+        tail = units.new_zeros(*lead, self.layout.size - self.recurrent)  # C_re, C_im, D: outside the recurrence
+        parts = [units, weights.real, -weights.imag]
+        return torch.cat([*(part.reshape(*lead, -1) for part in parts), tail], dim=-1)

@@ -276,7 +276,7 @@ def test_load_refuses_nan_and_another_estimator():
     xs, h0, _ = complex_sequence()
     _, state = est.step(xs[0], est.initial_state(h0))
     saved = state.state_dict()
-    saved["tensors"]["e_B"][0, 0, 0] = complex(float("nan"), 0.0)
+    saved["tensors"]["e_units"][0, 0, 0] = complex(float("nan"), 0.0)
     target = est.initial_state(h0)
     with pytest.raises(ValueError, match="NaN"):
         target.load_state_dict(saved)
