@@ -2,7 +2,7 @@
 
 When ``dh'/dh = diag(a)`` and each parameter entry enters one unit ``k(p)``, the influence ``dh_t/dtheta``
 (``H x P`` in Williams & Zipser's RTRL) has one nonzero per column, and RTRL keeps exactly that entry (Menick et al.
-2021, SnAp-1, exact for diagonal recurrences; Zucchet et al. 2023, section 3, for the linear recurrent unit):
+2021, SnAp-1, exact for diagonal recurrences; Zucchet et al. 2023 for the linear recurrent unit):
 
     e_t[p] = a_t[k(p)] e_{t-1}[p] + dh_t[k(p)]/dtheta_p      (immediate derivative),      e_0 = 0
     dL_t/dtheta_p = Re(conj(g_t[k(p)]) e_t[p])                with g_t = dL_t/dh_t

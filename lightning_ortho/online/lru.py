@@ -21,13 +21,13 @@ LRU_PARAMETERS = ("nu_log", "theta_log", "gamma_log", "B_re", "B_im", "C_re", "C
 
 
 class LinearRecurrentUnit(nn.Module):
-    """The linear recurrent unit of Orvieto et al. 2023 (section 3, appendix A), one layer:
+    """The linear recurrent unit of Orvieto et al. 2023, one layer:
 
     ``lambda = exp(-exp(nu_log) + i exp(theta_log))`` (complex, diagonal, ``|lambda| < 1`` for any parameters),
     ``h' = lambda * h + exp(gamma_log) * (B x)`` with ``B = B_re + i B_im``, and the output
     ``y = Re(C h) + D * x`` (:meth:`output`, ``C = C_re + i C_im``, ``D`` element-wise as in the paper).
 
-    Initialisation (Orvieto et al., lemma 3.2 and appendix A): ``|lambda|`` uniform on the ring
+    Initialisation (Orvieto et al.'s ring lemma and their appendix A code): ``|lambda|`` uniform on the ring
     ``r_min <= |lambda| <= r_max`` of the complex plane (``|lambda|^2 = u (r_max^2 - r_min^2) + r_min^2``,
     ``u ~ U(0, 1)``), the phase ``arg(lambda) ~ U(0, max_phase)``, the normalisation
     ``gamma = exp(gamma_log) = sqrt(1 - |lambda|^2)`` (a parameter of its own, trained), ``B_re, B_im ~
@@ -122,7 +122,7 @@ class LinearRecurrentUnit(nn.Module):
 def ring_initialisation(
     hidden_size: int, r_min: float, r_max: float, max_phase: float, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(nu_log, theta_log, gamma_log)`` ``(H,)`` float64 of Orvieto et al.'s ring initialisation (lemma 3.2):
+    """``(nu_log, theta_log, gamma_log)`` ``(H,)`` float64 of Orvieto et al.'s ring initialisation:
     ``|lambda|^2 = u1 (r_max^2 - r_min^2) + r_min^2``, ``arg(lambda) = max_phase u2`` with ``u1, u2 ~ U(0, 1)``,
     ``nu_log = log(-log|lambda|)``, ``theta_log = log(arg(lambda))``, ``gamma_log = log sqrt(1 - |lambda|^2)``.
 
@@ -140,7 +140,7 @@ def ring_initialisation(
 
 
 class LRUTraces(DiagonalTraces):
-    """Exact RTRL traces of :class:`LinearRecurrentUnit` in closed form (Zucchet et al. 2023, section 3).
+    """Exact RTRL traces of :class:`LinearRecurrentUnit` in closed form (Zucchet et al. 2023).
 
     With ``mu = exp(nu_log)``, ``phi = exp(theta_log)``, ``gamma = exp(gamma_log)``, ``u_t = B x_t``, the state
     Jacobian is ``diag(lambda)`` and the immediate derivatives are ``dh'/dnu_log = -mu lambda h``,

@@ -141,8 +141,8 @@ def test_lru_closed_form_and_torch_func_paths_agree():
 
 
 def test_lru_step_is_the_paper_recurrence():
-    """``h' = lambda h + gamma (B x)``, ``lambda = exp(-exp(nu_log)) (cos + i sin)(exp(theta_log))`` (Orvieto et al.,
-    eq. 3 and section 3.3), written out with real arithmetic; ``y = Re(C h) + D x``."""
+    """Orvieto et al.'s step ``h' = lambda h + gamma (B x)`` with ``lambda = exp(-exp(nu_log)) (cos + i sin)(
+    exp(theta_log))``, written out with real arithmetic; ``y = Re(C h) + D x``."""
     cell = make_lru(5)
     xs, h0, _ = complex_sequence(6)
     p = {k: v.detach() for k, v in cell.named_parameters()}
