@@ -271,7 +271,7 @@ class DiagonalRTRL(OnlineGradientEstimator):
     def initial_state(self, h0: torch.Tensor) -> OnlineState:
         if not self.complex_state:
             return super().initial_state(h0)
-        h0 = self._complex_h0(h0, "initial_state")
+        h0 = self._complex_h0(h0)
         self._check(h0, "h0", dims=2)
         streams, hidden = h0.shape
         if streams < 1 or hidden != self.hidden_size:
@@ -299,7 +299,7 @@ class DiagonalRTRL(OnlineGradientEstimator):
     def _state_dtype(self) -> torch.dtype:
         return complex_dtype(next(self.cell.parameters()).dtype)
 
-    def _complex_h0(self, h0: Any, where: str) -> Any:
+    def _complex_h0(self, h0: Any) -> Any:
         """A real floating ``h0`` of the parameters' dtype becomes complex; anything else goes to the checks."""
         if isinstance(h0, torch.Tensor) and h0.is_floating_point() and h0.dtype == next(self.cell.parameters()).dtype:
             return h0.to(self._state_dtype())

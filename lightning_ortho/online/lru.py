@@ -16,14 +16,14 @@ from torch import nn
 from lightning_ortho.online.diagonal_rtrl import DiagonalTraces, complex_dtype, real_part_of_product
 from lightning_ortho.online.linearization import ParameterLayout
 
-#: The parameters in the order of ``named_parameters()``; the names of Orvieto et al.'s code (appendix A).
+#: The parameters in the order of ``named_parameters()``; the names of the code in Orvieto et al.'s appendix.
 LRU_PARAMETERS = ("nu_log", "theta_log", "gamma_log", "B_re", "B_im", "C_re", "C_im", "D")
 
 
 class LinearRecurrentUnit(nn.Module):
     """The linear recurrent unit of Orvieto et al. 2023, one layer:
 
-    ``lambda = exp(-exp(nu_log) + i exp(theta_log))`` (complex, diagonal, ``|lambda| < 1`` for any parameters),
+    ``lambda = exp(-exp(nu_log) + i exp(theta_log))`` (complex, diagonal, ``|lambda| < 1`` for any finite ``nu_log`` short of underflow),
     ``h' = lambda * h + exp(gamma_log) * (B x)`` with ``B = B_re + i B_im``, and the output
     ``y = Re(C h) + D * x`` (:meth:`output`, ``C = C_re + i C_im``, ``D`` element-wise as in the paper).
 

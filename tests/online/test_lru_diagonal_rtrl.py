@@ -317,3 +317,8 @@ def test_complex_inputs_are_checked():
         est.step(xs[0][:, :2], state)
     with pytest.raises(ValueError, match="NaN"):
         est.gradient(state, cots[0] * float("nan"))
+    with pytest.raises(ValueError, match="x holds NaN"):
+        est.step(xs[1] * float("nan"), state)
+    with pytest.raises(FloatingPointError, match="NaN/inf"):
+        for _ in range(100):
+            _, state = est.step(torch.full_like(xs[0], 1.7e308), state)
