@@ -1,0 +1,371 @@
+"""Exact RTRL for cells whose state Jacobian is diagonal (element-wise recurrences, the linear recurrent unit).
+
+When ``dh'/dh = diag(a)`` and each parameter entry enters one unit ``k(p)``, the influence ``dh_t/dtheta``
+(``H x P`` in Williams & Zipser's RTRL) has one nonzero per column, and RTRL keeps exactly that entry (Menick et al.
+2021, SnAp-1, exact for diagonal recurrences; Zucchet et al. 2023 for the linear recurrent unit):
+
+    e_t[p] = a_t[k(p)] e_{t-1}[p] + dh_t[k(p)]/dtheta_p      (immediate derivative),      e_0 = 0
+    dL_t/dtheta_p = Re(conj(g_t[k(p)]) e_t[p])                with g_t = dL_t/dh_t
+
+``O(P)`` memory and time per stream and step instead of RTRL's ``O(H P)`` and ``O(H^2 P)``. A complex state
+(``cell.complex_state``) must be complex-linear in ``h`` (then ``a`` is a complex multiplier), and ``g`` is
+PyTorch's gradient of a real loss with respect to a complex tensor, ``dL/dRe h + i dL/dIm h``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, jacfwd, jacrev, jvp, vjp, vmap
+
+from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
+from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
+from lightning_ortho.online.state import OnlineState
+
+_COMPLEX_DTYPES = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
+def complex_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The complex dtype whose real and imaginary parts are ``dtype`` (``float64`` -> ``complex128``).
+
+    Raises:
+        ValueError: ``dtype`` has no complex counterpart (``bfloat16``, integers).
+    """
+    if dtype not in _COMPLEX_DTYPES:
+        raise ValueError(f"a complex state needs float16/32/64 parameters, got {dtype}; convert the cell (.double()).")
+    return _COMPLEX_DTYPES[dtype]
+
+
+def real_part_of_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``Re(a * b)`` without forming the imaginary part (``a * b`` for real tensors)."""
+    if a.is_complex() and b.is_complex():
+        return a.real * b.real - a.imag * b.imag
+    return (a * b).real if (a.is_complex() or b.is_complex()) else a * b
+
+
+class DiagonalTraces:
+    """The per-stream traces of :class:`DiagonalRTRL` for one cell: closed forms (``cell.diagonal_traces(layout)``,
+    e.g. :class:`~lightning_ortho.online.lru.LRUTraces`) or the ``torch.func`` path (:class:`ElementwiseTraces`).
+
+    ``initial(h0)`` gives the zero traces ``{name: (B, ...)}``; ``advance(x, h, traces)`` returns ``(h', traces')``;
+    ``gradient(traces, grad_h, per_stream)`` returns the flat estimate ``(B, P)`` or ``(P,)`` in the layout's
+    order (parameters outside the recurrence get zeros)."""
+
+    complex_state = False
+
+    def initial(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def advance(
+        self, x: torch.Tensor, h: torch.Tensor, traces: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def gradient(self, traces: dict[str, torch.Tensor], grad_h: torch.Tensor, per_stream: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _probe_points(cell: nn.Module, complex_state: bool, count: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``count`` random one-stream points ``(x (1, I), h (1, H))`` (fixed seed) in the parameters' dtype and device."""
+    sizes = {name: getattr(cell, name, None) for name in ("input_size", "hidden_size")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes.values()):
+        raise ValueError(
+            f"DiagonalRTRL: {type(cell).__name__} must declare integer input_size and hidden_size (got {sizes}): the"
+            " structure of its Jacobians is read at random inputs of those sizes."
+        )
+    reference = next(cell.parameters())
+    generator = torch.Generator().manual_seed(0)
+    points = []
+    for _ in range(count):
+        x = torch.randn(1, sizes["input_size"], generator=generator, dtype=torch.float64)
+        h = torch.randn(1, sizes["hidden_size"], generator=generator, dtype=torch.float64)
+        if complex_state:
+            h = torch.complex(h, torch.randn(1, sizes["hidden_size"], generator=generator, dtype=torch.float64))
+        kind = complex_dtype(reference.dtype) if complex_state else reference.dtype
+        points.append((x.to(reference.device, reference.dtype), h.to(reference.device, kind)))
+    return points
+
+
+def _parameters(cell: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach() for name, p in cell.named_parameters()}
+
+
+def _as_real(y: torch.Tensor) -> torch.Tensor:
+    """``y`` ``(..., H)`` real, or ``[Re y, Im y]`` stacked on a last dim of 2 when complex."""
+    return torch.stack([y.real, y.imag], dim=-1) if y.is_complex() else y
+
+
+def check_diagonal_state_jacobian(cell: nn.Module, complex_state: bool) -> None:
+    """Raise ``ValueError`` unless ``dh'/dh`` of ``cell`` is diagonal at two random points (``torch.func.jacfwd``;
+    off-diagonal entries must be exactly zero) and, for a complex state, complex-linear (the Cauchy-Riemann
+    equations ``dRe h'/dRe h = dIm h'/dIm h``, ``dIm h'/dRe h = -dRe h'/dIm h`` on the diagonal)."""
+    params = _parameters(cell)
+    for x, h in _probe_points(cell, complex_state):
+        if complex_state:
+
+            def step(re: torch.Tensor, im: torch.Tensor, x: torch.Tensor = x) -> torch.Tensor:
+                return _as_real(functional_call(cell, params, (x, torch.complex(re, im)[None]))[0])
+
+            by_re, by_im = jacfwd(step, argnums=(0, 1))(h[0].real, h[0].imag)  # (H, 2, H) each
+            blocks = [by_re[:, 0], by_re[:, 1], by_im[:, 0], by_im[:, 1]]
+        else:
+            blocks = [jacfwd(lambda hh, x=x: functional_call(cell, params, (x, hh[None]))[0])(h[0])]
+        for block in blocks:
+            off = block - torch.diag_embed(torch.diagonal(block))
+            if bool((off != 0).any()):
+                raise ValueError(
+                    f"DiagonalRTRL: the state Jacobian dh'/dh of {type(cell).__name__} is not diagonal (unit i reads"
+                    " other units j != i): its influence does not stay on one unit. Use RTRL (exact, O(H^2 P) per"
+                    " step), UORO or TruncatedBPTT for such cells."
+                )
+        if complex_state:
+            tol = dict(rtol=100 * torch.finfo(h.real.dtype).eps, atol=100 * torch.finfo(h.real.dtype).eps)
+            rr, ir, ri, ii = (torch.diagonal(b) for b in blocks)
+            if not (torch.allclose(rr, ii, **tol) and torch.allclose(ir, -ri, **tol)):
+                raise ValueError(
+                    f"DiagonalRTRL: {type(cell).__name__}'s step is not complex-linear in its complex state h (each"
+                    " unit's 2x2 real Jacobian is no complex multiplier), so one complex trace per entry cannot hold"
+                    " the influence. Use a real state (real and imaginary parts as units) with RTRL instead."
+                )
+
+
+class ElementwiseTraces(DiagonalTraces):
+    """The ``torch.func`` path: one trace per parameter entry, ``e`` ``(B, P)`` (complex for a complex state).
+
+    The unit ``k(p)`` that entry ``p`` enters is read once from the immediate Jacobian ``dh'/dtheta`` (``jacrev``)
+    at two random points; an entry that touches no unit there (a parameter outside the recurrence, like an output
+    layer) keeps a zero trace. Each step costs one ``jvp`` (``h'`` and ``a = diag(dh'/dh)`` as ``J 1``) and one
+    per-stream ``vjp`` with cotangent ones (two for a complex state: real and imaginary parts), which is
+    ``dh'[k(p)]/dtheta_p`` because each column has one nonzero.
+
+    Raises:
+        ValueError: a parameter entry enters more than one unit (a shared scalar, say): DiagonalRTRL keeps one
+            trace per entry; use RTRL.
+    """
+
+    def __init__(self, cell: nn.Module, layout: ParameterLayout, complex_state: bool) -> None:
+        self.cell, self.layout, self.complex_state = cell, layout, complex_state
+        params = _parameters(cell)
+        touched = None
+        for x, h in _probe_points(cell, complex_state):
+            jac = jacrev(lambda p, x=x, h=h: _as_real(functional_call(cell, p, (x, h))[0]))(params)
+            flat = layout.flatten(jac, lead=2 if complex_state else 1)  # (H, [2,] P)
+            nonzero = (flat != 0).any(dim=1) if complex_state else flat != 0
+            touched = nonzero if touched is None else touched | nonzero
+        counts = touched.sum(0)
+        if bool((counts > 1).any()):
+            index = int(torch.nonzero(counts > 1)[0])
+            name = next(n for n in reversed(layout.names) if layout.offsets[n] <= index)
+            raise ValueError(
+                f"DiagonalRTRL: an entry of {type(cell).__name__}.{name} enters {int(counts[index])} units (e.g. a"
+                " shared scalar); DiagonalRTRL keeps one trace per parameter entry and unit. Give each unit its own"
+                " entry, or use RTRL."
+            )
+        self.units = touched.to(torch.uint8).argmax(0)  # (P,) the unit each entry enters (0 where none)
+        self.enters = counts == 1  # (P,)
+
+    def initial(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"influence": h0.new_zeros(h0.shape[0], self.layout.size)}
+
+    def advance(
+        self, x: torch.Tensor, h: torch.Tensor, traces: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cell, params = self.cell, _parameters(self.cell)
+        h_new, decay = jvp(lambda hh: functional_call(cell, params, (x, hh)), (h,), (torch.ones_like(h),))
+        hidden = h.shape[1]
+        ones = torch.ones(hidden, dtype=x.dtype, device=x.device)
+        zeros = torch.zeros_like(ones)
+        cotangents = [torch.stack([ones, zeros], -1), torch.stack([zeros, ones], -1)] if self.complex_state else [ones]
+
+        def one(xb: torch.Tensor, hb: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+            _, pull = vjp(lambda p: _as_real(functional_call(cell, p, (xb[None], hb[None]))[0]), params)
+            return [pull(c)[0] for c in cotangents]
+
+        parts = [self.layout.flatten(g, lead=1) for g in vmap(one)(x, h)]  # (B, P) each
+        source = torch.complex(parts[0], parts[1]) if self.complex_state else parts[0]
+        source = source * self.enters.to(source.real.dtype)
+        influence = decay[:, self.units] * traces["influence"] + source
+        return h_new, {"influence": influence}
+
+    def gradient(self, traces: dict[str, torch.Tensor], grad_h: torch.Tensor, per_stream: bool) -> torch.Tensor:
+        flat = real_part_of_product(grad_h.conj()[:, self.units], traces["influence"])
+        return flat if per_stream else flat.sum(0)
+
+
+class ComplexOnlineState(OnlineState):
+    """An :class:`~lightning_ortho.online.OnlineState` whose ``h`` and traces may be complex.
+
+    ``state_dict`` keeps the complex tensors; ``load_state_dict`` runs every check of ``OnlineState`` on their real
+    views (``torch.view_as_real``: the same shapes plus a last dim of 2), so a complex state resumes bit-exactly and
+    a saved state with NaN/inf, another shape or another estimator is refused with the same ``ValueError``."""
+
+    def replace(self, **changes: Any) -> ComplexOnlineState:
+        fields = {"h": self.h, "tensors": self.tensors, "generator": self.generator, "step": self.step}
+        fields.update(changes)
+        return ComplexOnlineState(**fields, kind=self.kind, varying_dims=self.varying_dims, windows=self.windows)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved_h = state.get("h") if isinstance(state, dict) else None
+        if isinstance(saved_h, torch.Tensor) and saved_h.is_complex() != self.h.is_complex():
+            kinds = ("complex", "real") if saved_h.is_complex() else ("real", "complex")
+            raise ValueError(
+                f"OnlineState.load_state_dict: the saved hidden states h are {kinds[0]}, this state's are {kinds[1]}:"
+                " the state was saved with another cell; make the state to load into with initial_state of the"
+                " estimator that saved it."
+            )
+        saved = state
+        if isinstance(state, dict) and isinstance(state.get("tensors"), dict):
+            saved = dict(state, tensors={k: _real_view(v) for k, v in state["tensors"].items()})
+            saved["h"] = _real_view(state.get("h"))
+        h, tensors = self.h, self.tensors
+        complex_entries = {k for k, v in tensors.items() if v.is_complex()}
+        self.h, self.tensors = _real_view(h), {k: _real_view(v) for k, v in tensors.items()}
+        try:
+            super().load_state_dict(saved)
+        except BaseException:
+            self.h, self.tensors = h, tensors
+            raise
+        if h.is_complex():
+            self.h = torch.view_as_complex(self.h.contiguous())
+        self.tensors = {
+            k: torch.view_as_complex(v.contiguous()) if k in complex_entries else v for k, v in self.tensors.items()
+        }
+
+
+def _real_view(value: Any) -> Any:
+    return torch.view_as_real(value) if isinstance(value, torch.Tensor) and value.is_complex() else value
+
+
+class DiagonalRTRL(OnlineGradientEstimator):
+    """Exact RTRL for a cell with diagonal ``dh'/dh`` in ``O(P)`` per stream (see the module docstring).
+
+    The traces come from the cell's closed form when it offers one (``cell.diagonal_traces(layout)``:
+    :class:`~lightning_ortho.online.LinearRecurrentUnit`) and ``closed_form``, else from ``torch.func``
+    (:class:`ElementwiseTraces`). A cell with ``complex_state = True`` steps a complex ``h`` ``(B, H)``
+    (``complex128`` for ``float64`` parameters): ``initial_state`` and ``reset`` take a complex ``h0`` or a real one
+    of the parameters' dtype (converted), ``step`` returns complex states, and ``gradient`` takes ``grad_h`` complex
+    in PyTorch's convention (``dL/dRe h + i dL/dIm h``, what autograd returns for a real loss) and returns real
+    gradients of the (real) parameters; parameters that do not enter ``h`` (the LRU's ``C`` and ``D``) get zeros.
+
+    Args: see :class:`~lightning_ortho.online.OnlineGradientEstimator`.
+
+    Raises:
+        ValueError: the state Jacobian of ``cell`` is not diagonal at random points (checked once here with
+            ``torch.func``), a complex step is not complex-linear in ``h``, or (``torch.func`` path) a parameter
+            entry enters more than one unit.
+    """
+
+    name = "diagonal_rtrl"
+
+    def __init__(self, cell: nn.Module, *, closed_form: bool = True) -> None:
+        super().__init__(cell, closed_form=closed_form)
+        self.complex_state = bool(getattr(cell, "complex_state", False))
+        check_diagonal_state_jacobian(cell, self.complex_state)
+        fast = getattr(cell, "diagonal_traces", None) if closed_form else None
+        traces = fast(self.layout) if fast is not None else None
+        self.traces = traces if traces is not None else ElementwiseTraces(cell, self.layout, self.complex_state)
+
+    # -- complex states ------------------------------------------------------------------------------------------
+    def initial_state(self, h0: torch.Tensor) -> OnlineState:
+        if not self.complex_state:
+            return super().initial_state(h0)
+        h0 = self._complex_h0(h0)
+        self._check(h0, "h0", dims=2)
+        streams, hidden = h0.shape
+        if streams < 1 or hidden != self.hidden_size:
+            raise ValueError(
+                f"DiagonalRTRL.initial_state: h0 must have shape (streams >= 1, {self.hidden_size}), got"
+                f" {tuple(h0.shape)}; e.g. h0 = torch.zeros(streams, cell.hidden_size, dtype=cell.state_dtype())."
+            )
+        self._check_finite(h0, "h0")
+        want = self._state_dtype()
+        if h0.dtype != want:
+            raise ValueError(
+                f"DiagonalRTRL: h0 is {h0.dtype} but the cell's {next(self.cell.parameters()).dtype} parameters step a"
+                f" {want} state; convert one of them (e.g. cell.double() and complex128 states for references)."
+            )
+        return ComplexOnlineState(h0, self._initial_tensors(h0), None, kind=self.name)
+
+    def reset(self, state: OnlineState, mask: torch.Tensor, h0: torch.Tensor | None = None) -> OnlineState:
+        if not (self.complex_state and isinstance(h0, torch.Tensor) and h0.is_complex()):
+            return super().reset(state, mask, h0)  # a real h0 is converted to the complex state there
+        self._check_finite(h0, "h0", where="DiagonalRTRL.reset")
+        new = super().reset(state, mask, h0.real)  # checks mask and the shape, resets the traces
+        start = h0.to(state.h).expand_as(state.h)
+        return new.replace(h=torch.where(mask[:, None], start, new.h))
+
+    def _state_dtype(self) -> torch.dtype:
+        return complex_dtype(next(self.cell.parameters()).dtype)
+
+    def _complex_h0(self, h0: Any) -> Any:
+        """A real floating ``h0`` of the parameters' dtype becomes complex; anything else goes to the checks."""
+        if isinstance(h0, torch.Tensor) and h0.is_floating_point() and h0.dtype == next(self.cell.parameters()).dtype:
+            return h0.to(self._state_dtype())
+        return h0
+
+    def _check(
+        self,
+        tensor: torch.Tensor,
+        name: str,
+        *,
+        dims: int,
+        like: torch.Tensor | None = None,
+        same_shape: bool = False,
+    ) -> None:
+        if not self.complex_state:
+            return super()._check(tensor, name, dims=dims, like=like, same_shape=same_shape)
+        real_like = None if like is None else like.real
+        if name == "x":  # real inputs, of the real dtype of the complex state
+            return super()._check(tensor, name, dims=dims, like=real_like, same_shape=same_shape)
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_complex():
+            got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise ValueError(
+                f"DiagonalRTRL: {name} must be a complex tensor (the state of {type(self.cell).__name__} is complex),"
+                f" got {got}; grad_h is dL/dRe h + i dL/dIm h, what torch.autograd.grad returns for a complex h."
+            )
+        return super()._check(tensor.real, name, dims=dims, like=real_like, same_shape=same_shape)
+
+    def _watched_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: _real_view(v) for k, v in tensors.items()}
+
+    # -- the estimator ---------------------------------------------------------------------------------------------
+    def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
+        """:meth:`OnlineGradientEstimator.step` with one host synchronisation for the NaN/inf checks of ``x``, the
+        new state and the traces (one sum of them all; on NaN/inf the base checks say which, entry by entry, so a
+        sum that overflowed from finite entries raises nothing). Nothing is written before the checks."""
+        self._check_step_input(x, state)
+        with torch.no_grad():
+            h_new, tensors = self.traces.advance(x, state.h, state.tensors)
+        if h_new.shape != state.h.shape or h_new.dtype != state.h.dtype:
+            raise ValueError(
+                f"DiagonalRTRL.step: the cell returned {h_new.dtype} {tuple(h_new.shape)} from h of {state.h.dtype}"
+                f" {tuple(state.h.shape)}; h0 must have one column per unit of the cell (its hidden size)."
+            )
+        h_new = h_new.detach()
+        dtype = _sum_dtype(x.dtype)
+        total = x.sum(dtype=dtype) + _real_view(h_new).sum(dtype=dtype)
+        for value in tensors.values():
+            total = total + _real_view(value).sum(dtype=dtype)
+        if not bool(torch.isfinite(total)):
+            self._check_finite(x, "x")
+            self._check_finite_step(h_new, tensors, state.step + 1)
+        return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
+
+    def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
+        # One sum of grad_h and the estimate (false on an overflowed sum too: the caller confirms entry by entry).
+        dtype = _sum_dtype(flat.dtype)
+        return bool(torch.isfinite(_real_view(grad_h).sum(dtype=dtype) + flat.sum(dtype=dtype)))
+
+    def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.traces.initial(h0)
+
+    def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:
+        return self.traces.advance(x, state.h, state.tensors)[1]
+
+    def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
+        return self.traces.gradient(state.tensors, grad_h, per_stream=True)
+
+    def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
+        return self.traces.gradient(state.tensors, grad_h, per_stream=False)
