@@ -8,14 +8,33 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_ortho.online import RTRL, UORO, OnlineGradientEstimator, OnlineState, TruncatedBPTT
+from lightning_ortho.online import (
+    KFRTRL,
+    RTRL,
+    UORO,
+    DiagonalRTRL,
+    OnlineGradientEstimator,
+    OnlineState,
+    SnAp,
+    TruncatedBPTT,
+)
 
-ESTIMATORS = ("uoro", "rtrl", "tbptt")
-_CLASSES = {"uoro": UORO, "rtrl": RTRL, "tbptt": TruncatedBPTT}
+_CLASSES = {
+    "uoro": UORO,
+    "rtrl": RTRL,
+    "tbptt": TruncatedBPTT,
+    "kf_rtrl": KFRTRL,
+    "snap": SnAp,
+    "diagonal_rtrl": DiagonalRTRL,
+}
+ESTIMATORS = tuple(_CLASSES)
+#: Estimators that draw noise: seeded by the model's ``seed``, with the rows of this process's streams under DDP.
+_RANDOM = ("uoro", "kf_rtrl")
 
 
 def estimator_class(name: str) -> type[OnlineGradientEstimator]:
-    """The estimator class of ``"uoro"``, ``"rtrl"`` or ``"tbptt"``.
+    """The estimator class of a name in :data:`ESTIMATORS` (``"uoro"``, ``"rtrl"``, ``"tbptt"``, ``"kf_rtrl"``,
+    ``"snap"``, ``"diagonal_rtrl"``).
 
     Raises:
         ValueError: unknown name.
@@ -26,7 +45,7 @@ def estimator_class(name: str) -> type[OnlineGradientEstimator]:
 
 
 def build_estimator(name: str, cell: nn.Module, options: dict[str, Any], seed: int) -> OnlineGradientEstimator:
-    """``estimator_class(name)(cell, **options)``; UORO also gets ``generator=seed`` (its noise).
+    """``estimator_class(name)(cell, **options)``; UORO and KF-RTRL also get ``generator=seed`` (their noise).
 
     Raises:
         ValueError: unknown name, an option the estimator does not take (the message lists those it takes), or
@@ -49,7 +68,7 @@ def build_estimator(name: str, cell: nn.Module, options: dict[str, Any], seed: i
             " (--model.init_args.estimator_options='{k: 10}')."
         )
     kwargs = dict(options)
-    if name == "uoro":
+    if name in _RANDOM:
         kwargs["generator"] = seed
     return cls(cell, **kwargs)
 
@@ -59,10 +78,10 @@ def initial_state(
 ) -> OnlineState:
     """The estimator's state for this process's streams ``rank::world_size`` of ``B = b * world_size``.
 
-    UORO draws the noise of all ``B`` streams from its seed in every process and keeps its own rows, so ``W``
-    processes draw exactly the noise one process with all streams would; the other estimators draw none.
+    UORO and KF-RTRL draw the noise of all ``B`` streams from their seed in every process and keep their own rows,
+    so ``W`` processes draw exactly the noise one process with all streams would; the other estimators draw none.
     """
-    if estimator.name == "uoro":
+    if estimator.name in _RANDOM:
         total = h0.shape[0] * world_size
         ids = torch.arange(rank, total, world_size, device=h0.device)
         return estimator.initial_state(h0, stream_ids=ids, total_streams=total)

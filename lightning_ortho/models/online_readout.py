@@ -21,12 +21,14 @@ class Readout(nn.Module):
         kind: ``"linear"``: ``nn.Linear(hidden_size, output_size)``; ``"units"``: the first ``output_size``
             units of ``h`` themselves, no parameters (the influence-balancing task reads its first unit).
         hidden_size, output_size: sizes.
+        complex_state: the state is complex: the readout reads its real and imaginary parts
+            (:func:`real_features`, ``2 hidden_size`` features).
 
     Raises:
         ValueError: unknown ``kind``, or ``"units"`` with ``output_size > hidden_size``.
     """
 
-    def __init__(self, kind: str, hidden_size: int, output_size: int) -> None:
+    def __init__(self, kind: str, hidden_size: int, output_size: int, *, complex_state: bool = False) -> None:
         super().__init__()
         if kind not in READOUTS:
             raise ValueError(f"OnlineRNNModule: readout must be one of {READOUTS}, got {kind!r}.")
@@ -35,11 +37,19 @@ class Readout(nn.Module):
                 f"OnlineRNNModule: readout='units' reads the first output_size={output_size} units of the state, but"
                 f" the cell has only {hidden_size}; use readout='linear' or a larger cell."
             )
-        self.kind, self.output_size = kind, output_size
-        self.linear = nn.Linear(hidden_size, output_size) if kind == "linear" else None
+        self.kind, self.output_size, self.complex_state = kind, output_size, complex_state
+        features = 2 * hidden_size if complex_state else hidden_size
+        self.linear = nn.Linear(features, output_size) if kind == "linear" else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = real_features(h)
         return self.linear(h) if self.linear is not None else h[..., : self.output_size]
+
+
+def real_features(h: torch.Tensor) -> torch.Tensor:
+    """``h`` itself if real; for a complex ``(..., H)`` state its real and imaginary parts interleaved,
+    ``(..., 2H)`` = ``[Re h_1, Im h_1, Re h_2, ...]`` (a view): what the readout of a complex state reads."""
+    return torch.view_as_real(h).flatten(-2) if h.is_complex() else h
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, output_size={self.output_size}"

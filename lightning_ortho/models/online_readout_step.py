@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout
+from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout, real_features
 
 
 def readout_step(
@@ -14,7 +14,9 @@ def readout_step(
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The step's masked loss sum, ``dL/dh`` and the readout's parameter gradients, with ``L = loss_sum / streams``.
 
-    ``readout`` the module's :class:`Readout` or an ``nn.Linear(H, O)``; ``h`` ``(b, H)``; ``y`` ``(b,)`` int64
+    ``readout`` the module's :class:`Readout` or an ``nn.Linear(H, O)``; ``h`` ``(b, H)`` (complex: the readout
+    reads :func:`~lightning_ortho.models.online_readout.real_features`, and ``dL/dh = dL/dRe h + i dL/dIm h``, as
+    autograd gives it); ``y`` ``(b,)`` int64
     class indices, or ``(b, O)`` float (probabilities for ``"cross_entropy"``, real targets for ``"mse"``); ``mask``
     ``(b,)`` bool; ``streams`` the divisor. With ``o = readout(h)`` computed in at least float32 (autocast off) and
     per stream ``l = 0.5 ||o - y||^2`` (``dl/do = o - y``) or
@@ -31,6 +33,9 @@ def readout_step(
     Raises:
         ValueError: ``loss`` is neither ``"mse"`` nor ``"cross_entropy"``, or int64 targets with ``"mse"``.
     """
+    if h.is_complex():  # the readout reads [Re h, Im h] interleaved; dL/dh = dL/dRe h + i dL/dIm h (autograd's)
+        loss_sum, grad_features, grads = readout_step(readout, real_features(h), y, mask, loss, streams)
+        return loss_sum, torch.view_as_complex(grad_features.view(*h.shape, 2)), grads
     linear = readout if isinstance(readout, nn.Linear) else readout.linear
     if torch.is_autocast_enabled(h.device.type):  # the loss in at least float32, as masked_loss_sum computes it
         with torch.autocast(h.device.type, enabled=False):

@@ -78,9 +78,11 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         loss: ``"cross_entropy"`` or ``"mse"``.
         readout: ``"linear"`` (``nn.Linear(H, output_size)``) or ``"units"`` (the first ``output_size`` units
             of ``h``, no parameters).
-        estimator: ``"uoro"``, ``"rtrl"`` (exact, ``O(H^4)`` per step) or ``"tbptt"``.
+        estimator: ``"uoro"``, ``"rtrl"`` (exact, ``O(H^4)`` per step), ``"tbptt"``, ``"kf_rtrl"`` (Kronecker-factored,
+            unbiased, cells with ``z = W a`` such as ``TanhRNNCell``), ``"snap"`` (sparse RTRL, ``order`` 1 or 2) or
+            ``"diagonal_rtrl"`` (exact RTRL for diagonal recurrences: ``LinearRecurrentUnit``, element-wise cells).
         estimator_options: keyword arguments of the estimator: ``k`` for ``tbptt``; ``projection``,
-            ``rescaling``, ``eps`` for ``uoro``.
+            ``rescaling``, ``eps`` for ``uoro``; ``order`` for ``snap``; ``eps`` for ``kf_rtrl``.
         update_every: steps per parameter update (1: fully online).
         optimizer: ``"sgd"`` or ``"adam"``; lr: its learning rate.
         seed: seed of the estimator's noise (UORO), independent of the global seed.
@@ -102,7 +104,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         output_size: int,
         loss: Literal["cross_entropy", "mse"] = "cross_entropy",
         readout: Literal["linear", "units"] = "linear",
-        estimator: Literal["uoro", "rtrl", "tbptt"] = "uoro",
+        estimator: Literal["uoro", "rtrl", "tbptt", "kf_rtrl", "snap", "diagonal_rtrl"] = "uoro",
         estimator_options: dict[str, Any] | None = None,
         update_every: int = 1,
         optimizer: Literal["sgd", "adam"] = "adam",
@@ -124,7 +126,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         self.automatic_optimization = False
         self.num_threads = check_num_threads(num_threads)
         self.cell = cell
-        self.readout = Readout(readout, cell.hidden_size, output_size)
+        self.readout = Readout(readout, cell.hidden_size, output_size, complex_state=_complex_state(cell))
         self.output_size, self.loss_name, self.update_every = output_size, loss, update_every
         self.estimator = build_estimator(estimator, cell, dict(estimator_options or {}), seed)
         self._estimator_threads()
@@ -178,7 +180,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         chunk = self._read(batch)
         carry = self.carry
         self._begin_chunk(chunk)
-        x = chunk.x.to(carry.state.h.dtype)
+        x = chunk.x.to(carry.state.h.real.dtype)  # a complex state reads real inputs
         loss_sum = torch.zeros((), device=x.device, dtype=torch.float64)
         # Which steps have a loss, and how many entries: read once per chunk (one host sync, not one per step).
         active, count = chunk.mask.any(0).tolist(), int(chunk.mask.sum())
@@ -304,8 +306,13 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         return initial_state(self.estimator, self._zero_state(streams), *self._rank_and_world())
 
     def _zero_state(self, streams: int) -> torch.Tensor:
+        """Zeros ``(streams, H)`` in the state's dtype: the parameters', or its complex counterpart for a cell with a
+        complex state (``complex_state = True``, e.g. ``LinearRecurrentUnit``)."""
         parameter = next(self.cell.parameters())
-        return torch.zeros(streams, self.cell.hidden_size, dtype=parameter.dtype, device=parameter.device)
+        dtype = parameter.dtype
+        if _complex_state(self.cell):
+            dtype = (torch.zeros((), dtype=dtype) * 1j).dtype  # float32 -> complex64, float64 -> complex128
+        return torch.zeros(streams, self.cell.hidden_size, dtype=dtype, device=parameter.device)
 
     def _rank_and_world(self) -> tuple[int, int]:
         if self._trainer is None:
@@ -316,7 +323,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         """Run the cell over ``x`` ``(B, T, I)`` from ``h0`` ``(B, H)`` (zeros by default): the readout's outputs
         ``(B, T, output_size)`` and the last state ``(B, H)``. The cell runs outside autocast."""
         h = self._zero_state(x.shape[0]) if h0 is None else h0
-        x = x.to(h.dtype)
+        x = x.to(h.real.dtype)  # a complex state reads real inputs
         outputs = []
         for t in range(x.shape[1]):
             with _no_autocast(x):
@@ -336,6 +343,11 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             trained = checkpoint.get("hyper_parameters") or {}
             if "estimator" in trained:  # compared with this model's at the resumed training's first chunk
                 self._trained_with = (trained["estimator"], dict(trained.get("estimator_options") or {}))
+
+
+def _complex_state(cell: nn.Module) -> bool:
+    """Whether ``cell``'s state is complex (it says so with ``complex_state = True``)."""
+    return bool(getattr(cell, "complex_state", False))
 
 
 def _no_autocast(like: torch.Tensor) -> torch.autocast:
