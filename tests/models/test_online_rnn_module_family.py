@@ -139,3 +139,39 @@ def test_the_readout_of_a_complex_state_reads_real_and_imaginary_parts():
     torch.testing.assert_close(module.readout(h), module.readout.linear(features))
     outputs, last = module(torch.randn(2, 4, 3, dtype=torch.float64))
     assert outputs.shape == (2, 4, 4) and last.dtype == torch.complex128
+
+
+@pytest.mark.parametrize(
+    "estimator, options, cell, kind",
+    [
+        ("kf_rtrl", {}, "tanh", "unbiased"),
+        ("snap", {"order": 1}, "tanh", "biased"),
+        ("diagonal_rtrl", {}, "lru", "exact"),
+    ],
+    ids=["kf_rtrl", "snap1-dense", "diagonal-lru"],
+)
+def test_the_estimator_variance_monitor_measures_every_estimator(estimator, options, cell, kind, tmp_path):
+    from lightning_ortho.callbacks import OnlineEstimatorVarianceMonitor
+
+    pl.seed_everything(0)
+    module = model(estimator, cell, estimator_options=options, update_every=1)
+    monitor = OnlineEstimatorVarianceMonitor(every_n_steps=8, draws=64, probe_streams=3, seed=1, plot=False)
+    data = TinyStreams(streams=4, steps=8, chunks_per_epoch=2)
+    trainer(tmp_path, max_epochs=1, precision="64-true", limit_val_batches=0, callbacks=[monitor]).fit(module, data)
+    assert [r["step"] for r in monitor.history] == [8, 16]
+    # the exact gradient the monitor uses is BPTT's at the final parameters
+    probe = monitor.probe
+    expected = bptt_sgd_step(module, probe, 1.0)  # parameters minus the gradient: their difference is it
+    flat = torch.cat([(p.detach() - expected[f"cell.{n}"]).reshape(-1) for n, p in module.cell.named_parameters()])
+    torch.testing.assert_close(monitor.last.exact, flat.double(), rtol=1e-10, atol=1e-12)
+    for record in monitor.history:
+        values = record["values"]
+        bias, se = values["estimator_variance/squared_bias"], values.get("estimator_variance/squared_bias_se", 0.0)
+        if kind == "unbiased":  # random signs: a noisy estimate whose mean is the exact gradient
+            assert monitor.last.estimates.shape[0] == 64 and values["estimator_variance/total_variance"] > 0
+            assert abs(bias) < 3 * se, record
+        elif kind == "biased":  # deterministic, and the dense cell's couplings it drops show as a bias
+            assert monitor.last.estimates.shape[0] == 1
+            assert values["estimator_variance/relative_bias"] > 1e-6
+        else:
+            assert values["estimator_variance/relative_bias"] < 1e-20
