@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from lightning_ortho._native.uoro import summed_estimate, uoro_gradient_kernel
 from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.linearization import StepLinearization
 from lightning_ortho.online.state import OnlineState
@@ -74,10 +75,17 @@ class UORO(OnlineGradientEstimator):
             state's ``w_tilde`` in place, so keep a copy of a step's ``w_tilde`` that you want to look at later);
             ``False`` keeps the step on the cell's closed-form linearisation.
 
+    On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde`` and the fused tanh step's row
+    work two (:mod:`lightning_ortho._native.uoro`; the same expressions); ``estimator.native = False`` or
+    ``LIGHTNING_ORTHO_NATIVE=0`` keeps them in PyTorch ops.
+
     Raises:
         ValueError: an unknown projection, a cell that lacks what the projection needs, a ``Q0`` of the
             wrong shape, not finite or not invertible, a non-positive ``alpha``.
     """
+
+    #: Use the C kernels where they apply (see above).
+    native: bool = True
 
     name = "uoro"
 
@@ -118,6 +126,7 @@ class UORO(OnlineGradientEstimator):
             check_alpha(self.alpha)
             self.q0, self.q0_inverse_t = prepare_q0(q0, projection)
         self._fused = self._fused_step(cell, projection) if fused and closed_form else None
+        self._estimate_sum: tuple[torch.Tensor, float] | None = None  # (estimate, its sum) from the C pass
         # (stream_ids, total_streams, total as an int, rows to keep or None for all): read once per state's tensors
         self._rows_cache: tuple | None = None
 
@@ -355,12 +364,23 @@ class UORO(OnlineGradientEstimator):
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         if self.projection == "none":
             return super()._gradient_summed(state, grad_h)
+        w_tilde, h_tilde = state.tensors["w_tilde"], state.tensors["h_tilde"]
+        if self.native and grad_h.is_contiguous() and w_tilde.is_contiguous() and h_tilde.is_contiguous():
+            kernel = uoro_gradient_kernel(w_tilde)
+            if kernel is not None and grad_h.dtype is w_tilde.dtype is h_tilde.dtype:
+                # one C pass over w_tilde, its sum taken on the way for _finite_estimate
+                flat, total = summed_estimate(kernel, w_tilde, grad_h, h_tilde)
+                self._estimate_sum = (flat, total)
+                return flat
         # sum_b (dL/dh_b . h_tilde_b) w_tilde_b as one matrix-vector product: no (B, P) temporary.
-        return torch.mv(state.tensors["w_tilde"].T, (grad_h * state.tensors["h_tilde"]).sum(1))
+        return torch.mv(w_tilde.T, (grad_h * h_tilde).sum(1))
 
     def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
         # grad_h enters the estimate only through products with it, so a NaN/inf in grad_h makes the estimate
         # NaN/inf (inf * 0 is NaN): one sum of the estimate covers both.
+        cached, self._estimate_sum = self._estimate_sum, None
+        if cached is not None and cached[0] is flat:  # taken by the C pass that made the estimate
+            return math.isfinite(cached[1])
         return math.isfinite(flat.sum(dtype=_sum_dtype(flat.dtype)).item())
 
     def _watched_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_ortho._native.uoro_tanh import commit, gir_rows, uoro_tanh_kernels
+from lightning_ortho._native.uoro import commit, gir_rows, uoro_tanh_kernels
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
 

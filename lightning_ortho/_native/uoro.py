@@ -1,6 +1,6 @@
-"""Python bindings of ``uoro_tanh.c``: the row work of UORO's GIR step on the tanh cell and its one-pass update of
-``w_tilde``, for float32/float64 CPU tensors (see :class:`lightning_ortho.online.uoro_fused.TanhUOROStep`, which
-computes the same with PyTorch ops elsewhere)."""
+"""Python bindings of ``uoro.c``, for float32/float64 CPU tensors: the row work of UORO's GIR step on the tanh cell
+and its one-pass update of ``w_tilde`` (:class:`lightning_ortho.online.uoro_fused.TanhUOROStep` computes the same
+with PyTorch ops elsewhere), and the summed estimate of any cell's UORO in one pass over ``w_tilde``."""
 
 from __future__ import annotations
 
@@ -19,17 +19,52 @@ def uoro_tanh_kernels(like: torch.Tensor) -> tuple | None:
     tensor or the kernels are unavailable (:func:`lightning_ortho._native.load`)."""
     if like.device.type != "cpu" or like.dtype not in _TYPES:
         return None
-    library = load("uoro_tanh")
+    library = load("uoro")
     if library is None:
         return None
-    suffix, scalar = _TYPES[like.dtype]
+    suffix = _declare(library, like.dtype)
+    return getattr(library, f"uoro_tanh_gir_rows_{suffix}"), getattr(library, f"uoro_tanh_commit_{suffix}")
+
+
+def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> str:
+    """Declare the C signatures of ``dtype``'s functions (once: ctypes keeps the function objects); returns the
+    functions' name suffix."""
+    suffix, scalar = _TYPES[dtype]
     rows, commit = getattr(library, f"uoro_tanh_gir_rows_{suffix}"), getattr(library, f"uoro_tanh_commit_{suffix}")
-    if rows.argtypes is None:  # ctypes keeps the function objects: declare the signatures once
+    gradient = getattr(library, f"uoro_gradient_{suffix}")
+    if rows.argtypes is None:
         rows.argtypes = [_POINTER] * 7 + [_LONG, _LONG, _LONG, scalar, _INT] + [_POINTER] * 3
         rows.restype = ctypes.c_double
         commit.argtypes = [_POINTER] * 5 + [_LONG, _LONG, _LONG, _POINTER]
         commit.restype = None
-    return rows, commit
+        gradient.argtypes = [_POINTER] * 3 + [_LONG, _LONG, _LONG, _POINTER, _POINTER]
+        gradient.restype = ctypes.c_double
+    return suffix
+
+
+def uoro_gradient_kernel(like: torch.Tensor):
+    """The C function of :func:`summed_estimate` for ``like``'s dtype, or ``None`` (as :func:`uoro_tanh_kernels`)."""
+    if like.device.type != "cpu" or like.dtype not in _TYPES:
+        return None
+    library = load("uoro")
+    if library is None:
+        return None
+    return getattr(library, f"uoro_gradient_{_declare(library, like.dtype)}")
+
+
+def summed_estimate(
+    kernel, w_tilde: torch.Tensor, grad_h: torch.Tensor, h_tilde: torch.Tensor
+) -> tuple[torch.Tensor, float]:
+    """``(sum_b (grad_h_b . h_tilde_b) w_tilde_b (P,), its sum)`` for ``w_tilde`` ``(B, P)`` and ``grad_h``,
+    ``h_tilde`` ``(B, H)``, all C-contiguous and of one dtype; the sum is NaN/inf when the estimate is not finite."""
+    batch, size = w_tilde.shape
+    out = w_tilde.new_empty(size)
+    scratch = w_tilde.new_empty(batch)
+    total = kernel(
+        w_tilde.data_ptr(), grad_h.data_ptr(), h_tilde.data_ptr(), batch, grad_h.shape[1], size,
+        scratch.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
+    return out, total
 
 
 def gir_rows(

@@ -1,22 +1,24 @@
-/* UORO with greedy iterative rescaling on the tanh cell h' = tanh(W_h h + W_x x + b): the row work of one step
- * and the update of w_tilde, around what PyTorch does faster (the GEMMs prop = W_h h_tilde and h' = tanh(W_h h +
- * W_x x + b), whose vectorised tanh beats libm's).
+/* UORO's kernels (Tallec & Ollivier 2017), around what PyTorch does faster (GEMMs, the vectorised tanh).
  *
- * Per stream, with d = 1 - h'^2, m = nu * d, a = [h; x; 1] and (psi, g) = (nu, m) at the cut h or (m, nu) at z:
+ * On the tanh cell h' = tanh(W_h h + W_x x + b), with greedy iterative rescaling: the row work of one step and the
+ * update of w_tilde. Per stream, with d = 1 - h'^2, prop = W_h h_tilde, m = nu * d, a = [h; x; 1] and
+ * (psi, g) = (nu, m) at the cut h or (m, nu) at z:
  *     gamma = sqrt((||w_tilde|| + eps) / (||d * prop|| + eps)),   beta = sqrt((||g|| ||a|| + eps) / (||psi|| + eps))
  *     h_tilde' = gamma (d * prop) + beta tau psi,                  w_tilde' = w_tilde / gamma + (tau / beta) g a^T
- * (Tallec & Ollivier, UORO with the variance reduction of their section 3). All arrays are C-contiguous; no
- * fast-math, so a NaN or inf anywhere reaches h_tilde' (through ||a||, d or gamma) and the returned sum.
+ * For any cell: the summed estimate sum_b (dL/dh_b . h_tilde_b) w_tilde_b.
+ *
+ * All arrays are C-contiguous; no fast-math, so a NaN or inf anywhere reaches the returned sums (through ||a||, d or
+ * gamma in the step), which the callers check.
  */
 #include <math.h>
 
-#define DEFINE_KERNELS(T, SUFFIX, SQRT)                                                                         \
+#define DEFINE_KERNELS(T, SUFFIX, SQRT)                                                                               \
     /* Returns the sum of h_tilde' (NaN/inf when the step is not finite). */                                          \
-    double uoro_tanh_gir_rows_##SUFFIX(const T *restrict h_new, const T *restrict prop, const T *restrict nu,           \
+    double uoro_tanh_gir_rows_##SUFFIX(const T *restrict h_new, const T *restrict prop, const T *restrict nu,         \
                                        const T *restrict tau, const T *restrict h, const T *restrict x,               \
                                        const T *restrict w_norm, long batch, long hidden, long inputs, T eps,         \
-                                       int state_cut, T *restrict h_tilde_new,                     \
-                                       T *restrict inverse_gamma, T *restrict g_scaled) {                             \
+                                       int state_cut, T *restrict h_tilde_new, T *restrict inverse_gamma,             \
+                                       T *restrict g_scaled) {                                                        \
         double total = 0;                                                                                             \
         for (long b = 0; b < batch; ++b) {                                                                            \
             const long row = b * hidden;                                                                              \
@@ -89,6 +91,32 @@
             }                                                                                                         \
             norms[b] = SQRT(norm2);                                                                                   \
         }                                                                                                             \
+    }                                                                                                                 \
+                                                                                                                      \
+    /* The summed estimate sum_b (grad_h_b . h_tilde_b) w_tilde_b into out (P,), reading w_tilde once, in blocks of   \
+     * out that stay in L1 across the streams; scale (B,) is scratch. Returns the sum of out (NaN/inf when the        \
+     * estimate or grad_h is not finite). */                                                                          \
+    double uoro_gradient_##SUFFIX(const T *restrict w_tilde, const T *restrict grad_h, const T *restrict h_tilde,     \
+                                  long batch, long hidden, long size, T *restrict scale, T *restrict out) {           \
+        for (long b = 0; b < batch; ++b) {                                                                            \
+            T s = 0;                                                                                                  \
+            for (long k = 0; k < hidden; ++k) s += grad_h[b * hidden + k] * h_tilde[b * hidden + k];                  \
+            scale[b] = s;                                                                                             \
+        }                                                                                                             \
+        double total = 0;                                                                                             \
+        for (long start = 0; start < size; start += 512) {                                                            \
+            const long stop = start + 512 < size ? start + 512 : size;                                                \
+            _Pragma("omp simd") for (long p = start; p < stop; ++p) out[p] = scale[0] * w_tilde[p];                   \
+            for (long b = 1; b < batch; ++b) {                                                                        \
+                const T *restrict w = w_tilde + b * size;                                                             \
+                const T s = scale[b];                                                                                 \
+                _Pragma("omp simd") for (long p = start; p < stop; ++p) out[p] += s * w[p];                           \
+            }                                                                                                         \
+            T block_total = 0;                                                                                        \
+            _Pragma("omp simd reduction(+ : block_total)") for (long p = start; p < stop; ++p) block_total += out[p]; \
+            total += block_total;                                                                                     \
+        }                                                                                                             \
+        return total;                                                                                                 \
     }
 
 DEFINE_KERNELS(float, float32, sqrtf)
