@@ -10,6 +10,7 @@ from torch import nn
 
 from lightning_ortho.online import (
     KFRTRL,
+    RFLO,
     RTRL,
     UORO,
     DiagonalRTRL,
@@ -26,6 +27,7 @@ _CLASSES = {
     "kf_rtrl": KFRTRL,
     "snap": SnAp,
     "diagonal_rtrl": DiagonalRTRL,
+    "rflo": RFLO,
 }
 ESTIMATORS = tuple(_CLASSES)
 #: Estimators that draw noise: seeded by the model's ``seed``, with the rows of this process's streams under DDP.
@@ -34,7 +36,7 @@ _RANDOM = ("uoro", "kf_rtrl")
 
 def estimator_class(name: str) -> type[OnlineGradientEstimator]:
     """The estimator class of a name in :data:`ESTIMATORS` (``"uoro"``, ``"rtrl"``, ``"tbptt"``, ``"kf_rtrl"``,
-    ``"snap"``, ``"diagonal_rtrl"``).
+    ``"snap"``, ``"diagonal_rtrl"``, ``"rflo"``).
 
     Raises:
         ValueError: unknown name.
@@ -48,8 +50,8 @@ def build_estimator(name: str, cell: nn.Module, options: dict[str, Any], seed: i
     """``estimator_class(name)(cell, **options)``; UORO and KF-RTRL also get ``generator=seed`` (their noise).
 
     Raises:
-        ValueError: unknown name, an option the estimator does not take (the message lists those it takes), or
-            ``tbptt`` without ``k``.
+        ValueError: unknown name, an option the estimator does not take (the message lists those it takes),
+            ``tbptt`` without ``k`` or ``rflo`` without ``tau``.
     """
     cls = estimator_class(name)
     taken = list(_option_defaults(cls, with_required=True))
@@ -66,6 +68,11 @@ def build_estimator(name: str, cell: nn.Module, options: dict[str, Any], seed: i
         raise ValueError(
             "OnlineRNNModule: estimator='tbptt' needs the truncation length: estimator_options={'k': 10}"
             " (--model.init_args.estimator_options='{k: 10}')."
+        )
+    if name == "rflo" and "tau" not in options:
+        raise ValueError(
+            "OnlineRNNModule: estimator='rflo' needs the trace's time constant: estimator_options={'tau': 10}"
+            " (--model.init_args.estimator_options='{tau: 10}')."
         )
     kwargs = dict(options)
     if name in _RANDOM:

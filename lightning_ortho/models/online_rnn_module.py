@@ -80,9 +80,10 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             of ``h``, no parameters).
         estimator: ``"uoro"``, ``"rtrl"`` (exact, ``O(H^4)`` per step), ``"tbptt"``, ``"kf_rtrl"`` (Kronecker-factored,
             unbiased, cells with ``z = W a`` such as ``TanhRNNCell``), ``"snap"`` (sparse RTRL, ``order`` 1 or 2) or
-            ``"diagonal_rtrl"`` (exact RTRL for diagonal recurrences: ``LinearRecurrentUnit``, element-wise cells).
+            ``"diagonal_rtrl"`` (exact RTRL for diagonal recurrences: ``LinearRecurrentUnit``, element-wise cells)
+            or ``"rflo"`` (leaky traces of the immediate Jacobian, biased by design; Murray 2019).
         estimator_options: keyword arguments of the estimator: ``k`` for ``tbptt``; ``projection``,
-            ``rescaling``, ``eps`` for ``uoro``; ``order`` for ``snap``; ``eps`` for ``kf_rtrl``.
+            ``rescaling``, ``eps`` for ``uoro``; ``order`` for ``snap``; ``eps`` for ``kf_rtrl``; ``tau`` for ``rflo``.
         update_every: steps per parameter update (1: fully online).
         optimizer: ``"sgd"`` or ``"adam"``; lr: its learning rate.
         seed: seed of the estimator's noise (UORO), independent of the global seed.
@@ -104,7 +105,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         output_size: int,
         loss: Literal["cross_entropy", "mse"] = "cross_entropy",
         readout: Literal["linear", "units"] = "linear",
-        estimator: Literal["uoro", "rtrl", "tbptt", "kf_rtrl", "snap", "diagonal_rtrl"] = "uoro",
+        estimator: Literal["uoro", "rtrl", "tbptt", "kf_rtrl", "snap", "diagonal_rtrl", "rflo"] = "uoro",
         estimator_options: dict[str, Any] | None = None,
         update_every: int = 1,
         optimizer: Literal["sgd", "adam"] = "adam",

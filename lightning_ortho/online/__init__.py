@@ -1,7 +1,8 @@
 """Online gradient estimators for recurrent cells (no Lightning), all behind one interface
 (:class:`OnlineGradientEstimator`): UORO (Tallec & Ollivier 2017) and its variance reductions (Cooijmans & Martens
-2019), exact RTRL, truncated BPTT, KF-RTRL (Mujika, Meier & Steger 2018), SnAp (Menick et al. 2021), and exact RTRL
-for diagonal recurrences such as the linear recurrent unit (Orvieto et al. 2023; Zucchet et al. 2023)."""
+2019), exact RTRL, truncated BPTT, KF-RTRL (Mujika, Meier & Steger 2018), SnAp (Menick et al. 2021), RFLO (Murray
+2019), and exact RTRL for diagonal recurrences such as the linear recurrent unit (Orvieto et al. 2023; Zucchet et
+al. 2023)."""
 
 from lightning_ortho.online.cells import GRUCell, InfluenceBalancingCell, TanhRNNCell
 from lightning_ortho.online.estimator import OnlineGradientEstimator
@@ -22,6 +23,7 @@ from lightning_ortho.online.oracle import (
     preactivation_variance,
     total_variance,
 )
+from lightning_ortho.online.rflo import RFLO
 from lightning_ortho.online.rtrl import RTRL
 from lightning_ortho.online.snap import SnAp
 from lightning_ortho.online.state import OnlineState
@@ -39,6 +41,7 @@ __all__ = [
     "OnlineState",
     "OracleTerms",
     "ParameterLayout",
+    "RFLO",
     "RTRL",
     "SnAp",
     "StepLinearization",

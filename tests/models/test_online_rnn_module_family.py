@@ -1,4 +1,4 @@
-"""OnlineRNNModule with the estimators that came after UORO, by name: KF-RTRL, SnAp and exact RTRL of diagonal
+"""OnlineRNNModule with the estimators that came after UORO, by name: KF-RTRL, SnAp, RFLO and exact RTRL of diagonal
 recurrences (the linear recurrent unit, whose complex state the readout reads as real and imaginary parts). Exact
 ones equal full BPTT over a chunk; every one resumes bit for bit; KF-RTRL under DDP equals one process."""
 
@@ -129,6 +129,18 @@ def test_kf_rtrl_ddp_two_processes_match_one_process_on_the_same_global_streams(
     ):
         torch.testing.assert_close(b, a.to(b.dtype), rtol=1e-6, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
         assert (a.double() - c.double()).abs().max() > 1e-3, f"{name} did not move"
+
+
+def test_rflo_trains_by_name_and_needs_its_time_constant(tmp_path):
+    with pytest.raises(ValueError, match="tau"):
+        model("rflo", "tanh")
+    pl.seed_everything(0)
+    module = model("rflo", "tanh", estimator_options={"tau": 4.0}, update_every=1)
+    initial = {n: p.detach().clone() for n, p in module.named_parameters()}
+    trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(module, TinyStreams(streams=3, steps=5))
+    assert module.global_step == 15
+    for name, p in module.named_parameters():
+        assert torch.isfinite(p).all() and not torch.equal(p.detach(), initial[name]), name
 
 
 def test_the_readout_of_a_complex_state_reads_real_and_imaginary_parts():
