@@ -1,5 +1,5 @@
 """A stack of linear recurrent units trained online (Zucchet, Meier, Schug, Mujika & Sacramento 2023, "Online
-learning of long-range dependencies", NeurIPS, Sections 3-4).
+learning of long-range dependencies", NeurIPS 2023).
 
 The network (:class:`LRUStack`): an encoder ``Linear(input_size, model_size)``, ``layers`` blocks
 (:class:`LRUBlock`) and a decoder ``Linear(model_size, output_size)``. Each block is the layer of Orvieto et al.
@@ -33,6 +33,8 @@ and time per step: the traces (``O(P_lru)`` per stream) and one forward and back
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -40,6 +42,7 @@ from torch import nn
 
 from lightning_ortho.online.diagonal_rtrl import ComplexOnlineState, DiagonalRTRL
 from lightning_ortho.online.lru import LinearRecurrentUnit
+from lightning_ortho.online.threads import ThreadSetting, call_thread_count, check_num_threads
 
 #: The LRU parameters that enter its state (RTRL traces); ``C_re``, ``C_im`` and ``D`` enter only its output.
 STATE_PARAMETERS = ("nu_log", "theta_log", "gamma_log", "B_re", "B_im")
@@ -223,6 +226,11 @@ class OnlineLRUStack:
     ``h^k_{t-1}`` a constant) for one gradient call; under ``torch.no_grad()`` it only advances (evaluation).
     Summing ``gradient`` over ``t`` estimates the gradient of ``sum_t L_t``. Do not call ``loss.backward()`` on
     ``y_t`` yourself: it would give the recurrent parameters their immediate gradient only.
+
+    Attributes:
+        num_threads: CPU threads for each ``step``, ``gradient`` and ``backward`` call, as
+            :attr:`~lightning_ortho.online.OnlineGradientEstimator.num_threads` (``"auto"``: one thread when every
+            width of the model is at most 256, unless the user chose a count; an ``int``; ``None`` leaves torch's).
     """
 
     name = "lru_stack_online"
@@ -236,6 +244,30 @@ class OnlineLRUStack:
             f"layers.{i}.lru.{n}": (i, n) for i in range(len(model.layers)) for n in STATE_PARAMETERS
         }  # parameter name -> (block, LRU parameter name)
         self.immediate = [(n, p) for n, p in model.named_parameters() if n not in self.recurrent]
+        self.num_threads = "auto"
+
+    @property
+    def num_threads(self) -> ThreadSetting:
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, value: ThreadSetting) -> None:
+        self._num_threads = check_num_threads(value, "OnlineLRUStack")
+
+    @contextmanager
+    def _threads(self) -> Iterator[None]:
+        """Run the block on :attr:`num_threads` threads (torch's count is given back on exit, also on errors)."""
+        model = self.model
+        width = max(model.hidden_size, model.model_size, model.mlp_size)
+        count = call_thread_count(self._num_threads, width, model.encoder.weight.device)
+        previous = torch.get_num_threads()
+        if count is not None:
+            torch.set_num_threads(count)
+        try:
+            yield
+        finally:
+            if count is not None:
+                torch.set_num_threads(previous)
 
     def initial_state(self, batch_size: int) -> LRUStackState:
         """Zero states and traces for ``batch_size`` streams."""
@@ -254,7 +286,7 @@ class OnlineLRUStack:
         self._check_tensor(x, "x", (state.batch_size, self.model.input_size))
         record = torch.is_grad_enabled()
         layers, hs = [], []
-        with torch.set_grad_enabled(record):
+        with self._threads():
             u = self.model.encoder(x)
             for block, est, layer in zip(self.model.layers, self.estimators, state.layers, strict=True):
                 z = block.norm(u)
@@ -279,11 +311,12 @@ class OnlineLRUStack:
         y, hs = self._pending(state)
         self._check_tensor(grad_y, "grad_y", tuple(y.shape))
         params = [p for _, p in self.immediate]
-        found = torch.autograd.grad(y, params + hs, grad_y, retain_graph=True, allow_unused=True)
-        found = [torch.zeros_like(t) if g is None else g for g, t in zip(found, params + hs, strict=True)]
-        grads = {name: g for (name, _), g in zip(self.immediate, found, strict=False)}
-        errors = found[len(params) :]  # delta^l_t = dL_t/dh^l_t through the blocks above at step t
-        traced = [est.gradient(s, d) for est, s, d in zip(self.estimators, state.layers, errors, strict=True)]
+        with self._threads():
+            found = torch.autograd.grad(y, params + hs, grad_y, retain_graph=True, allow_unused=True)
+            found = [torch.zeros_like(t) if g is None else g for g, t in zip(found, params + hs, strict=True)]
+            errors = found[len(params) :]  # delta^l_t = dL_t/dh^l_t through the blocks above at step t
+            traced = [est.gradient(s, d) for est, s, d in zip(self.estimators, state.layers, errors, strict=True)]
+        grads = {name: g for (name, _), g in zip(self.immediate, found[: len(params)], strict=True)}
         for name, (block, inner) in self.recurrent.items():
             grads[name] = traced[block][inner]
         return {name: grads[name] for name, _ in self.model.named_parameters()}
@@ -300,7 +333,8 @@ class OnlineLRUStack:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             got = f"{tuple(loss.shape)}, requires_grad={loss.requires_grad}" if isinstance(loss, torch.Tensor) else loss
             raise ValueError(f"OnlineLRUStack.backward: loss must be a scalar tensor computed from y_t, got {got}.")
-        (grad_y,) = torch.autograd.grad(loss, y, retain_graph=True, allow_unused=True)
+        with self._threads():
+            (grad_y,) = torch.autograd.grad(loss, y, retain_graph=True, allow_unused=True)
         if grad_y is None:
             raise ValueError("OnlineLRUStack.backward: the loss does not depend on the y_t of the state's last step.")
         grads = self.gradient(state, grad_y)
@@ -318,7 +352,9 @@ class OnlineLRUStack:
         self._check_state(state, "reset")
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (state.batch_size,):
             got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise ValueError(f"OnlineLRUStack.reset: mask must be a bool tensor of shape ({state.batch_size},), got {got}.")
+            raise ValueError(
+                f"OnlineLRUStack.reset: mask must be a bool tensor of shape ({state.batch_size},), got {got}."
+            )
         return LRUStackState([est.reset(s, mask) for est, s in zip(self.estimators, state.layers, strict=True)])
 
     # -- checks -----------------------------------------------------------------------------------------------------
