@@ -223,7 +223,7 @@ class OnlineLRUStack:
         online.backward(state, loss_t)                 # or: accumulate into p.grad from a loss of y_t
 
     ``step`` advances every block's state and traces and, when autograd is enabled, keeps the step's graph (each
-    ``h^k_{t-1}`` a constant) for one gradient call; under ``torch.no_grad()`` it only advances (evaluation).
+    ``h^k_{t-1}`` a constant) in the returned state for ``gradient`` / ``backward``; under ``torch.no_grad()`` it only advances (evaluation).
     Summing ``gradient`` over ``t`` estimates the gradient of ``sum_t L_t``. Do not call ``loss.backward()`` on
     ``y_t`` yourself: it would give the recurrent parameters their immediate gradient only.
 
@@ -300,7 +300,8 @@ class OnlineLRUStack:
 
     def gradient(self, state: LRUStackState, grad_y: torch.Tensor) -> dict[str, torch.Tensor]:
         """The estimate of ``dL_t/dtheta`` given ``grad_y = dL_t/dy_t`` ``(B, output_size)`` for the state's last
-        step, summed over the streams: ``{name: tensor}`` for every parameter of the model (module docstring).
+        step, summed over the streams (no per-stream form): ``{name: tensor}`` for every parameter of the model
+        (module docstring).
 
         Raises:
             ValueError: the state holds no step graph (stepped under ``torch.no_grad()``, reset or loaded since),
