@@ -13,6 +13,7 @@ from lightning_ortho.online.diagonal_rtrl import DiagonalRTRL
 from lightning_ortho.online.kf_rtrl import KFRTRL
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
 from lightning_ortho.online.lru import LinearRecurrentUnit
+from lightning_ortho.online.lru_stack import LRUStack, OnlineLRUStack
 from lightning_ortho.online.modrelu_cell import ModReLURNNCell
 from lightning_ortho.online.oracle import (
     OracleTerms,
@@ -35,9 +36,11 @@ __all__ = [
     "GRUCell",
     "InfluenceBalancingCell",
     "KFRTRL",
+    "LRUStack",
     "LinearRecurrentUnit",
     "ModReLURNNCell",
     "OnlineGradientEstimator",
+    "OnlineLRUStack",
     "OnlineState",
     "OracleTerms",
     "ParameterLayout",
