@@ -228,3 +228,14 @@ def test_beats_the_dct_on_the_sample_photographs_at_its_cost():
     assert ops.multiplications == 0
     assert ops.additions + ops.shifts <= DCT_OPS
     assert result.errors[-1] < dct_error
+
+
+def test_free_slots_leave_the_transform_and_its_cost_unchanged():
+    from lightning_ortho.transforms.learn_fast_transform import with_free_slots
+
+    factors = wht_factors(16)
+    slotted = with_free_slots(factors, 5)
+    assert len(slotted) == len(factors) + 5
+    assert torch.equal(factors_to_blocks(slotted, 16).matrix(), sylvester(16))
+    assert sum(factor_cost(f) for f in slotted) == sum(factor_cost(f) for f in factors)
+    assert [f for f in slotted if f[0] == "butterfly"] == factors
