@@ -8,7 +8,11 @@ Factors. A factorisation is a list of factors in application order (factor 0 act
 * a butterfly ``("butterfly", i, j)``: ``x_i <- x_i + x_j``, ``x_j <- x_i - x_j`` (the core ``[[1, 1], [1, -1]]`` of
   Rusu eq. 2 on the pair ``(i, j)``; 2 additions), or
 * a shear ``("shear", a, b, v)``: ``x_a <- x_a + v x_b`` (the S-DLA shear of Rusu eq. 17, ``S = I + v e_a e_b^T``);
-  with ``v`` a sum of ``k`` signed powers of two (Rusu eq. 4) it costs ``k`` shifts and ``k`` additions.
+  with ``v`` a sum of ``k`` signed powers of two (Rusu eq. 4) it costs ``k`` shifts and ``k`` additions
+  (``x_a +- x_b``: one addition); ``a = b`` is a scaling ``x_a <- v x_a`` (a power of two: one shift), or
+* a tied group ``("tied", ((a_1, b_1), ...), v)``: the shears ``(a_r, b_r, v)`` with one shared ``v``, on
+  coordinates where no ``b_r`` is an ``a_s`` (e.g. one 1-D shear on the 8 rows of a patch), so they commute and
+  their product is ``I + v sum_r e_{a_r} e_{b_r}^T``, linear in ``v``.
 
 The 1-D 8-point DCT (Chen's factorisation; derived here, not copied): butterflies ``(k, 7 - k)`` give the sums
 ``a_k`` (coordinates 0..3) and differences ``b_k`` (coordinates 7..4); the even half is two butterflies, a
@@ -32,10 +36,14 @@ import math
 
 import torch
 
+from lightning_ortho.transforms import shear_updates as su
+from lightning_ortho.transforms.blocks import BlockProduct
 from lightning_ortho.transforms.sopot import sopot_with_cost
 
-#: One factor: ``("butterfly", i, j)`` or ``("shear", a, b, v)`` (module docstring).
+#: One factor: ``("butterfly", i, j)``, ``("shear", a, b, v)`` or ``("tied", ((a_1, b_1), ...), v)`` (module
+#: docstring).
 Factor = tuple
+BUTTERFLY = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
 
 
 def _rows_of(factors: list[Factor], size: int) -> torch.Tensor:
@@ -133,22 +141,24 @@ def dyadic_dct_1d(bits: int | None, extra_terms: int = 0) -> list[Factor]:
     return round_factors(exact, terms)
 
 
-def separable_2d(factors: list[Factor], size: int = 8) -> list[Factor]:
+def separable_2d(factors: list[Factor], size: int = 8, *, tied: bool = False) -> list[Factor]:
     """The 1-D factors on every row of a row-major ``size x size`` patch (coordinate ``size r + c``), then on every
-    column: the factors of ``kron(T_1, T_1)``."""
+    column: the factors of ``kron(T_1, T_1)``, each 1-D factor on all ``size`` lines before the next (lines are
+    disjoint, so this order gives the same product). ``tied``: the ``size`` copies of each shear are one tied
+    group (a separable transform stays separable when the group is updated)."""
     out: list[Factor] = []
     for stride, base in ((1, lambda r: size * r), (size, lambda c: c)):
-        for line in range(size):
-            for factor in factors:
-                if factor[0] == "butterfly":
-                    out.append(("butterfly", base(line) + stride * factor[1], base(line) + stride * factor[2]))
-                else:
-                    _, a, b, v = factor
-                    out.append(("shear", base(line) + stride * a, base(line) + stride * b, v))
+        for factor in factors:
+            if factor[0] == "butterfly":
+                out += [("butterfly", base(r) + stride * factor[1], base(r) + stride * factor[2]) for r in range(size)]
+                continue
+            _, a, b, v = factor
+            entries = tuple((base(r) + stride * a, base(r) + stride * b) for r in range(size))
+            out += [("tied", entries, v)] if tied else [("shear", i, j, v) for i, j in entries]
     return out
 
 
-def dct_2d_factors(bits: int | None, max_ops: int | None = None) -> list[Factor]:
+def dct_2d_factors(bits: int | None, max_ops: int | None = None, *, tied: bool = False) -> list[Factor]:
     """Factors of the separable 2-D 8x8 binDCT-style transform (``n = 64``), coefficients in ``R_bits``; the SOPOT
     terms beyond one per shear are given while the op count stays within ``max_ops`` (each term of the 1-D
     factorisation costs 2 operations in each of its 16 copies; ``None``: every shear gets ``bits`` terms).
@@ -162,7 +172,7 @@ def dct_2d_factors(bits: int | None, max_ops: int | None = None) -> list[Factor]
     if max_ops is not None and max_ops < base:
         raise ValueError(f"dct_2d_factors: max_ops must be at least {base} (the 1-term binDCT), got {max_ops}.")
     extra = 9 * ((bits or 1) - 1) if max_ops is None else (max_ops - base) // 32
-    return separable_2d(dyadic_dct_1d(bits, extra))
+    return separable_2d(dyadic_dct_1d(bits, extra), tied=tied)
 
 
 def wht_factors(n: int) -> list[Factor]:
@@ -180,3 +190,99 @@ def wht_factors(n: int) -> list[Factor]:
 def factors_matrix(factors: list[Factor], n: int) -> torch.Tensor:
     """Dense ``(n, n)`` float64 ``T`` of the factors, ``T x`` = the factors applied in order (a reference)."""
     return _rows_of(factors, n)
+
+
+# ---------------------------------------------------------------------------------------------- factor algebra
+def _entries(factor: Factor) -> list[tuple[int, int, float]]:
+    """The shears/scalings ``(a, b, v)`` of an entry factor or a tied group."""
+    if factor[0] == "tied":
+        return [(a, b, factor[2]) for a, b in factor[1]]
+    return [(factor[1], factor[2], factor[3])]
+
+
+def entry_cost(a: int, b: int, v: float) -> int:
+    """Operations of ``x_a <- x_a + v x_b`` (``a != b``) or ``x_a <- v x_a`` (``a = b``) with ``v`` in ``R_p``:
+    nothing for ``v = 0`` (shear) or ``|v| = 1`` (scaling); 1 for ``x_a +- x_b`` or a power-of-two scaling;
+    ``2 k`` for a ``k``-term shear (``k`` shifts, ``k - 1`` additions, the addition into ``x_a``)."""
+    if a == b:
+        return 0 if abs(v) == 1.0 else 1
+    if v == 0.0:
+        return 0
+    if abs(v) == 1.0:
+        return 1
+    return 2 * int(sopot_with_cost(torch.tensor(abs(v), dtype=torch.float64), 64, tol=0.0).shifts)
+
+
+def factor_cost(factor: Factor) -> int:
+    """Operations (additions + shifts) of one factor: a butterfly 2, an entry or tied group by :func:`entry_cost`."""
+    if factor[0] == "butterfly":
+        return 2
+    return sum(entry_cost(*entry) for entry in _entries(factor))
+
+
+def apply_left(matrix: torch.Tensor, factor: Factor) -> None:
+    """``matrix <- F matrix`` in place."""
+    if factor[0] == "butterfly":
+        _, i, j = factor
+        matrix[i], matrix[j] = matrix[i] + matrix[j], matrix[i] - matrix[j]
+    else:
+        for entry in _entries(factor):
+            su.left(matrix, *entry)
+
+
+def apply_right_transposed(matrix: torch.Tensor, factor: Factor) -> None:
+    """``matrix <- matrix F^T`` in place."""
+    if factor[0] == "butterfly":
+        _, i, j = factor
+        matrix[:, i], matrix[:, j] = matrix[:, i] + matrix[:, j], matrix[:, i] - matrix[:, j]
+    else:
+        for entry in _entries(factor):
+            su.right_transposed(matrix, *entry)
+
+
+def apply_right(matrix: torch.Tensor, factor: Factor) -> None:
+    """``matrix <- matrix F`` in place (a butterfly is symmetric; the shears of a tied group commute)."""
+    if factor[0] == "butterfly":
+        apply_right_transposed(matrix, factor)
+    else:
+        for entry in _entries(factor):
+            su.right(matrix, *entry)
+
+
+def factors_to_blocks(factors: list[Factor], n: int, dtype: torch.dtype = torch.float64) -> BlockProduct:
+    """The factors as a non-trainable :class:`BlockProduct` (``matrix() = F_{m-1} ... F_0``; a tied group is its
+    shears, a shear or scaling the block of :func:`~lightning_ortho.transforms.shear_updates.block_of_entry`)."""
+    pairs, cores = [], []
+    for factor in factors:
+        if factor[0] == "butterfly":
+            pairs.append((factor[1], factor[2]))
+            cores.append(BUTTERFLY.tolist())
+            continue
+        for entry in _entries(factor):
+            pair, core = su.block_of_entry(n, *entry)
+            pairs.append(pair)
+            cores.append(core)
+    return BlockProduct(n, pairs, torch.tensor(cores, dtype=torch.float64).view(-1, 2, 2).to(dtype), trainable=False)
+
+
+def transposed(factors: list[Factor]) -> list[Factor]:
+    """Factors of ``T^T`` for the factors of ``T``: order reversed, each factor transposed."""
+    out: list[Factor] = []
+    for f in reversed(factors):
+        if f[0] == "butterfly":
+            out.append(f)
+        elif f[0] == "tied":
+            out.append(("tied", tuple((b, a) for a, b in f[1]), f[2]))
+        else:
+            out.append(("shear", f[2], f[1], f[3]))
+    return out
+
+
+def with_free_slots(factors: list[Factor], count: int) -> list[Factor]:
+    """``factors`` with ``count`` empty shears (``v = 0``: the identity, cost 0) inserted at evenly spaced
+    positions; a sweep may turn each into any shear or scaling the budget allows."""
+    out = list(factors)
+    m = len(factors)
+    for t in range(count, 0, -1):  # from the back, so earlier positions stay valid
+        out.insert(round(t * m / (count + 1)), ("shear", 0, 1, 0.0))
+    return out

@@ -13,18 +13,20 @@ from lightning_ortho.transforms.fast_transform_init import (
     dct_lifting_1d,
     dct_rows,
     dyadic_dct_1d,
+    factor_cost,
     factors_matrix,
+    factors_to_blocks,
     separable_2d,
+    transposed,
     wht_factors,
+    with_free_slots,
 )
 from lightning_ortho.transforms.learn_fast_transform import (
     DCT_OPS,
     entry_statistics,
-    factor_cost,
-    factors_to_blocks,
     fast_transform_sweep,
     learn_fast_transform,
-    transposed,
+    tied_coefficients,
 )
 from lightning_ortho.transforms.sopot import sopot_with_cost
 from lightning_ortho.transforms.sparse_codes import keep_largest
@@ -231,11 +233,44 @@ def test_beats_the_dct_on_the_sample_photographs_at_its_cost():
 
 
 def test_free_slots_leave_the_transform_and_its_cost_unchanged():
-    from lightning_ortho.transforms.learn_fast_transform import with_free_slots
-
     factors = wht_factors(16)
     slotted = with_free_slots(factors, 5)
     assert len(slotted) == len(factors) + 5
     assert torch.equal(factors_to_blocks(slotted, 16).matrix(), sylvester(16))
     assert sum(factor_cost(f) for f in slotted) == sum(factor_cost(f) for f in factors)
     assert [f for f in slotted if f[0] == "butterfly"] == factors
+
+
+def test_tied_coefficients_give_the_exact_error_change_of_a_tied_group():
+    g = torch.Generator().manual_seed(6)
+    n = 16
+    y = torch.randn(60, n, generator=g, dtype=torch.float64)
+    x = keep_largest(torch.randn(60, n, generator=g, dtype=torch.float64), 3)
+    entries = ((1, 0), (5, 4), (9, 8), (13, 12))  # one 1-D shear on 4 disjoint lines
+    before, after = wht_factors(n)[:10], wht_factors(n)[10:]
+    p, a = factors_to_blocks(before, n).matrix(), factors_to_blocks(after, n).matrix()
+    linear, curvature = tied_coefficients(a, y.T @ x @ p.T, p @ x.T @ x @ p.T, entries)
+    base = dense_error(y, x, a @ p)
+    for v in (0.375, -1.25):
+        s = factors_to_blocks([("tied", entries, v)], n).matrix()
+        expected = torch.eye(n, dtype=torch.float64)
+        for i, j in entries:
+            expected[i, j] = v
+        torch.testing.assert_close(s, expected, rtol=0, atol=0)
+        predicted = -2 * v * linear + v * v * curvature
+        assert math.isclose(dense_error(y, x, a @ s @ p) - base, predicted, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_tied_dct_stays_separable_and_never_increases_the_error():
+    y = smooth_patches(300, seed=7)
+    result = learn_fast_transform(y, 4, init="dct", bits=2, sweeps=3, tied=True, free_slots=0)
+    errors = [result.initial_error, *result.errors]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(errors, errors[1:], strict=False))
+    assert errors[-1] < errors[0]
+    d = result.transform.matrix()
+    # separable: D = kron(D_c, D_r) (column and row transforms) iff the rearrangement
+    # R[(i1, j1), (i2, j2)] = D[8 i1 + i2, 8 j1 + j2] has rank 1 (Van Loan & Pitsianis)
+    rearranged = d.reshape(8, 8, 8, 8).permute(0, 2, 1, 3).reshape(64, 64)
+    singular = torch.linalg.svdvals(rearranged)
+    assert float(singular[1]) <= 1e-12 * float(singular[0])
+    assert result.op_count().multiplications == 0
