@@ -10,13 +10,14 @@ from torch import nn
 from lightning_ortho.online.estimator import OnlineGradientEstimator
 from lightning_ortho.online.linearization import StepLinearization
 from lightning_ortho.online.state import OnlineState
+from lightning_ortho.online.stream_noise import StreamNoise, check_generator
 
 __all__ = ["KFRTRL"]
 
 _FACTORS = ("input_factor", "hidden_factor")
 
 
-class KFRTRL(OnlineGradientEstimator):
+class KFRTRL(StreamNoise, OnlineGradientEstimator):
     """KF-RTRL (Mujika et al. 2018, section 4): ``dh_t/dvec(W) ~ u_t^T (x) A_t`` for a cell with ``z_t = W a_t``.
 
     The cell must offer ``preactivation_input(x, h) -> a`` ``(B, n_a)``, ``preactivation(x, h) -> z``,
@@ -78,47 +79,13 @@ class KFRTRL(OnlineGradientEstimator):
         super().__init__(cell, closed_form=closed_form)
         if isinstance(eps, bool) or not (isinstance(eps, (int, float)) and eps >= 0):
             raise ValueError(f"KFRTRL: eps must be a non-negative number, got {eps!r}.")
-        if isinstance(generator, bool) or (generator is not None and not isinstance(generator, (int, torch.Generator))):
-            raise ValueError(f"KFRTRL: generator must be a seed (int), a torch.Generator or None, got {generator!r}.")
-        self.eps, self.generator = float(eps), generator
+        self.eps, self.generator = float(eps), check_generator(generator, "KFRTRL")
         self.weight_columns = _weight_columns(cell)
         self.inputs = sum(columns for _, columns, _ in self.weight_columns)  # n_a
         self.preactivations = _weight_rows(cell, self.weight_columns)  # Z
         self._rows_cache: tuple | None = None
 
     # -- state -------------------------------------------------------------------------------------------------
-    def initial_state(
-        self, h0: torch.Tensor, *, stream_ids: torch.Tensor | None = None, total_streams: int | None = None
-    ) -> OnlineState:
-        """The state before the first step: zero factors ``u`` ``(B, n_a)`` and ``A`` ``(B, H, Z)``.
-
-        ``stream_ids`` ``(B,)`` and ``total_streams``: these streams are rows ``stream_ids`` of ``total_streams``;
-        every step draws the signs of all ``total_streams`` and keeps these rows, so processes that each hold some
-        of the streams (DDP) draw the signs that one process holding all of them would (as UORO does).
-
-        Raises:
-            ValueError: see :meth:`OnlineGradientEstimator.initial_state`; ``stream_ids`` not ``B`` indices in
-                ``[0, total_streams)``.
-        """
-        state = super().initial_state(h0)
-        batch = h0.shape[0]
-        total = int(total_streams) if total_streams is not None else batch
-        ids = torch.arange(batch) if stream_ids is None else stream_ids
-        ids = torch.as_tensor(ids, dtype=torch.long, device=h0.device)
-        if ids.shape != (batch,) or ids.min() < 0 or ids.max() >= total:
-            raise ValueError(
-                f"KFRTRL: stream_ids must be {batch} indices in [0, total_streams={total}), got {ids.tolist()}."
-            )
-        state.tensors["stream_ids"] = ids
-        state.tensors["total_streams"] = torch.tensor(total, device=h0.device)
-        return state
-
-    def _new_generator(self, h0: torch.Tensor) -> torch.Generator:
-        if isinstance(self.generator, torch.Generator):
-            return self.generator
-        seed = self.generator if self.generator is not None else int(torch.randint(0, 2**62, ()).item())
-        return torch.Generator(device=h0.device).manual_seed(seed)
-
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         batch, hidden = h0.shape
         return {
@@ -142,17 +109,6 @@ class KFRTRL(OnlineGradientEstimator):
         if rows is not None:
             signs = signs[rows]
         return signs[:, 0], signs[:, 1]
-
-    def _rows(self, state: OnlineState) -> tuple[int, torch.Tensor | None]:
-        """``(total_streams, rows)``: ``rows`` the state's ``stream_ids``, or ``None`` when they are all streams in
-        order (read once per ``stream_ids`` tensor: a host synchronisation)."""
-        ids, total_tensor = state.tensors["stream_ids"], state.tensors["total_streams"]
-        cached = self._rows_cache
-        if cached is None or cached[0] is not ids or cached[1] is not total_tensor:
-            total = int(total_tensor)
-            every = ids.shape[0] == total and bool((ids == torch.arange(total, device=ids.device)).all())
-            cached = self._rows_cache = (ids, total_tensor, total, None if every else ids)
-        return cached[2], cached[3]
 
     def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:
         t = state.tensors

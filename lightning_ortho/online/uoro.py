@@ -17,6 +17,7 @@ from lightning_ortho._native.uoro import summed_estimate, uoro_gradient_kernel
 from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.linearization import StepLinearization
 from lightning_ortho.online.state import OnlineState
+from lightning_ortho.online.stream_noise import StreamNoise, check_generator
 from lightning_ortho.online.uoro_fused import TanhUOROStep, fusable_tanh_cell
 from lightning_ortho.online.uoro_rescaling import Alpha, FixedRescaling, alpha_at, check_alpha, prepare_q0
 
@@ -28,7 +29,7 @@ PROJECTIONS: tuple[str, ...] = Projection.__args__  # type: ignore[attr-defined]
 _ESTIMATE_TENSORS = ("h_tilde", "w_tilde", "a_tilde")
 
 
-class UORO(OnlineGradientEstimator):
+class UORO(StreamNoise, OnlineGradientEstimator):
     """UORO: a rank-one, unbiased, online estimate of the influence ``J^{h_t}_theta ~ h_tilde_t w_tilde_t^T``.
 
     Each step draws ``u_t = tau_t nu_t`` (``nu ~ N(0, I)`` at the cut vertex ``z_t``, ``tau = +-1``) and updates
@@ -105,9 +106,7 @@ class UORO(OnlineGradientEstimator):
             raise ValueError(f"UORO: projection must be one of {PROJECTIONS}, got {projection!r}.")
         if not (isinstance(eps, (int, float)) and eps >= 0):
             raise ValueError(f"UORO: eps must be a non-negative number, got {eps!r}.")
-        if generator is not None and not isinstance(generator, (int, torch.Generator)):
-            raise ValueError(f"UORO: generator must be a seed (int), a torch.Generator or None, got {generator!r}.")
-        self.projection, self.eps, self.generator = projection, float(eps), generator
+        self.projection, self.eps, self.generator = projection, float(eps), check_generator(generator, "UORO")
         if projection == "preactivation" and not (hasattr(cell, "preactivation") and hasattr(cell, "activation")):
             raise ValueError(
                 f"UORO: projection='preactivation' needs a cell with preactivation(x, h) and activation(z);"
@@ -161,34 +160,6 @@ class UORO(OnlineGradientEstimator):
         return alpha_at(self.alpha, step)
 
     # -- state -------------------------------------------------------------------------------------------------
-    def initial_state(
-        self, h0: torch.Tensor, *, stream_ids: torch.Tensor | None = None, total_streams: int | None = None
-    ) -> OnlineState:
-        """The state before the first step (zero ``h_tilde``, ``w_tilde``).
-
-        ``stream_ids`` ``(B,)`` and ``total_streams``: these streams are rows ``stream_ids`` of ``total_streams``;
-        every step draws the noise of all ``total_streams`` and keeps these rows, so processes that each hold
-        some of the streams (DDP) draw exactly the noise that one process holding all of them would.
-        """
-        state = super().initial_state(h0)
-        batch = h0.shape[0]
-        total = int(total_streams) if total_streams is not None else batch
-        stream_ids = torch.arange(batch) if stream_ids is None else stream_ids
-        stream_ids = torch.as_tensor(stream_ids, dtype=torch.long, device=h0.device)
-        if stream_ids.shape != (batch,) or stream_ids.min() < 0 or stream_ids.max() >= total:
-            raise ValueError(
-                f"UORO: stream_ids must be {batch} indices in [0, total_streams={total}), got {stream_ids.tolist()}."
-            )
-        state.tensors["stream_ids"] = stream_ids
-        state.tensors["total_streams"] = torch.tensor(total, device=h0.device)
-        return state
-
-    def _new_generator(self, h0: torch.Tensor) -> torch.Generator:
-        if isinstance(self.generator, torch.Generator):
-            return self.generator
-        seed = self.generator if self.generator is not None else int(torch.randint(0, 2**62, ()).item())
-        return torch.Generator(device=h0.device).manual_seed(seed)
-
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         batch, hidden = h0.shape
         if self.projection == "none":
@@ -208,17 +179,6 @@ class UORO(OnlineGradientEstimator):
         # randint in the float dtype draws the integers that an int64 randint draws (the same generator calls)
         tau = torch.randint(0, 2, (total,), generator=gen, device=like.device, dtype=like.dtype).mul_(2).sub_(1)
         return (nu, tau) if rows is None else (nu[rows], tau[rows])
-
-    def _rows(self, state: OnlineState) -> tuple[int, torch.Tensor | None]:
-        """``(total_streams, rows)``: ``rows`` the state's ``stream_ids``, or ``None`` when they are all streams in
-        order. Read once per state (a host synchronisation) and kept while its ``stream_ids`` tensor is the same."""
-        ids, total_tensor = state.tensors["stream_ids"], state.tensors["total_streams"]
-        cached = self._rows_cache
-        if cached is None or cached[0] is not ids or cached[1] is not total_tensor:
-            total = int(total_tensor)
-            every = ids.shape[0] == total and bool((ids == torch.arange(total, device=ids.device)).all())
-            cached = self._rows_cache = (ids, total_tensor, total, None if every else ids)
-        return cached[2], cached[3]
 
     # -- the fused step (TanhRNNCell, cut at h or z) -------------------------------------------------------------
     def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
