@@ -2,9 +2,9 @@
 KF-RTRL, SnAp-1, SnAp-2, truncated BPTT, exact RTRL and, on a 100-step delay, exact diagonal RTRL of a linear
 recurrent unit; the same tasks, the same measurements.
 
-    python -m benchmarks.online_family            # 4 tasks, 24 estimator runs (~17 minutes on one core)
+    python -m benchmarks.online_family            # 4 tasks, 24 estimator runs (~16 minutes on one core)
     python -m benchmarks.online_family --quick    # smoke run (seconds; used by the tests)
-    python -m benchmarks.online_family --seconds 60 --long-seconds 120
+    python -m benchmarks.online_family --seconds 60 --long-seconds 240 --tasks characters "long copy"
 
 Tasks (data modules of ``lightning_ortho.datamodules``; cross-entropy, 32 streams, one Adam update per step,
 gradient norm clipped at 1; ``TanhRNNCell(I, 32)`` with a linear readout):

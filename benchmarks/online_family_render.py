@@ -63,9 +63,9 @@ def claims(rows: list[dict]) -> list[dict]:
     )
     # Zucchet et al. 2023: an LRU by exact diagonal RTRL learns the 100-step delay, a tanh RNN by UORO does not
     lru, tanh = _pick(rows, "long copy", "LRU, diagonal RTRL"), _pick(rows, "long copy", "tanh, UORO (preactivation)")
-    chance = (lru or tanh or {}).get("chance_loss", math.log(4))
+    chance = next((r["chance_loss"] for r in (lru, tanh) if r and "chance_loss" in r), math.log(4))
     threshold = LEARNED_FRACTION * chance
-    delay = (lru or tanh or {}).get("delay", "?")
+    delay = next((r["delay"] for r in (lru, tanh) if r and "delay" in r), "?")
     lru_loss, tanh_loss = _final(lru, "val_loss"), _final(tanh, "val_loss")
     out.append(
         {
