@@ -73,7 +73,10 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
     Args:
         cell: a recurrent cell ``cell(x (b, I), h (b, H)) -> (b, H)`` with a ``hidden_size`` attribute (and
             ``input_size``, checked against the data), e.g. ``lightning_ortho.online.TanhRNNCell``,
-            ``GRUCell``, ``InfluenceBalancingCell`` or ``lightning_ortho.nn.OrthogonalRNNCell``.
+            ``GRUCell``, ``InfluenceBalancingCell`` or ``lightning_ortho.nn.OrthogonalRNNCell``. A cell whose state
+            is complex (``complex_state = True``: ``LinearRecurrentUnit``, with ``estimator="diagonal_rtrl"``) is read
+            by the readout as its real and imaginary parts; the LRU's own output map (``C``, ``D``) is not used and
+            gets zero gradients.
         output_size: outputs of the readout (classes for cross-entropy).
         loss: ``"cross_entropy"`` or ``"mse"``.
         readout: ``"linear"`` (``nn.Linear(H, output_size)``) or ``"units"`` (the first ``output_size`` units
