@@ -86,8 +86,8 @@ class TransformCompression(Callback):
         modules: names of submodules to replace (``"head"``, ``"features.0"``); ``None``: every outermost
             ``nn.Linear`` and :class:`~lightning_ortho.nn.SVDLinear`, skipping (with a warning at the start of fit)
             layers that are not affine (``SVDLinear(orthogonal="aux")``), have fewer than 2 inputs (odd for family
-            ``"m"``, fewer than 4 for ``"b4x4"``) or belong to ``nn.MultiheadAttention``. Either way, a layer whose weights are all zero (unused)
-            or not finite when its turn comes stays dense, with a warning.
+            ``"m"``, fewer than 4 for ``"b4x4"``) or belong to ``nn.MultiheadAttention``. Either way, a layer whose
+            weights are all zero (unused) or not finite when its turn comes stays dense, with a warning.
         family, s, m, q, bits, iterations: as :func:`compress_linear` (defaults per layer); ``family`` is one of
             :data:`~lightning_ortho.transforms.families.FAMILY_TABLE` (``"b"``, ``"m"``, ``"shear"``, ``"b4x4"``).
         at_epoch, finetune_epochs: when to compress (above); give at most one.

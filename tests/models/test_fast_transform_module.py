@@ -95,7 +95,10 @@ def test_patches_feature_mode_cuts_images_like_image_patches(tmp_path) -> None:
     assert module.transform().pairs.tolist() == expected.transform.pairs.tolist()
 
 
-@pytest.mark.parametrize(("family", "coordinates"), [("b", "pairs"), ("b4x4", "quads")])
+@pytest.mark.parametrize(
+    ("family", "coordinates"),
+    [("b", "pairs"), pytest.param("b4x4", "quads", marks=pytest.mark.slow)],  # b4x4: ~10 s more (two spawns)
+)
 def test_ddp_spawn_two_processes_learns_the_single_process_transform(tmp_path, family, coordinates) -> None:
     data = _walks(count=512)
 
