@@ -29,7 +29,7 @@ from lightning_ortho.transforms.b_dla import BTransformLearner, learn_b_transfor
 from lightning_ortho.transforms.blocks import BlockProduct
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.m_dla import MTransformLearner, learn_m_transform
-from lightning_ortho.transforms.progress import Segment, WorkPlan, plan_work
+from lightning_ortho.transforms.progress import DEFAULT_ITERATIONS, Segment, WorkPlan, plan_work
 from lightning_ortho.transforms.quad_cores import COLUMN_SIGNS, PERMUTATIONS, ROW_SIGNS, QuadBlockProduct
 from lightning_ortho.transforms.s_dla import ShearTransformLearner, learn_shear_transform
 
@@ -63,7 +63,7 @@ class TransformFamilySpec:
         defaults: ``(in_features, out_features) -> {"s": ..., "m" or "q": ...}``.
         plan: ``(m, q, iterations) ->`` the :class:`~lightning_ortho.transforms.progress.WorkPlan` of
             :meth:`learn` in the steps its ``on_step`` reports.
-        as_block_product: the learned transform (or its transpose) as a 2x2
+        as_block_product: the learned transform as a product of 2x2
             :class:`~lightning_ortho.transforms.BlockProduct`, what a
             :class:`~lightning_ortho.transforms.FactorizedLinear` holds (identity for the 2x2 families).
         counts_learned_transform: the op count of a compressed layer's transform is the learned transform's own
@@ -227,7 +227,7 @@ FAMILY_TABLE: dict[str, TransformFamilySpec] = {
             takes=("m",),
             block_size=2,
             even_features=False,
-            default_iterations=10,
+            default_iterations=DEFAULT_ITERATIONS["b"],
             learner=_learn_b,
             streaming=_stream_b,
             defaults=_b_defaults,
@@ -239,7 +239,7 @@ FAMILY_TABLE: dict[str, TransformFamilySpec] = {
             takes=("q",),
             block_size=2,
             even_features=True,
-            default_iterations=1,
+            default_iterations=DEFAULT_ITERATIONS["m"],
             learner=_learn_m,
             streaming=_stream_m,
             defaults=_m_defaults,
@@ -251,7 +251,7 @@ FAMILY_TABLE: dict[str, TransformFamilySpec] = {
             takes=("m", "bits"),
             block_size=2,
             even_features=False,
-            default_iterations=15,
+            default_iterations=DEFAULT_ITERATIONS["shear"],
             learner=_learn_shear,
             streaming=_stream_shear,
             defaults=_shear_defaults,
