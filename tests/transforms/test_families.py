@@ -182,3 +182,15 @@ def test_transform_compression_compresses_with_b4x4(tmp_path) -> None:  # noqa: 
         assert (row["transform_ops_additions"], row["transform_ops_shifts"]) == (48, 16)
     with pytest.raises(ValueError, match="q is the stages of family 'm' only; family 'b4x4' takes m"):
         TransformCompression(family="b4x4", q=3)
+
+
+def test_a_b4x4_compressed_layer_is_rebuilt_from_its_state_dict() -> None:
+    from lightning_ortho.transforms.factorized_linear import FactorizedLinear
+
+    layer = nn.Linear(8, 5)
+    module = compress_linear(layer, "b4x4", s=2, m=3)
+    rebuilt = FactorizedLinear.from_state_dict(module.state_dict())
+    x = torch.randn(4, 8)
+    assert torch.equal(rebuilt(x), module(x))
+    assert rebuilt.transform.num_blocks == module.transform.num_blocks  # the 2x2 form, 4 to 6 blocks per 4x4 block
+    assert 4 * 3 <= module.transform.num_blocks <= 6 * 3 and module.report.blocks == 3
