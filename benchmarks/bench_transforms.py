@@ -6,8 +6,9 @@ they apply against a dense nn.Linear, and what compressing a trained classifier 
 
 1. Learning (rows ``"section": "learn"``): n = 64 on 10^4 real 8x8 patches of scikit-learn's two sample photographs
    (ImagePatchesDataModule, stride 6 so that there are 14,840 overlapping patches, then ``max_patches=10000``; each
-   patch's mean removed), s = 4 nonzeros per code: B_m-DLA (m = 32, 64, 128, 256), M_q-DLA (q = 2, 4, 8) and S-DLA
-   (m = 32 with 1-term SOPOT shears, and exact), with the library's default sweeps. Seconds per learner (best of
+   patch's mean removed), s = 4 nonzeros per code: B_m-DLA (m = 32, 64, 128, 256), M_q-DLA (q = 2, 4, 8), S-DLA
+   (m = 32 with 1-term SOPOT shears, and exact) and B⊗_m-DLA (m = 32, 64 4x4 Hadamard blocks, one sweep as the
+   paper's K = 1), with the library's default sweeps. Seconds per learner (best of
    interleaved rounds; the learners are deterministic, so every round reaches the same error) and the error
    reached, ``100 ||Y - X D^T||^2 / ||Y||^2``, next to three fixed bases with the same T_s coding: none (identity),
    the 2-D DCT-II and PCA (dense).
@@ -70,6 +71,7 @@ from lightning_ortho.transforms import (
     learn_m_transform,
     learn_shear_transform,
 )
+from lightning_ortho.transforms.b4_dla import learn_b4x4_transform
 from lightning_ortho.transforms.sparse_codes import keep_largest, representation_error
 from lightning_ortho.transforms.statistics import principal_basis
 
@@ -87,9 +89,16 @@ LEARN_GRID = (
     ("m", {"q": 8}),
     ("shear", {"m": 32, "bits": 1}),
     ("shear", {"m": 32, "bits": None}),
+    ("b4x4", {"m": 32}),
+    ("b4x4", {"m": 64}),
 )
 QUICK_PATCHES, QUICK_PATCH_STRIDE = 1000, 8
-QUICK_LEARN_GRID = (("b", {"m": 16}), ("m", {"q": 2}), ("shear", {"m": 8, "bits": 1, "iterations": 2}))
+QUICK_LEARN_GRID = (
+    ("b", {"m": 16}),
+    ("m", {"q": 2}),
+    ("shear", {"m": 8, "bits": 1, "iterations": 2}),
+    ("b4x4", {"m": 4}),
+)
 #: Part 1 claims: "seconds, not minutes".
 LEARN_SECONDS_TARGET = 60.0
 
@@ -182,6 +191,8 @@ def learn(family: str, y: torch.Tensor, params: dict, s: int):
         return learn_b_transform(y, params["m"], s)
     if family == "m":
         return learn_m_transform(y, params["q"], s)
+    if family == "b4x4":
+        return learn_b4x4_transform(y, params["m"], s, **{k: v for k, v in params.items() if k != "m"})
     return learn_shear_transform(y, params["m"], s, **{k: v for k, v in params.items() if k != "m"})
 
 
@@ -520,8 +531,8 @@ def measure_compression(epochs: int, finetune_epochs: int, grid, fits=FITS) -> t
 def claims_from(rows: list[dict]) -> list[dict]:
     claims = []
     learned = [r for r in rows if r["section"] == "learn" and "seconds" in r]
-    names = {"b": "B_m-DLA", "m": "M_q-DLA", "shear": "S-DLA"}
-    for family in ("b", "m", "shear"):
+    names = {"b": "B_m-DLA", "m": "M_q-DLA", "shear": "S-DLA", "b4x4": "B⊗_m-DLA"}
+    for family in names:
         mine = [r for r in learned if r["family"] == family]
         if mine:
             slowest = max(mine, key=lambda r: r["seconds"])
@@ -599,7 +610,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     learned = [r for r in rows if r["section"] == "learn"]
     ax = axes[0]
-    for family, marker in (("b", "o"), ("m", "s"), ("shear", "^")):
+    for family, marker in (("b", "o"), ("m", "s"), ("shear", "^"), ("b4x4", "D")):
         mine = [r for r in learned if r["family"] == family]
         if mine:
             ax.scatter([r["seconds"] for r in mine], [r["error"] for r in mine], marker=marker, label=family)
@@ -716,7 +727,7 @@ def _run(args, device: torch.device, default_threads: int) -> Path:
             "s": LEARN_S,
             "threads": args.threads,
             "learners": "learn_b_transform (10 sweeps max), learn_m_transform (1 round), learn_shear_transform "
-            "(15 sweeps, OMP codes), library defaults",
+            "(15 sweeps, OMP codes), learn_b4x4_transform (1 sweep), library defaults",
         }
     if "apply" not in skip:
         dims, batch = (QUICK_APPLY_DIMS, QUICK_APPLY_BATCH) if args.quick else (APPLY_DIMS, APPLY_BATCH)

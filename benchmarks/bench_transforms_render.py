@@ -33,6 +33,7 @@ def render(data: dict) -> str:
             "b": "B_m-DLA",
             "m": "M_q-DLA",
             "shear": "S-DLA",
+            "b4x4": "B⊗_m-DLA",
             "identity": "no transform (identity)",
             "dct": "2-D DCT-II",
             "pca": "PCA (dense)",

@@ -13,7 +13,9 @@ setting), with s = 4 nonzeros per code and the error ``100 ||Y - X D^T||_F^2 / |
 Learned fast transforms (lightning_ortho.transforms): B_m-DLA (m = 32, 64, 128, 256 binary 2x2 blocks), M_q-DLA
 (q = 2, 4, 6, 8 perfect-matching stages, one round as in the paper), S-DLA shears/scalings with 1-bit SOPOT
 values and with exact values (m as B; 15 sweeps, OMP codes). Codes: ``T_s(Y D)`` for the orthonormal B and M,
-OMP for shears.
+OMP for shears. B⊗_m-DLA (m = 32, 64, 128, 256 4x4 Hadamard blocks, one sweep as the paper's K = 1; T_s codes) is
+scored on held-out patches instead: it learns on a seeded random 75 % of the same patches and its ``error`` is that
+of the other 25 % (its ``train_error`` the error on the patches it learned from).
 
 Baselines, all with T_s codes (orthonormal): the 2-D DCT-II, the 64-point Walsh-Hadamard transform (= the
 separable 8x8 one), the 3-level 2-D Haar wavelet (non-standard decomposition), the PCA basis (eigenvectors of
@@ -30,7 +32,7 @@ and ``pyfaust.fact.butterfly`` into six butterfly factors (one size).
 Operation counts (additions, multiplications, shifts of one transform of one patch; ``lightning_ortho.transforms.
 costs`` rules: +-1 free, one shared multiplier per row): B ``transform.op_count()`` (2 + 2 per G1 block); M
 ``op_count(defer_scaling=True)`` (nq additions + n shifts for even q, as the paper counts it); shears
-``op_count(bits)``; FAµST factors by the same row rule on their nonzeros; the fixed transforms by the formulas in
+``op_count(bits)``; B⊗ ``op_count()`` (12 additions + 4 shifts per block); FAµST factors by the same row rule on their nonzeros; the fixed transforms by the formulas in
 ``OP_COUNT_SOURCES``.
 
 Writes benchmarks/results/reproduce_transforms-HARDWARE.json and .png (error against total operations); README
@@ -75,12 +77,15 @@ from lightning_ortho.transforms import (
     representation_error,
     row_cost,
 )
+from lightning_ortho.transforms.b4_dla import learn_b4x4_transform
 
 #: pyfaust 3.42.2 (newest on PyPI) has wheels for CPython >= 3.12 only; 3.41.0 is the newest with a 3.11 wheel.
 PYFAUST = "pyfaust==3.42.2" if sys.version_info >= (3, 12) else "pyfaust==3.41.0"
 
 S = 4
 B_SIZES = (32, 64, 128, 256)
+#: B⊗_m-DLA: blocks, sweeps (the paper's K = 1), and the held-out share of the patches (seeded split).
+B4X4_SIZES, B4X4_ITERATIONS, HELD_OUT_FRACTION, SPLIT_SEED = (32, 64, 128, 256), 1, 0.25, 0
 M_STAGES = (2, 4, 6, 8)
 SHEAR_ITERATIONS = 15
 DENSE_ITERATIONS = 20
@@ -103,6 +108,8 @@ OP_COUNT_SOURCES = {
     "B": "BinaryBlockProduct.op_count(): 2 additions + 2 multiplications by 2^-1/2 per G1 block (G2 blocks free)",
     "M": "BinaryBlockProduct.op_count(defer_scaling=True): nq additions, the 2^-q/2 per coordinate deferred "
     "(n shifts for even q), as the paper counts it",
+    "B⊗": "QuadBlockProduct.op_count(): 12 additions + 4 shifts per 4x4 block (each output sums four +-x terms and "
+    "halves once)",
     "shear": "BlockProduct.op_count(bits): a 1-bit shear 1 addition + 1 shift, a scaling 1 shift; exact: 1 "
     "addition + 1 multiplication per shear, 1 multiplication per scaling",
     "FAµST": "per factor and row, (nonzeros - 1) additions + one multiplication per entry other than +-1 (one shared "
@@ -194,6 +201,52 @@ def learned_dense(y: torch.Tensor, iterations: int) -> tuple[torch.Tensor, list[
         u = left @ right
         errors.append(orthonormal_error(y, u))
     return u, errors
+
+
+def held_out_split(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train, held_out)`` row indices: a seeded random ``HELD_OUT_FRACTION`` of ``count`` rows held out."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(SPLIT_SEED))
+    held = max(1, round(HELD_OUT_FRACTION * count))
+    return order[held:].sort().values, order[:held].sort().values
+
+
+def b4x4_rows(y: torch.Tensor, sizes: tuple[int, ...]) -> list[dict]:
+    """B⊗_m-DLA rows: learned on the training part of ``held_out_split``, scored (``error``) on the held-out part."""
+    train, held = held_out_split(y.shape[0])
+    rows = []
+    for m in sizes:
+        start = time.perf_counter()
+        result = learn_b4x4_transform(y[train], m, S, iterations=B4X4_ITERATIONS)
+        seconds = time.perf_counter() - start
+        d = result.transform.matrix().double()
+        error = orthonormal_error(y[held], d)
+        rows.append(
+            row(
+                "B⊗",
+                f"B⊗ m={m} (held-out)",
+                error,
+                result.transform.op_count(),
+                coding="T_s",
+                seconds=seconds,
+                param="m",
+                value=m,
+                blocks=m,
+                evaluation="held-out",
+                held_out_error=error,
+                train_error=orthonormal_error(y[train], d),
+                train_patches=int(train.numel()),
+                held_out_patches=int(held.numel()),
+                errors_per_sweep=result.errors,
+                initial_error=result.initial_error,
+                op_count_source=OP_COUNT_SOURCES["B⊗"],
+            )
+        )
+        print(
+            f"B⊗ m={m}: held-out {error:.2f} % (train {rows[-1]['train_error']:.2f} %) at {rows[-1]['total_ops']} "
+            f"ops ({seconds:.1f} s)",
+            flush=True,
+        )
+    return rows
 
 
 def row(family: str, label: str, error: float, ops: OpCount, *, coding: str, seconds: float = 0.0, **extra) -> dict:
@@ -343,6 +396,7 @@ def _run(args, device) -> Path:
     m_stages = (2,) if args.quick else M_STAGES
     shear_sizes = tuple(m for m in ((8,) if args.quick else B_SIZES) if m <= args.shear_max_m)
     shear_iterations = 2 if args.quick else SHEAR_ITERATIONS
+    b4x4_sizes = (4,) if args.quick else B4X4_SIZES
     dense_iterations = 3 if args.quick else DENSE_ITERATIONS
     palm = 20 if args.quick else PALM_ITERATIONS
 
@@ -446,6 +500,7 @@ def _run(args, device) -> Path:
                 )
             )
             print(f"{family} m={m}: {error:.2f} % at {rows[-1]['total_ops']} ops ({seconds:.1f} s)", flush=True)
+    rows += b4x4_rows(y, b4x4_sizes)
 
     peers: dict = {}
     if args.no_peer:
@@ -468,6 +523,10 @@ def _run(args, device) -> Path:
         "shear_max_m": args.shear_max_m,
         "b_sizes": list(b_sizes),
         "m_stages": list(m_stages),
+        "b4x4_sizes": list(b4x4_sizes),
+        "b4x4_iterations": B4X4_ITERATIONS,
+        "held_out_fraction": HELD_OUT_FRACTION,
+        "split_seed": SPLIT_SEED,
         "quick": args.quick,
     }
     total = round(time.perf_counter() - started, 1)
@@ -516,7 +575,7 @@ def _fmt(values: list[float]) -> str:
 def claims_from(rows: list[dict], wht_b: dict) -> list[dict]:
     """The paper's claims and the comparisons with the baselines, from the rows."""
     claims = []
-    for family in ("B", "shear (1 bit)", "shear (exact)"):
+    for family in ("B", "shear (1 bit)", "shear (exact)", "B⊗"):
         series = _series(rows, family)
         if len(series) < 2:
             continue
@@ -588,6 +647,17 @@ def claims_from(rows: list[dict], wht_b: dict) -> list[dict]:
                 "holds": b[256]["error"] <= wht_b["error"],
             }
         )
+    b4x4 = _series(rows, "B⊗")
+    if b4x4:
+        gaps = [r["held_out_error"] - r["train_error"] for r in b4x4]
+        claims.append(
+            {
+                "claim": "B⊗_m-DLA generalises: its held-out error is within 1 point of its error on the patches it "
+                f"learned from (m = {', '.join(str(r['value']) for r in b4x4)}; held-out minus train, points)",
+                "figure": _fmt(gaps),
+                "holds": all(abs(g) <= 1 for g in gaps),
+            }
+        )
     givens = {r["matched_b_m"]: r for r in rows if r["family"] == "FAµST eigtj (Givens, PCA)"}
     hier = {r["matched_b_m"]: r for r in rows if r["family"] == "FAµST hierarchical (learned dense)"}
     for peer, name in (
@@ -613,6 +683,7 @@ MARKERS = {
     "M": "s",
     "shear (1 bit)": "^",
     "shear (exact)": "v",
+    "B⊗": "d",
     "FAµST eigtj (Givens, PCA)": "D",
     "FAµST hierarchical (learned dense)": "P",
     "FAµST butterfly (learned dense)": "X",

@@ -22,6 +22,16 @@ def render(data: dict) -> str:
             f"| {row['label']} | {row['coding']} | {row['error']:.2f} | {row['additions']} | {row['multiplications']} "
             f"| {row['shifts']} | {row['total_ops']} | {seconds} |"
         )
+    held_out = [row for row in data["rows"] if row.get("evaluation") == "held-out"]
+    if held_out:
+        first = held_out[0]
+        lines += [
+            "",
+            f"Rows marked (held-out) learn on {first['train_patches']:,} of the patches and are scored on the other "
+            f"{first['held_out_patches']:,}; their error on the patches they learned from: "
+            + ", ".join(f"{row['label'].split(' (')[0]} {row['train_error']:.2f} %" for row in held_out)
+            + ".",
+        ]
     peer = data.get("peers", {}).get("pyfaust", {})
     if peer:
         status = f"version {peer['version']}" if "version" in peer else f"not available: {peer.get('error', '?')}"

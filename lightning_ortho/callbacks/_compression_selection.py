@@ -10,6 +10,7 @@ from torch import nn
 
 from lightning_ortho.nn import SVDLinear
 from lightning_ortho.transforms.compression import FactorizedLinear, NotAffineError, affine_parts
+from lightning_ortho.transforms.families import FAMILY_TABLE
 
 
 def linear_modules(model: nn.Module) -> list[str]:
@@ -34,8 +35,9 @@ def layer_problem(
     except (TypeError, NotAffineError) as error:
         return str(error), None
     n = weight.shape[1]
-    if n < 2 or (family == "m" and n % 2):
-        need = ">= 2, even" if family == "m" else ">= 2"
+    spec = FAMILY_TABLE[family]
+    if n < 2 or spec.feature_problem(n) is not None:
+        need = f">= {spec.block_size}" + (", even" if spec.even_features else "")
         return f"its {n} input features do not suit family {family!r} (needs {need})", None
     if s is not None and s > n:
         return f"s={s} exceeds its {n} input features", None

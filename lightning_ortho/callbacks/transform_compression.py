@@ -20,11 +20,9 @@ from lightning_ortho.callbacks._compression_metric import (
 from lightning_ortho.callbacks._compression_report import print_report
 from lightning_ortho.callbacks._compression_selection import linear_modules, select_layers
 from lightning_ortho.models.factorized_checkpoint import save_compressed_checkpoint
-from lightning_ortho.transforms.compression import (
-    FAMILIES,
-    compress_linear,
-)
+from lightning_ortho.transforms.compression import compress_linear
 from lightning_ortho.transforms.factorized_linear import keep_training_state, restore_factorized_on_load
+from lightning_ortho.transforms.families import family_spec, unused_hyperparameter
 
 RichProgressBar = every_package("callbacks.RichProgressBar")  # whichever Trainer runs the callback
 
@@ -88,9 +86,10 @@ class TransformCompression(Callback):
         modules: names of submodules to replace (``"head"``, ``"features.0"``); ``None``: every outermost
             ``nn.Linear`` and :class:`~lightning_ortho.nn.SVDLinear`, skipping (with a warning at the start of fit)
             layers that are not affine (``SVDLinear(orthogonal="aux")``), have fewer than 2 inputs (odd for family
-            ``"m"``) or belong to ``nn.MultiheadAttention``. Either way, a layer whose weights are all zero (unused)
-            or not finite when its turn comes stays dense, with a warning.
-        family, s, m, q, bits, iterations: as :func:`compress_linear` (defaults per layer).
+            ``"m"``, fewer than 4 for ``"b4x4"``) or belong to ``nn.MultiheadAttention``. Either way, a layer whose
+            weights are all zero (unused) or not finite when its turn comes stays dense, with a warning.
+        family, s, m, q, bits, iterations: as :func:`compress_linear` (defaults per layer); ``family`` is one of
+            :data:`~lightning_ortho.transforms.families.FAMILY_TABLE` (``"b"``, ``"m"``, ``"shear"``, ``"b4x4"``).
         at_epoch, finetune_epochs: when to compress (above); give at most one.
         metric: a ``torchmetrics.Metric`` with a scalar ``compute()`` (cloned, never changed, so one instance may
             serve several callbacks); ``None``: no metric, the report gives the compression error and operations
@@ -145,8 +144,7 @@ class TransformCompression(Callback):
             )
         if modules is not None and len(set(modules)) != len(modules):
             raise ValueError(f"TransformCompression: modules lists a name twice: {list(modules)}.")
-        if family not in FAMILIES:
-            raise ValueError(f"TransformCompression: family must be one of {FAMILIES}, got {family!r}.")
+        spec = family_spec(family, "TransformCompression")
         for name, value in (
             ("s", s),
             ("m", m),
@@ -156,14 +154,9 @@ class TransformCompression(Callback):
             ("at_epoch", at_epoch),
         ):
             _check_optional_int(value, name, 0 if name == "at_epoch" else 1)
-        if family == "m" and (m is not None or bits is not None):
-            raise ValueError("TransformCompression: family 'm' takes q (stages), not m or bits.")
-        if family != "m" and q is not None:
-            raise ValueError(
-                f"TransformCompression: q is the stages of family 'm'; family {family!r} takes m (blocks)."
-            )
-        if family == "b" and bits is not None:
-            raise ValueError("TransformCompression: bits (SOPOT terms) applies to family 'shear' only.")
+        message = unused_hyperparameter(spec, {"m": m, "q": q, "bits": bits}, "TransformCompression")
+        if message is not None:
+            raise ValueError(message)
         if not isinstance(finetune_epochs, int) or isinstance(finetune_epochs, bool) or finetune_epochs < 0:
             raise ValueError(f"TransformCompression: finetune_epochs must be an int >= 0, got {finetune_epochs!r}.")
         if at_epoch is not None and finetune_epochs:

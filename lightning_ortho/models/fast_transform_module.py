@@ -9,10 +9,13 @@ import torch
 
 from lightning_ortho._lightning import pl
 from lightning_ortho.transforms.blocks import BlockProduct
+from lightning_ortho.transforms.families import FAMILIES, FAMILY_TABLE, describe_families
 from lightning_ortho.transforms.patches import image_patches
+from lightning_ortho.transforms.quad_cores import QuadBlockProduct
 from lightning_ortho.transforms.statistics import TransformLearner, TransformStatistics
 
-TransformFamily = Literal["b", "m", "shear"]
+#: The family names of :data:`~lightning_ortho.transforms.families.FAMILY_TABLE` (a ``Literal`` for the CLI).
+TransformFamily = Literal[FAMILIES]  # type: ignore[valid-type]
 FeatureMode = Literal["flatten", "patches"]
 
 
@@ -28,30 +31,22 @@ def make_learner(
     rounds: int,
     tol: float | None,
 ) -> TransformLearner:
-    """The streaming learner of ``family`` for ``n`` features (see :class:`FastTransformModule` for the arguments).
+    """The streaming learner of ``family`` for ``n`` features (see :class:`FastTransformModule` for the arguments),
+    from :data:`~lightning_ortho.transforms.families.FAMILY_TABLE`.
 
     Raises:
         ValueError: an unknown family, or a setting the family's learner rejects (its message says which).
     """
-    if family == "b":
-        from lightning_ortho.transforms.b_dla import BTransformLearner
-
-        return BTransformLearner(n, blocks, sparsity, iterations=iterations, tol=0.0 if tol is None else tol)
-    if family == "m":
-        from lightning_ortho.transforms.m_dla import MTransformLearner
-
-        return MTransformLearner(n, stages, sparsity, rounds=rounds)
-    if family == "shear":
-        from lightning_ortho.transforms.s_dla import ShearTransformLearner
-
-        return ShearTransformLearner(n, blocks, sparsity, bits=bits, iterations=iterations, tol=tol)
-    raise ValueError(f"family must be 'b', 'm' or 'shear', got {family!r}.")
+    if family not in FAMILY_TABLE:
+        raise ValueError(f"family must be {describe_families()}, got {family!r}.")
+    settings = {"m": blocks, "q": stages, "s": sparsity, "bits": bits, "iterations": iterations, "rounds": rounds}
+    return FAMILY_TABLE[family].streaming_learner(n, **settings, tol=tol)
 
 
 def _codes_from_held_transform(learner: TransformLearner) -> bool:
     """Whether the learner's pass codes (``encode``) are the best codes under the transform it holds. Not in the
     pass after the principal basis ``V`` is found and before any block exists: that pass codes ``T_s(Y V)`` (the
-    greedy initialisation of all three learners) while the held transform is still the identity."""
+    greedy initialisation of every family's learner) while the held transform is still the identity."""
     return getattr(learner, "basis", None) is None or learner.transform().num_blocks > 0
 
 
@@ -70,7 +65,7 @@ def _relative_error(sums: torch.Tensor) -> float:
 
 
 class FastTransformModule(pl.LightningModule):
-    """Learns a fast transform ``D`` (B_m-, M_q- or S-DLA) and sparse codes from any data module's batches.
+    """Learns a fast transform ``D`` (B_m-, M_q-, S- or B⊗_m-DLA) and sparse codes from any data module's batches.
 
     Every training epoch is one alternation of the chosen algorithm: the batches are turned into features ``Y``
     ``(B, n)``, coded with the current transform, and only their sums are kept (:class:`TransformStatistics`:
@@ -79,19 +74,20 @@ class FastTransformModule(pl.LightningModule):
     transform as one process on the same data (DistributedSampler pads an uneven split with repeated samples,
     which then count twice). No gradient is involved: the optimizer is a no-op that counts updates
     (``global_step`` = number of transform updates), and Trainer options about gradients do not apply. Training stops by itself when the algorithm has converged; ``max_epochs`` must allow enough passes
-    (B and shear: 3 + sweeps; M: 2 + rounds).
+    (B, B⊗ and shear: 3 + sweeps; M: 2 + rounds).
 
     Args:
-        family: ``"b"`` (binary blocks, Algorithm 2), ``"m"`` (perfect-matching stages, Algorithm 3) or
-            ``"shear"`` (shears and scalings, S-DLA).
-        blocks: number of blocks ``m`` for ``"b"`` and ``"shear"``.
+        family: ``"b"`` (binary blocks, Algorithm 2), ``"m"`` (perfect-matching stages, Algorithm 3),
+            ``"shear"`` (shears and scalings, S-DLA) or ``"b4x4"`` (4x4 Hadamard blocks, B⊗_m-DLA; ``n >= 4``):
+            :data:`~lightning_ortho.transforms.families.FAMILY_TABLE`.
+        blocks: number of blocks ``m`` for ``"b"``, ``"shear"`` and ``"b4x4"``.
         stages: number of stages ``q`` for ``"m"``.
         sparsity: nonzeros per code ``s``.
         bits: SOPOT terms of each shear value (``None``: exact values); ``"shear"`` only.
-        iterations: maximum number of sweeps (``"b"``, ``"shear"``).
+        iterations: maximum number of sweeps (``"b"``, ``"shear"``, ``"b4x4"``).
         rounds: outer rounds of ``"m"``.
         tol: convergence threshold on the error change, in percent (``None``: shear sweeps run all ``iterations``,
-            as the paper's fixed ``K``; B treats it as 0).
+            as the paper's fixed ``K``; B and B⊗ treat it as 0).
         features: ``"flatten"`` (each input flattened to a vector, for vectors or patches) or ``"patches"`` (images
             ``(B, C, H, W)`` cut into non-overlapping ``patch_size`` patches, each patch's mean removed when
             ``remove_mean``).
@@ -104,7 +100,8 @@ class FastTransformModule(pl.LightningModule):
     ``shifts`` of one application of ``D``; and ``val_error``, the same error of the updated transform on the
     validation batches.
 
-    The learned transform is :meth:`transform` (a :class:`~lightning_ortho.transforms.BlockProduct`); the
+    The learned transform is :meth:`transform` (a :class:`~lightning_ortho.transforms.BlockProduct`, a
+    :class:`~lightning_ortho.transforms.quad_cores.QuadBlockProduct` for ``"b4x4"``); the
     learner's state is part of the module's ``state_dict`` (extra state), so a run resumed from an end-of-epoch
     checkpoint learns exactly what the uninterrupted run learns, and ``ddp_spawn`` returns the learned transform.
 
@@ -128,8 +125,8 @@ class FastTransformModule(pl.LightningModule):
         remove_mean: bool = True,
     ) -> None:
         super().__init__()
-        if family not in ("b", "m", "shear"):
-            raise ValueError(f"FastTransformModule: family must be 'b', 'm' or 'shear', got {family!r}.")
+        if family not in FAMILY_TABLE:
+            raise ValueError(f"FastTransformModule: family must be {describe_families()}, got {family!r}.")
         if features not in ("flatten", "patches"):
             raise ValueError(f"FastTransformModule: features must be 'flatten' or 'patches', got {features!r}.")
         self.save_hyperparameters()
@@ -277,7 +274,7 @@ class FastTransformModule(pl.LightningModule):
         return f"error {error:.2f} % (100 ||Y - X D^T||^2 / ||Y||^2) over {rows} rows"
 
     # ------------------------------------------------------------------------------------------------- results
-    def transform(self, dtype: torch.dtype = torch.float32) -> BlockProduct:
+    def transform(self, dtype: torch.dtype = torch.float32) -> BlockProduct | QuadBlockProduct:
         """The learned transform ``D`` (identity before the first update).
 
         Raises:

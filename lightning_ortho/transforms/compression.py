@@ -1,7 +1,7 @@
 """Compress a trained dense layer into "fast transform x sparse matrix" (Rusu, arXiv 1812.03412).
 
 The rows of the layer's weight ``W`` ``(out, in)`` are the learner's data ``Y`` (``N = out`` samples of dimension
-``n = in``), so a learned dictionary ``D`` ``(in, in)`` (a product of 2x2 blocks) and ``s``-sparse codes ``C``
+``n = in``), so a learned dictionary ``D`` ``(in, in)`` (a product of 2x2 or 4x4 blocks) and ``s``-sparse codes ``C``
 ``(out, in)`` give ``W ~ C D^T`` and
 
     y = W x + b  ~  C (D^T x) + b:
@@ -32,7 +32,6 @@ from rich.console import Console
 from torch import nn
 
 from lightning_ortho.nn.eval_mode import eval_mode
-from lightning_ortho.transforms.b_dla import learn_b_transform
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.data_refit import refit_on_data, refit_warning, relative_square_error
 from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - restore_factorized: its old home
@@ -40,18 +39,21 @@ from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - resto
     restore_factorized,
     restore_factorized_on_load,
 )
-from lightning_ortho.transforms.m_dla import learn_m_transform
+from lightning_ortho.transforms.families import (  # noqa: F401 - FAMILIES: also read from here
+    FAMILIES,
+    family_spec,
+    features_suiting,
+    transform_op_count,
+    unused_hyperparameter,
+)
 from lightning_ortho.transforms.progress import (  # noqa: F401 - plan_work, planned_steps: also read from here
-    DEFAULT_ITERATIONS,
     WorkProgress,
     estimate_reporter,
     plan_work,
     planned_steps,
     show_progress,
 )
-from lightning_ortho.transforms.s_dla import learn_shear_transform
 
-FAMILIES = ("b", "m", "shear")
 logger = logging.getLogger(__name__)
 
 
@@ -177,14 +179,17 @@ def default_hyperparameters(family: str, in_features: int, out_features: int) ->
       the dense count; at least ``in / 2`` so every coordinate can be touched; at most ``2 in``, beyond which
       B_m-DLA gains little);
     * ``shear``: ``m = max(1, in // 2)`` (the paper's ``m = 32`` for ``n = 64``; S-DLA's sweeps grow fast with ``m``);
-    * ``m``: ``q = max(1, min(ceil(log2 in), out // 4 - 1))`` stages (an FFT's depth; ``n q + n`` operations).
+    * ``m``: ``q = max(1, min(ceil(log2 in), out // 4 - 1))`` stages (an FFT's depth; ``n q + n`` operations);
+    * ``b4x4``: ``m = clamp(out * in // 64, in // 4, in)`` 4x4 blocks (16 operations each, so at most ~1/8 of the
+      dense count; at least ``in / 4`` so every coordinate can be touched; at most ``in``, four blocks per
+      coordinate, as ``2 in`` 2x2 blocks).
+
+    The table of :mod:`~lightning_ortho.transforms.families` holds them (``defaults`` of each family).
+
+    Raises:
+        ValueError: an unknown family.
     """
-    s = max(1, in_features // 8)
-    if family == "m":
-        return {"s": s, "q": max(1, min(math.ceil(math.log2(max(in_features, 2))), out_features // 4 - 1))}
-    if family == "shear":
-        return {"s": s, "m": max(1, in_features // 2)}
-    return {"s": s, "m": min(2 * in_features, max(in_features // 2, out_features * in_features // 16))}
+    return family_spec(family, "default_hyperparameters").defaults(in_features, out_features)
 
 
 def _check_int(value: object, name: str, low: int, high: int | None = None, hint: str = "") -> None:
@@ -196,15 +201,6 @@ def _check_int(value: object, name: str, low: int, high: int | None = None, hint
 
 #: A compression estimated to take longer than this (seconds) warns, so a long wait is never a silent one.
 SLOW_SECONDS = 60.0
-
-
-def _learn(family: str, y: torch.Tensor, s: int, m, q, bits, iterations, generator, on_step):
-    sweeps = iterations or DEFAULT_ITERATIONS[family]
-    if family == "b":
-        return learn_b_transform(y, m, s, iterations=sweeps, generator=generator, on_step=on_step)
-    if family == "m":
-        return learn_m_transform(y, q, s, rounds=sweeps, generator=generator, on_step=on_step)
-    return learn_shear_transform(y, m, s, bits=bits, iterations=sweeps, generator=generator, on_step=on_step)
 
 
 def compress_linear(
@@ -227,11 +223,14 @@ def compress_linear(
     Args:
         layer: ``nn.Linear``, :class:`~lightning_ortho.nn.SVDLinear` with linear maps, or any affine module with an
             ``in_features`` attribute (or pass ``in_features``); its ``(W, b)`` from :func:`affine_parts`.
-        family: ``"b"`` (B_m-DLA, binary blocks), ``"m"`` (M_q-DLA, ``q`` perfect-matching stages; even ``in``) or
-            ``"shear"`` (S-DLA, shears and scalings; ``bits`` SOPOT terms per shear, ``None`` = full precision).
-        s: nonzeros per code row (``1 <= s <= in``); m: blocks (``b``, ``shear``); q: stages (``m``); defaults from
-            :func:`default_hyperparameters`.
-        iterations: sweeps of the learner (``b``: 10, ``shear``: 15) or outer rounds (``m``: 1) when ``None``.
+        family: ``"b"`` (B_m-DLA, binary blocks), ``"m"`` (M_q-DLA, ``q`` perfect-matching stages; even ``in``),
+            ``"shear"`` (S-DLA, shears and scalings; ``bits`` SOPOT terms per shear, ``None`` = full precision) or
+            ``"b4x4"`` (B⊗_m-DLA, 4x4 Hadamard blocks; ``in >= 4``): the table
+            :data:`~lightning_ortho.transforms.families.FAMILY_TABLE`.
+        s: nonzeros per code row (``1 <= s <= in``); m: blocks (``b``, ``shear``, ``b4x4``); q: stages (``m``);
+            defaults from :func:`default_hyperparameters`.
+        iterations: sweeps of the learner (``b``: 10, ``shear``: 15, ``b4x4``: 1) or outer rounds (``m``: 1) when
+            ``None``.
         generator: passed to the learner. data: optional ``(N, in)`` inputs of the layer for the data-aware refit,
             in any floating dtype (the stored values are the data; they are refit in float64);
             ``report.output_error`` is then ``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` on them (in-sample), and
@@ -248,11 +247,15 @@ def compress_linear(
 
     Returns:
         A :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and ``report``
-        (:class:`CompressionReport`: errors, op counts before/after, learner errors, seconds).
+        (:class:`CompressionReport`: errors, op counts before/after, learner errors, seconds). For ``"b4x4"`` its
+        transform holds each 4x4 block as 4 to 6 2x2 blocks (the same matrix, exactly); ``report.transform_ops`` is
+        the paper's count of the 4x4 blocks (12 additions + 4 shifts each), while the layer's own
+        :meth:`FactorizedLinear.transform_op_count` counts its 2x2 form (the butterfly: 8 additions + 4 shifts).
 
     Raises:
         ValueError: unknown family; ``s``/``m``/``q``/``bits``/``iterations`` out of range or given for a family that
-            does not use them; odd ``in`` for ``"m"``; ``in < 2``; NaN/inf or all-zero weights; bad ``data``.
+            does not use them; odd ``in`` for ``"m"``, ``in < 4`` for ``"b4x4"``; ``in < 2``; NaN/inf or all-zero
+            weights; bad ``data``.
         NotAffineError: the layer is not affine. TypeError: not a module, or no ``in_features``.
         ImportError: ``"shear"`` and the S-DLA learner is not installed.
 
@@ -265,8 +268,7 @@ def compress_linear(
             rest of the current greedy init or sweep) already does.
     """
     start = time.perf_counter()
-    if family not in FAMILIES:
-        raise ValueError(f"compress_linear: family must be one of {FAMILIES}, got {family!r}.")
+    spec = family_spec(family, "compress_linear")
     weight, bias = affine_parts(layer, in_features=in_features, generator=generator)
     out, n = weight.shape
     name = type(layer).__name__
@@ -280,27 +282,21 @@ def compress_linear(
             f"pairs of inputs), got {n}; a layer with one input is already one multiplication per output: keep it "
             f"dense (leave it out of the layers to compress)."
         )
-    if family == "m" and n % 2:
-        raise ValueError(
-            f"compress_linear: family='m' needs an even in_features (its stages are perfect matchings), got {n}; "
-            f"use family='b' or 'shear'."
-        )
-    unused = {"b": ("q", "bits"), "m": ("m", "bits"), "shear": ("q",)}[family]
-    for key, value in (("m", m), ("q", q), ("bits", bits)):
-        if key in unused and value is not None:
-            what = {
-                "m": "the number of blocks of family 'b'/'shear'",
-                "q": "the stages of family 'm'",
-                "bits": "the SOPOT terms of family 'shear' (B and M cores are fixed binary cores)",
-            }[key]
-            raise ValueError(f"compress_linear: {key} is {what}; it does not apply to family={family!r}.")
-    defaults = default_hyperparameters(family, n, out)
+    problem = spec.feature_problem(n)
+    if problem is not None:
+        names = [repr(name) for name in features_suiting(n)]
+        others = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        raise ValueError(f"compress_linear: family={family!r} {problem}, got {n}; use family={others}.")
+    message = unused_hyperparameter(spec, {"m": m, "q": q, "bits": bits}, "compress_linear")
+    if message is not None:
+        raise ValueError(message)
+    defaults = spec.defaults(n, out)
     s = defaults["s"] if s is None else s
     _check_int(s, "s", 1, n, " (nonzeros per code row, at most in_features)")
-    if family != "m":
+    if "m" in spec.takes:
         m = defaults["m"] if m is None else m
         _check_int(m, "m", 1, hint=" (number of blocks)")
-    else:
+    if "q" in spec.takes:
         q = defaults["q"] if q is None else q
         _check_int(q, "q", 1, hint=" (number of stages)")
     if bits is not None:
@@ -315,7 +311,7 @@ def compress_linear(
 
     w64 = weight.double().cpu()
     b64 = None if bias is None else bias.double().cpu()
-    plan, shape = plan_work(family, m, q, iterations), f"{out}x{n}"
+    plan, shape = spec.plan(m, q, iterations), f"{out}x{n}"
     logger.info("compress_linear: %s layer, family %r: up to %d %s.", shape, family, plan.total, plan.unit)
     show = show_progress(progress, console or Console(stderr=True))
     report = estimate_reporter(
@@ -328,8 +324,10 @@ def compress_linear(
         log=logger,
     )
     with WorkProgress(plan, f"compress {shape} ({family})", show=show, console=console, on_estimate=report) as work:
-        result = _learn(family, w64, s, m, q, bits, iterations, generator, work.advance)
-    dictionary = result.transform.to(torch.float64).cpu()
+        settings = {"m": m, "q": q, "s": s, "bits": bits, "iterations": iterations, "generator": generator}
+        result = spec.learn(w64, **settings, on_step=work.advance)
+    learned = result.transform.to(torch.float64).cpu()
+    dictionary = spec.as_block_product(learned)  # the same D as 2x2 blocks
     d = dictionary.matrix()
     codes = result.codes.double().cpu()
     support = codes.abs().topk(s, dim=1).indices  # exactly s entries per row: the learner's nonzeros, topped up
@@ -347,11 +345,7 @@ def compress_linear(
             warnings.warn(message, stacklevel=2)
     factorized = FactorizedLinear.from_dictionary(dictionary, codes, b64, mask=mask)
     factorized.error = factorized.relative_error(w64)
-    terms = bits if family == "shear" else None
-    try:
-        transform_ops = factorized.transform_op_count(terms)
-    except ValueError:  # cores not in R_bits: count them as multiplications
-        transform_ops = factorized.transform_op_count()
+    transform_ops = transform_op_count(spec, learned, factorized, bits)
     code_ops = factorized.codes_op_count()
     factorized = factorized.to(device=weight.device, dtype=weight.dtype)
     factorized.report = CompressionReport(
@@ -359,7 +353,7 @@ def compress_linear(
         in_features=n,
         out_features=out,
         s=s,
-        blocks=dictionary.num_blocks,
+        blocks=learned.num_blocks,
         stages=q if family == "m" else None,
         bits=bits,
         error=factorized.error,

@@ -23,6 +23,7 @@ FAMILIES = {
     "M",
     "shear (1 bit)",
     "shear (exact)",
+    "B⊗",
 }
 ROW_KEYS = {"family", "label", "error", "additions", "multiplications", "shifts", "total_ops", "coding", "seconds"}
 
@@ -68,6 +69,11 @@ def test_quick_run_writes_the_result_format(quick):
             assert row["additions"] == row["multiplications"] == 2 * g1 and g1 <= row["value"]
         if row["family"] == "M":
             assert (row["additions"], row["multiplications"], row["shifts"]) == (64 * row["value"], 0, 64)
+        if row["family"] == "B⊗":  # 4x4 blocks: 12 additions + 4 shifts each; scored on the held-out patches
+            assert (row["additions"], row["multiplications"], row["shifts"]) == (12 * row["value"], 0, 4 * row["value"])
+            assert row["error"] == row["held_out_error"] and 0 < row["train_error"] < 100
+            assert row["train_patches"] + row["held_out_patches"] == data["setup"]["patches"]
+            assert row["held_out_patches"] == round(0.25 * data["setup"]["patches"])
 
 
 def test_errors_match_an_independent_computation(quick):

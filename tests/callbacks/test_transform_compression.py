@@ -201,6 +201,8 @@ def test_default_selection_takes_affine_linear_layers_and_says_what_it_skips():
         ({"family": "m", "m": 4}, "takes q"),
         ({"q": 2}, "takes m"),
         ({"bits": 2}, "family 'shear' only"),
+        ({"family": "b4x4", "bits": 2}, "family 'shear' only"),
+        ({"family": "b4x4", "q": 2}, "takes m"),
         ({"metric": 3}, "metric must be a torchmetrics.Metric"),
         ({"metric": lambda module, batch: (1, 1)}, "metric must be a torchmetrics.Metric"),
         ({"metric": "accuracy"}, "metric must be a torchmetrics.Metric"),

@@ -95,18 +95,23 @@ def test_patches_feature_mode_cuts_images_like_image_patches(tmp_path) -> None:
     assert module.transform().pairs.tolist() == expected.transform.pairs.tolist()
 
 
-def test_ddp_spawn_two_processes_learns_the_single_process_transform(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("family", "coordinates"),
+    [("b", "pairs"), pytest.param("b4x4", "quads", marks=pytest.mark.slow)],  # b4x4: ~10 s more (two spawns)
+)
+def test_ddp_spawn_two_processes_learns_the_single_process_transform(tmp_path, family, coordinates) -> None:
     data = _walks(count=512)
 
     def run(root, **kwargs):  # noqa: ANN001, ANN202
-        module = FastTransformModule(family="b", blocks=10, sparsity=3, iterations=4, tol=0.0)
+        module = FastTransformModule(family=family, blocks=10, sparsity=3, iterations=4, tol=0.0)
         trainer = _fit(root, module, Vectors(data, shuffle=False), **kwargs)
         return module, trainer
 
     single, single_trainer = run(tmp_path / "single")
     ddp, ddp_trainer = run(tmp_path / "ddp", strategy="ddp_spawn", devices=2)
     assert ddp.learner is not None, "ddp_spawn did not hand the learned transform back"
-    assert ddp.transform().pairs.tolist() == single.transform().pairs.tolist()
+    assert single.transform().num_blocks == 10
+    assert getattr(ddp.transform(), coordinates).tolist() == getattr(single.transform(), coordinates).tolist()
     assert ddp.transform().core_index.tolist() == single.transform().core_index.tolist()
     torch.testing.assert_close(torch.tensor(ddp.learner.errors), torch.tensor(single.learner.errors), rtol=1e-9, atol=0)
     for key in ("train_error", "val_error"):
@@ -197,7 +202,10 @@ def _best_codes_error(data: torch.Tensor, dictionary: torch.Tensor, s: int) -> f
     return float(100 * (data - codes @ dictionary.T).square().sum() / data.square().sum())
 
 
-@pytest.mark.parametrize(("family", "kwargs"), [("b", {"blocks": 12, "iterations": 4}), ("m", {"stages": 3})])
+@pytest.mark.parametrize(
+    ("family", "kwargs"),
+    [("b", {"blocks": 12, "iterations": 4}), ("m", {"stages": 3}), ("b4x4", {"blocks": 5, "iterations": 3})],
+)
 def test_train_error_is_the_error_of_the_transform_the_module_holds_when_it_logs_it(tmp_path, family, kwargs) -> None:
     data = _walks(n=8)
     module = FastTransformModule(family=family, sparsity=3, tol=0.0, **kwargs)

@@ -342,7 +342,7 @@ def test_bad_input_is_refused_clearly(make, kwargs, error, match):
         compress_linear(make(), **kwargs)
 
 
-@pytest.mark.parametrize("family", ["b", "m", "shear"])
+@pytest.mark.parametrize("family", ["b", "m", "shear", "b4x4"])
 def test_one_input_feature_is_refused_for_every_family_without_pointing_to_another(family):
     # No family can factor a single input (2x2 blocks act on pairs), so the advice is to keep the layer dense.
     with pytest.raises(ValueError, match="in_features >= 2") as caught:
