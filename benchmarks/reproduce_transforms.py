@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import _fast_transform_rows as fast_rows
 from benchmarks._common import (
     benchmark_parser,
     configured,
@@ -78,6 +79,7 @@ from lightning_ortho.transforms import (
     row_cost,
 )
 from lightning_ortho.transforms.b4_dla import learn_b4x4_transform
+from lightning_ortho.transforms.patches import image_patches
 
 #: pyfaust 3.42.2 (newest on PyPI) has wheels for CPython >= 3.12 only; 3.41.0 is the newest with a 3.11 wheel.
 PYFAUST = "pyfaust==3.42.2" if sys.version_info >= (3, 12) else "pyfaust==3.41.0"
@@ -123,6 +125,16 @@ def load_patches(max_patches: int | None) -> torch.Tensor:
     data.prepare_data()
     data.setup()
     return data.all_patches().double()
+
+
+def photograph_patches(max_patches: int | None) -> dict[str, torch.Tensor]:
+    """``{name: Y}`` per sample photograph: its 8x8 patches, means removed, float64 (at most ``max_patches`` split
+    evenly)."""
+    data = ImagePatchesDataModule(val_fraction=0, seed=0)
+    images = {name: image_patches(image.double(), 8) for name, image in data.load_images()}
+    if max_patches is not None:
+        images = {name: y[: max(1, max_patches // len(images))] for name, y in images.items()}
+    return images
 
 
 def dct_matrix(size: int = 8) -> torch.Tensor:
@@ -501,6 +513,9 @@ def _run(args, device) -> Path:
             )
             print(f"{family} m={m}: {error:.2f} % at {rows[-1]['total_ops']} ops ({seconds:.1f} s)", flush=True)
     rows += b4x4_rows(y, b4x4_sizes)
+    fast_sweeps = 2 if args.quick else fast_rows.SWEEPS
+    rows += fast_rows.fast_transform_rows(y, S, sweeps=fast_sweeps)
+    generalised = fast_rows.generalisation(photograph_patches(max_patches), S, torch.kron(dct, dct).T, fast_sweeps)
 
     peers: dict = {}
     if args.no_peer:
@@ -511,6 +526,7 @@ def _run(args, device) -> Path:
         rows += peer_rows
 
     claims = claims_from(rows, {"error": wht_b_error, "blocks": wht_b.num_blocks, **_ops_dict(wht_b.op_count())})
+    claims += fast_rows.claims(rows, generalised)
     setup = {
         "data": "sklearn sample photographs (china.jpg, flower.jpg), grey, 8x8 non-overlapping patches, mean removed",
         "patches": y.shape[0],
@@ -527,6 +543,8 @@ def _run(args, device) -> Path:
         "b4x4_iterations": B4X4_ITERATIONS,
         "held_out_fraction": HELD_OUT_FRACTION,
         "split_seed": SPLIT_SEED,
+        "learned_fast_sweeps": fast_sweeps,
+        "learned_fast_bits": fast_rows.BITS,
         "quick": args.quick,
     }
     total = round(time.perf_counter() - started, 1)
@@ -547,6 +565,7 @@ def _run(args, device) -> Path:
                 "deferred_scaling": _ops_dict(wht_b.op_count(defer_scaling=True)),
             },
             "peers": peers,
+            "learned_fast_generalisation": generalised,
         },
     )
     plot(rows, result_path("reproduce_transforms", device, args, ".png"))

@@ -32,6 +32,20 @@ def render(data: dict) -> str:
             + ", ".join(f"{row['label'].split(' (')[0]} {row['train_error']:.2f} %" for row in held_out)
             + ".",
         ]
+    generalised = data.get("learned_fast_generalisation") or []
+    if generalised:
+        lines += [
+            "",
+            "The learned fast transform (init dct) learned on one photograph and scored on the other, beside the DCT:",
+            "",
+            "| learned on | scored on | error there (%) | DCT there (%) | on its own photograph (%) | DCT there (%) |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {g['train']} | {g['test']} | {g['test_error']:.2f} | {g['dct_test_error']:.2f} | {g['train_error']:.2f} "
+            f"| {g['dct_train_error']:.2f} |"
+            for g in generalised
+        ]
     peer = data.get("peers", {}).get("pyfaust", {})
     if peer:
         status = f"version {peer['version']}" if "version" in peer else f"not available: {peer.get('error', '?')}"
