@@ -194,3 +194,12 @@ def test_a_b4x4_compressed_layer_is_rebuilt_from_its_state_dict() -> None:
     assert torch.equal(rebuilt(x), module(x))
     assert rebuilt.transform.num_blocks == module.transform.num_blocks  # the 2x2 form, 4 to 6 blocks per 4x4 block
     assert 4 * 3 <= module.transform.num_blocks <= 6 * 3 and module.report.blocks == 3
+
+
+def test_a_layer_too_wide_for_the_b4x4_scan_is_refused_before_any_work():
+    from torch import nn
+
+    from lightning_ortho.transforms import compress_linear
+
+    with pytest.raises(ValueError, match="in_features <= 128"):
+        compress_linear(nn.Linear(200, 8), family="b4x4")
