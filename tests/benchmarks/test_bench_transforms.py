@@ -143,7 +143,7 @@ def test_claims_are_computed_from_rows(quick):
     best = max(r["val_acc_finetuned"] for r in within)
     assert gap["figure"] == round(dense["val_acc"] - best, 2) and gap["holds"] == (dense["val_acc"] - best <= 1)
     learn = [c for k, c in claims.items() if "learns in seconds" in k]
-    assert len(learn) == 4 and all(c["holds"] == (c["figure"] < 60) for c in learn)  # b, m, shear, b4x4
+    assert len(learn) == 5 and all(c["holds"] == (c["figure"] < 60) for c in learn)  # b, m, shear, b4x4, fast
 
 
 def test_crossover_and_live_blocks():
