@@ -178,7 +178,7 @@ def dct_basis(side: int) -> torch.Tensor:
 def live_blocks(transform: BinaryBlockProduct) -> int:
     """Blocks left after removing every block that a later block on the same ordered pair undoes (its inverse
     core, with no block on either coordinate in between): what the product really spends its operations on."""
-    from lightning_ortho.transforms import CORE_INVERSE
+    from lightning_ortho.transforms.binary_cores import CORE_INVERSE
 
     live: list[tuple[tuple[int, int], int]] = []
     for pair, core in zip(map(tuple, transform.pairs.tolist()), transform.core_index.tolist(), strict=True):
