@@ -165,3 +165,13 @@ def test_modrelu_is_defined_once():
     cell = ModReLURNNCell(3, 4)
     z = torch.randn(5, 4)
     torch.testing.assert_close(cell.activation(z), modrelu(z, cell.bias))
+
+
+def test_learn_fast_transform_takes_iterations_and_sweeps_with_a_warning():
+    from lightning_ortho.transforms import learn_fast_transform
+
+    y = torch.randn(40, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    new = learn_fast_transform(y, 2, init="identity", iterations=1)
+    with _warns("'sweeps' is deprecated.*'iterations'"):
+        old = learn_fast_transform(y, 2, init="identity", sweeps=1)
+    torch.testing.assert_close(old.transform.matrix(), new.transform.matrix())
