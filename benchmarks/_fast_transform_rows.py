@@ -29,7 +29,7 @@ def fast_transform_rows(y: torch.Tensor, s: int, sweeps: int = SWEEPS) -> list[d
     rows = []
     for init in INITS:
         start = time.perf_counter()
-        result = learn_fast_transform(y, s, init=init, bits=BITS, sweeps=sweeps)
+        result = learn_fast_transform(y, s, init=init, bits=BITS, iterations=sweeps)
         seconds = time.perf_counter() - start
         rows.append(
             row(
@@ -57,7 +57,7 @@ def generalisation(images: dict[str, torch.Tensor], s: int, dct: torch.Tensor, s
     names = sorted(images)
     out = []
     for train, test in ((names[0], names[1]), (names[1], names[0])):
-        result = learn_fast_transform(images[train], s, init="dct", bits=BITS, sweeps=sweeps)
+        result = learn_fast_transform(images[train], s, init="dct", bits=BITS, iterations=sweeps)
         d = result.transform.matrix().double()
         y = images[test]
         out.append(

@@ -34,7 +34,7 @@ from benchmarks._common import (
 )
 from benchmarks._render import claims_table
 from lightning_ortho.flows import CONV1X1_KINDS, Invertible1x1Conv, invertible_1x1_conv
-from lightning_ortho.flows.conv1x1 import to_rows
+from lightning_ortho.flows.conv1x1.base import to_rows
 
 
 class PerPixelSlogdet(torch.nn.Module):

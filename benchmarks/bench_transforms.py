@@ -92,8 +92,8 @@ LEARN_GRID = (
     ("shear", {"m": 32, "bits": None}),
     ("b4x4", {"m": 32}),
     ("b4x4", {"m": 64}),
-    ("fast", {"init": "dct", "sweeps": 10}),
-    ("fast", {"init": "wht", "sweeps": 10}),
+    ("fast", {"init": "dct", "iterations": 10}),
+    ("fast", {"init": "wht", "iterations": 10}),
 )
 QUICK_PATCHES, QUICK_PATCH_STRIDE = 1000, 8
 QUICK_LEARN_GRID = (
@@ -101,7 +101,7 @@ QUICK_LEARN_GRID = (
     ("m", {"q": 2}),
     ("shear", {"m": 8, "bits": 1, "iterations": 2}),
     ("b4x4", {"m": 4}),
-    ("fast", {"init": "dct", "sweeps": 1}),
+    ("fast", {"init": "dct", "iterations": 1}),
 )
 #: Part 1 claims: "seconds, not minutes".
 LEARN_SECONDS_TARGET = 60.0
@@ -178,7 +178,7 @@ def dct_basis(side: int) -> torch.Tensor:
 def live_blocks(transform: BinaryBlockProduct) -> int:
     """Blocks left after removing every block that a later block on the same ordered pair undoes (its inverse
     core, with no block on either coordinate in between): what the product really spends its operations on."""
-    from lightning_ortho.transforms import CORE_INVERSE
+    from lightning_ortho.transforms.binary_cores import CORE_INVERSE
 
     live: list[tuple[tuple[int, int], int]] = []
     for pair, core in zip(map(tuple, transform.pairs.tolist()), transform.core_index.tolist(), strict=True):

@@ -69,17 +69,17 @@ from lightning_ortho.transforms import (
     BinaryBlockProduct,
     OpCount,
     binary_cores,
-    keep_largest,
     learn_b_transform,
     learn_m_transform,
     learn_shear_transform,
     omp_codes,
-    principal_basis,
     representation_error,
     row_cost,
 )
 from lightning_ortho.transforms.b4_dla import learn_b4x4_transform
 from lightning_ortho.transforms.patches import image_patches
+from lightning_ortho.transforms.sparse_codes import keep_largest
+from lightning_ortho.transforms.statistics import principal_basis
 
 #: pyfaust 3.42.2 (newest on PyPI) has wheels for CPython >= 3.12 only; 3.41.0 is the newest with a 3.11 wheel.
 PYFAUST = "pyfaust==3.42.2" if sys.version_info >= (3, 12) else "pyfaust==3.41.0"

@@ -16,7 +16,6 @@ __all__ = [
     "HouseholderProduct",
     "NewtonInverseError",
     "SVDLinear",
-    "__version__",
     "orthogonal_map",
     "reflect",
 ]

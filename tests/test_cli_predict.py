@@ -70,7 +70,7 @@ def test_the_fast_transform_writes_codes_and_reconstruction_errors(tmp_path):
     cli = predict("transform_patches", tmp_path, batches=1)
     record = torch.load(tmp_path / "predictions.pt")
     patches = next(iter(cli.datamodule.test_dataloader()))[0].flatten(1).double()
-    s = cli.model.hparams.sparsity
+    s = cli.model.hparams.s
     smallest = patches.abs().sort(1).values[:, : patches.shape[1] - s]
     assert record["codes"].shape == patches.shape
     assert ((record["codes"] != 0).sum(1) <= s).all()
@@ -127,7 +127,7 @@ def test_the_fast_transform_tests_its_error_on_the_held_out_patches(tmp_path):
         ]
     )
     patches = next(iter(tested.datamodule.test_dataloader()))[0].flatten(1).double()
-    smallest = patches.abs().sort(1).values[:, : patches.shape[1] - tested.model.hparams.sparsity]  # D = I: T_s(Y)
+    smallest = patches.abs().sort(1).values[:, : patches.shape[1] - tested.model.hparams.s]  # D = I: T_s(Y)
     error = 100 * smallest.square().sum() / patches.square().sum()
     torch.testing.assert_close(tested.trainer.callback_metrics["test_error"], error.float())
 

@@ -28,6 +28,7 @@ LIGHTNING_SIDE = ("_lightning_choice", "_lightning", "models", "callbacks", "dat
 #: The top-level ``__init__`` runs on ``import lightning_ortho.nn``, so it sits with the math packages.
 LAYERS = {
     PACKAGE: 0,
+    "_deprecation": 0,  # the FutureWarning of deprecated names: pure Python, below everything
     "_extras": 0,  # optional dependencies and the error naming their extra: pure Python, below everything
     "_native": 0,  # C kernels compiled on first use (ctypes) and their bindings: torch only
     "nn": 0,

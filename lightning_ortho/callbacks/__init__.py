@@ -17,7 +17,6 @@ _SUBMODULE = {
     "GlowImageGrids": "glow_images",
     "GlowInvertibilityCheck": "glow_invertibility",
     "GradientNoiseMonitor": "gradient_variance",
-    "GradientVarianceMonitor": "gradient_variance",
     "InvertibilityMonitor": "invertibility_monitor",
     "JacobianDeterminantMonitor": "jacobian_monitor",
     "Measurement": "_monitor",
@@ -30,6 +29,10 @@ _SUBMODULE = {
 }
 
 __all__ = sorted([*_SUBMODULE, "import_all"])
+
+#: Deprecated names, still importable from here (each warns ``FutureWarning`` when used; removed in the next
+#: release): name -> its module.
+_DEPRECATED = {"GradientVarianceMonitor": "gradient_variance"}
 
 
 def import_all() -> list[type]:
@@ -46,8 +49,8 @@ def import_all() -> list[type]:
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULE:
-        value = getattr(importlib.import_module(f"{__name__}.{_SUBMODULE[name]}"), name)
+    if name in _SUBMODULE or name in _DEPRECATED:
+        value = getattr(importlib.import_module(f"{__name__}.{_SUBMODULE.get(name) or _DEPRECATED[name]}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

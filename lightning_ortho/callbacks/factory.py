@@ -11,12 +11,12 @@ Environment variables:
 ``LIGHTNING_ORTHO_MONITORS``
     Monitors to add, separated by commas or spaces (case-insensitive), or ``all``: ``orthogonality``
     (:class:`~lightning_ortho.callbacks.orthogonality_monitor.OrthogonalityMonitor`), ``jacobian``
-    (``JacobianDeterminantMonitor``), ``invertibility`` (``InvertibilityMonitor``), ``gradient_variance``
-    (``GradientVarianceMonitor``).
+    (``JacobianDeterminantMonitor``), ``invertibility`` (``InvertibilityMonitor``), ``gradient_noise``
+    (``GradientNoiseMonitor``; ``gradient_variance``, its name before, is accepted with a ``FutureWarning``).
 ``LIGHTNING_ORTHO_EVERY_N_STEPS``
     A positive int passed as ``every_n_steps``, the optimizer steps between measurements of every monitor (each
     monitor's default otherwise); raised, with a warning, to the smallest value a monitor accepts
-    (``GradientVarianceMonitor`` needs 2: its window of gradients, at most 20 steps, fits in the interval).
+    (``GradientNoiseMonitor`` needs 2: its window of gradients, at most 20 steps, fits in the interval).
 ``LIGHTNING_ORTHO_PROBE_SIZE``
     A positive int passed as ``probe_size`` to the monitors that take a probe batch.
 ``LIGHTNING_ORTHO_PLOT``
@@ -38,7 +38,7 @@ project never breaks its training, nor nags it:
   environment stands aside for that fit (the user's settings win), with an info message;
 * their checkpoint ``state_key`` is ``"<Class>{'source': 'environment'}"``, so they never collide with a
   user-constructed monitor of the same class in Lightning's check for unique stateful callbacks;
-* a fit too short for a monitor to measure anything (a smoke test, a ``fast_dev_run``: ``GradientVarianceMonitor``
+* a fit too short for a monitor to measure anything (a smoke test, a ``fast_dev_run``: ``GradientNoiseMonitor``
   at its defaults needs 100 steps) is reported at info level, not as a warning: the switch turns the monitors on for
   every run, and a warning on each short one would teach users to ignore them. Anything else that left a monitor
   without values (a module never called, steps with inf/NaN gradients) is still a warning.
@@ -63,8 +63,12 @@ MONITORS: dict[str, str] = {
     "orthogonality": "lightning_ortho.callbacks.orthogonality_monitor:OrthogonalityMonitor",
     "jacobian": "lightning_ortho.callbacks.jacobian_monitor:JacobianDeterminantMonitor",
     "invertibility": "lightning_ortho.callbacks.invertibility_monitor:InvertibilityMonitor",
-    "gradient_variance": "lightning_ortho.callbacks.gradient_noise:GradientNoiseMonitor",
+    "gradient_noise": "lightning_ortho.callbacks.gradient_noise:GradientNoiseMonitor",
 }
+
+#: Deprecated monitor names -> their names in :data:`MONITORS` (accepted with a ``FutureWarning``; removed in the
+#: next release).
+RENAMED_MONITORS: dict[str, str] = {"gradient_variance": "gradient_noise"}
 
 MONITORS_VARIABLE = "LIGHTNING_ORTHO_MONITORS"
 EVERY_N_STEPS_VARIABLE = "LIGHTNING_ORTHO_EVERY_N_STEPS"
@@ -86,6 +90,14 @@ def requested_monitors(environ: dict[str, str] | None = None) -> list[str]:
     names: list[str] = []
     for token in raw.replace(",", " ").split():
         token = token.strip().lower().replace("-", "_")
+        if token in RENAMED_MONITORS:
+            warnings.warn(
+                f"{MONITORS_VARIABLE}: the monitor name {token!r} is deprecated and will be removed in the next "
+                f"release; use {RENAMED_MONITORS[token]!r}.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            token = RENAMED_MONITORS[token]
         expanded = list(MONITORS) if token == "all" else [token]
         for name in expanded:
             if name not in MONITORS:

@@ -11,7 +11,7 @@ from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._glow_probe import GlowProbeCallback
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
-from lightning_ortho.flows import AuxiliaryConv1x1
+from lightning_ortho.flows import AuxiliaryReflectionConv1x1
 from lightning_ortho.nn.eval_mode import eval_mode
 
 
@@ -70,7 +70,7 @@ class GlowInvertibilityCheck(GlowProbeCallback):
         if y is None:
             return
         glow = self._glow
-        convs = {name: m for name, m in glow.named_modules() if isinstance(m, AuxiliaryConv1x1)}
+        convs = {name: m for name, m in glow.named_modules() if isinstance(m, AuxiliaryReflectionConv1x1)}
         inputs: dict[str, torch.Tensor] = {}
 
         def keep_input(name: str):  # noqa: ANN202 - a forward hook that returns None (the output stays)

@@ -3,6 +3,9 @@ McCandlish et al.'s noise scale ``B_simple``, from the gradients training alread
 :class:`OnlineEstimatorVarianceMonitor` for models trained online (the total variance and bias of UORO or truncated
 BPTT against the exact gradient, by repeated draws on a probe sequence)."""
 
+import warnings
+from typing import Any
+
 from lightning_ortho.callbacks.gradient_noise import GradientNoiseMonitor
 from lightning_ortho.callbacks.online_estimator_variance import (
     EstimatorVariance,
@@ -12,12 +15,21 @@ from lightning_ortho.callbacks.online_estimator_variance import (
 
 
 class GradientVarianceMonitor(GradientNoiseMonitor):
-    """:class:`GradientNoiseMonitor` under its second name (the environment switch calls it ``gradient_variance``):
-    the same monitor, arguments and keys. A subclass rather than an alias so that a config or the command line can
-    name it (``--trainer.callbacks+=GradientVarianceMonitor``: jsonargparse finds classes by their own name); its
-    checkpoint state is stored under GradientNoiseMonitor's key, so checkpoints move between the two names.
-    Online estimators have their own monitor, :class:`OnlineEstimatorVarianceMonitor`, since they are measured by
-    repeated draws, not from training's gradients."""
+    """Deprecated name of :class:`GradientNoiseMonitor` (warns ``FutureWarning``; removed in the next release).
+
+    The same monitor, arguments and keys. A subclass rather than an alias so that old configs and command lines
+    that name it (``--trainer.callbacks+=GradientVarianceMonitor``: jsonargparse finds classes by their own name)
+    keep working; its checkpoint state is stored under GradientNoiseMonitor's key, so checkpoints move between the
+    two names. Online estimators have their own monitor, :class:`OnlineEstimatorVarianceMonitor`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        warnings.warn(
+            "GradientVarianceMonitor is deprecated and will be removed in the next release; use GradientNoiseMonitor "
+            "(the same monitor, arguments and checkpoint keys).",
+            FutureWarning,
+            stacklevel=2,
+        )
+        super().__init__(*args, **kwargs)
 
     @property
     def state_key(self) -> str:
@@ -27,7 +39,6 @@ class GradientVarianceMonitor(GradientNoiseMonitor):
 __all__ = [
     "EstimatorVariance",
     "GradientNoiseMonitor",
-    "GradientVarianceMonitor",
     "OnlineEstimatorVarianceMonitor",
     "measure_estimator",
 ]

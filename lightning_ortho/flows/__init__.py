@@ -3,6 +3,7 @@
 Every layer: ``forward(x) -> (y, log_abs_det)`` per sample and ``inverse(y) -> x``. Nothing here imports Lightning.
 """
 
+from lightning_ortho._deprecation import renamed_attributes
 from lightning_ortho.flows.actnorm import ActNorm
 from lightning_ortho.flows.base import FlowLayer, FlowSequence
 from lightning_ortho.flows.bits import bits_per_dim, dequantize
@@ -10,7 +11,7 @@ from lightning_ortho.flows.conv1x1 import (
     CONV1X1,
     CONV1X1_KINDS,
     AuxConv1x1,
-    AuxiliaryConv1x1,
+    AuxiliaryReflectionConv1x1,
     HouseholderConv1x1,
     Invertible1x1Conv,
     InvertibleAuxConv1x1,
@@ -30,7 +31,7 @@ __all__ = [
     "ActNorm",
     "AffineCoupling",
     "AuxConv1x1",
-    "AuxiliaryConv1x1",
+    "AuxiliaryReflectionConv1x1",
     "Encoding",
     "FlowLayer",
     "FlowSequence",
@@ -49,3 +50,8 @@ __all__ = [
     "gaussian_log_prob",
     "invertible_1x1_conv",
 ]
+
+#: Deprecated names (one release): the base of the auxiliary kinds was called AuxiliaryConv1x1, too close to AuxConv1x1.
+__getattr__ = renamed_attributes(
+    "lightning_ortho.flows", {"AuxiliaryConv1x1": ("AuxiliaryReflectionConv1x1", AuxiliaryReflectionConv1x1)}
+)

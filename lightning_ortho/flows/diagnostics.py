@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightning_ortho.flows.conv1x1 import AuxiliaryConv1x1, Invertible1x1Conv, InvertibleAuxConv1x1
+from lightning_ortho.flows.conv1x1 import AuxiliaryReflectionConv1x1, Invertible1x1Conv, InvertibleAuxConv1x1
 from lightning_ortho.flows.glow import Glow
 from lightning_ortho.nn.eval_mode import eval_mode
 from lightning_ortho.nn.newton import NewtonInverseError
@@ -84,7 +84,7 @@ def jacobian_sign_flips(glow: Glow, y: torch.Tensor) -> float:
 
 def has_auxiliary_conv1x1(glow: Glow) -> bool:
     """Whether some 1x1 convolution of ``glow`` is an auxiliary reflection (its Jacobian sign can vary)."""
-    return any(isinstance(layer, AuxiliaryConv1x1) for layer in conv1x1_layers(glow))
+    return any(isinstance(layer, AuxiliaryReflectionConv1x1) for layer in conv1x1_layers(glow))
 
 
 def min_invertibility_margin(glow: Glow) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -23,9 +24,9 @@ def make_learner(
     family: str,
     n: int,
     *,
-    blocks: int,
-    stages: int,
-    sparsity: int,
+    m: int,
+    q: int,
+    s: int,
     bits: int | None,
     iterations: int,
     rounds: int,
@@ -39,8 +40,38 @@ def make_learner(
     """
     if family not in FAMILY_TABLE:
         raise ValueError(f"family must be {describe_families()}, got {family!r}.")
-    settings = {"m": blocks, "q": stages, "s": sparsity, "bits": bits, "iterations": iterations, "rounds": rounds}
+    settings = {"m": m, "q": q, "s": s, "bits": bits, "iterations": iterations, "rounds": rounds}
     return FAMILY_TABLE[family].streaming_learner(n, **settings, tol=tol)
+
+
+#: Deprecated argument names of :class:`FastTransformModule` -> the family vocabulary's names, with their defaults.
+_RENAMED_SETTINGS = {"blocks": ("m", 32), "stages": ("q", 8), "sparsity": ("s", 4)}
+
+
+def _renamed_settings(new: dict[str, int], old: dict[str, int | None]) -> tuple[int, ...]:
+    """``(m, q, s)`` from the new names, with any old name given (``blocks``, ``stages``, ``sparsity``) taking its
+    place with a ``FutureWarning``.
+
+    Raises:
+        ValueError: an old name and its new name both given, with different values.
+    """
+    new = dict(new)
+    for old_name, value in old.items():
+        if value is None:
+            continue
+        name, default = _RENAMED_SETTINGS[old_name]
+        warnings.warn(
+            f"FastTransformModule: {old_name!r} is deprecated and will be removed in the next release; use {name!r} "
+            f"(the vocabulary shared with compress_linear and TransformCompression): {name}={value}.",
+            FutureWarning,
+            stacklevel=4,
+        )
+        if new[name] not in (default, value):
+            raise ValueError(
+                f"FastTransformModule: {old_name}={value} and {name}={new[name]} disagree; give {name} only."
+            )
+        new[name] = value
+    return new["m"], new["q"], new["s"]
 
 
 def _codes_from_held_transform(learner: TransformLearner) -> bool:
@@ -80,9 +111,11 @@ class FastTransformModule(pl.LightningModule):
         family: ``"b"`` (binary blocks, Algorithm 2), ``"m"`` (perfect-matching stages, Algorithm 3),
             ``"shear"`` (shears and scalings, S-DLA) or ``"b4x4"`` (4x4 Hadamard blocks, B⊗_m-DLA; ``n >= 4``):
             :data:`~lightning_ortho.transforms.families.FAMILY_TABLE`.
-        blocks: number of blocks ``m`` for ``"b"``, ``"shear"`` and ``"b4x4"``.
-        stages: number of stages ``q`` for ``"m"``.
-        sparsity: nonzeros per code ``s``.
+        m: number of blocks for ``"b"``, ``"shear"`` and ``"b4x4"`` (the vocabulary of
+            :data:`~lightning_ortho.transforms.families.FAMILY_TABLE`, shared with
+            :func:`~lightning_ortho.transforms.compress_linear` and ``TransformCompression``).
+        q: number of stages for ``"m"``.
+        s: nonzeros per code.
         bits: SOPOT terms of each shear value (``None``: exact values); ``"shear"`` only.
         iterations: maximum number of sweeps (``"b"``, ``"shear"``, ``"b4x4"``).
         rounds: outer rounds of ``"m"``.
@@ -92,6 +125,8 @@ class FastTransformModule(pl.LightningModule):
             ``(B, C, H, W)`` cut into non-overlapping ``patch_size`` patches, each patch's mean removed when
             ``remove_mean``).
         patch_size, remove_mean: see ``features``.
+        blocks, stages, sparsity: deprecated names of ``m``, ``q`` and ``s`` (they warn ``FutureWarning`` and will
+            be removed in the next release).
 
     Logs, for the transform ``D`` the module holds during the epoch (:meth:`transform`, logged before the epoch's
     update replaces it): ``train_error`` (percent, ``100 ||Y - X D^T||^2 / ||Y||^2`` over the epoch's training
@@ -113,9 +148,9 @@ class FastTransformModule(pl.LightningModule):
     def __init__(
         self,
         family: TransformFamily = "b",
-        blocks: int = 32,
-        stages: int = 8,
-        sparsity: int = 4,
+        m: int = 32,
+        q: int = 8,
+        s: int = 4,
         bits: int | None = 1,
         iterations: int = 10,
         rounds: int = 1,
@@ -123,13 +158,25 @@ class FastTransformModule(pl.LightningModule):
         features: FeatureMode = "flatten",
         patch_size: int = 8,
         remove_mean: bool = True,
+        blocks: int | None = None,
+        stages: int | None = None,
+        sparsity: int | None = None,
     ) -> None:
         super().__init__()
+        m, q, s = _renamed_settings(
+            {"m": m, "q": q, "s": s}, {"blocks": blocks, "stages": stages, "sparsity": sparsity}
+        )
         if family not in FAMILY_TABLE:
             raise ValueError(f"FastTransformModule: family must be {describe_families()}, got {family!r}.")
         if features not in ("flatten", "patches"):
             raise ValueError(f"FastTransformModule: features must be 'flatten' or 'patches', got {features!r}.")
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["blocks", "stages", "sparsity"])
+        # Saved under m, q, s only, also where LightningCLI hands over the parsed config (old names included).
+        for saved in (self.hparams, getattr(self, "_hparams_initial", None)):
+            if saved is not None:
+                for old_name in _RENAMED_SETTINGS:
+                    saved.pop(old_name, None)
+                saved.update(m=m, q=q, s=s)
         self.automatic_optimization = False
         # torch's DistributedDataParallel refuses to wrap a module without a parameter that requires a gradient,
         # and this module learns in closed form. One scalar that no loss ever touches lets DDP strategies wrap it
@@ -159,9 +206,9 @@ class FastTransformModule(pl.LightningModule):
             self.learner = make_learner(
                 h.family,
                 n,
-                blocks=h.blocks,
-                stages=h.stages,
-                sparsity=h.sparsity,
+                m=h.m,
+                q=h.q,
+                s=h.s,
                 bits=h.bits,
                 iterations=h.iterations,
                 rounds=h.rounds,

@@ -3,6 +3,7 @@
 Nothing here imports Lightning.
 """
 
+from lightning_ortho._deprecation import moved_attributes
 from lightning_ortho.nn._checks import finite_checks
 from lightning_ortho.nn.auxiliary import AuxiliaryReflection
 from lightning_ortho.nn.base import OrthogonalMap
@@ -17,7 +18,7 @@ from lightning_ortho.nn.capabilities import (
     HasNewtonInverse,
     Reconstructs,
 )
-from lightning_ortho.nn.householder import HouseholderProduct, householder_vectors
+from lightning_ortho.nn.householder import HouseholderProduct
 from lightning_ortho.nn.invertible_weight import InvertibleAuxiliaryWeight
 from lightning_ortho.nn.newton import NewtonInverseError, NewtonResult, NotInvertibleError
 from lightning_ortho.nn.orthogonal import ORTHOGONAL_METHODS, OrthogonalMethod, orthogonal_map
@@ -51,8 +52,15 @@ __all__ = [
     "SVDLinear",
     "finite_checks",
     "householder_matrix",
-    "householder_vectors",
     "modrelu",
     "orthogonal_map",
     "reflect",
 ]
+
+#: Names exported here before and internal now: still resolved (with a FutureWarning) for one release.
+__getattr__ = moved_attributes(
+    __name__,
+    {
+        "householder_vectors": "lightning_ortho.nn.householder",
+    },
+)

@@ -22,16 +22,12 @@ from lightning_ortho.nn._checks import (
     check_positive_int,
     finite_checks_enabled,
 )
+from lightning_ortho.nn.activations import modrelu
 from lightning_ortho.nn.auxiliary import AuxiliaryReflection
 from lightning_ortho.nn.orthogonal import OrthogonalMethod, orthogonal_map
 from lightning_ortho.nn.rnn_sequence import auxiliary_rnn_sequence
 
 Nonlinearity = Literal["modrelu", "tanh"]
-
-
-def modrelu(z: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``sign(z) relu(|z| + b)`` (Arjovsky et al. 2016, real case): keeps the sign, thresholds the magnitude."""
-    return torch.sign(z) * torch.relu(torch.abs(z) + bias)
 
 
 def cayley_initial_orthogonal(

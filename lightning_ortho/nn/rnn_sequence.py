@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from lightning_ortho.nn._undefined import accurate_range
+from lightning_ortho.nn.activations import modrelu as modrelu_activation
 
 
 def _step_into(
@@ -66,7 +67,7 @@ def _step(
     vv = torch.linalg.vecdot(v, v).clamp_min(tiny)
     c = torch.linalg.vecdot(v, h) / vv
     z = torch.addcmul(h, c.unsqueeze(-1), v, value=-2.0) + x @ kernel.t()
-    return torch.sign(z) * torch.relu(torch.abs(z) + bias) if modrelu else torch.tanh(z + bias)
+    return modrelu_activation(z, bias) if modrelu else torch.tanh(z + bias)
 
 
 def _sequence(

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from lightning_ortho.nn.activations import modrelu
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, _cell_parameters
 
 
@@ -40,7 +41,7 @@ class ModReLURNNCell(nn.Module):
         return h @ self.weight_hh.T + x @ self.weight_ih.T
 
     def activation(self, z: torch.Tensor) -> torch.Tensor:
-        return torch.sign(z) * torch.relu(torch.abs(z) + self.bias)
+        return modrelu(z, self.bias)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return self.activation(self.preactivation(x, h))

@@ -32,6 +32,7 @@ only where they lower that sample's error: the recorded error never increases fr
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -216,7 +217,7 @@ def _check(
     s: object,
     init: object,
     bits: object,
-    sweeps: object,
+    iterations: object,
     max_ops: object,
     free_slots: object,
     init_bits: object,
@@ -231,7 +232,7 @@ def _check(
         raise ValueError(f"{where}: init='wht' needs n a power of two, got n = {n}; use init='identity' or 'pca'.")
     for name, value, low in (
         ("bits", bits, 1),
-        ("sweeps", sweeps, 0),
+        ("iterations", iterations, 0),
         ("free_slots", free_slots, 0),
         ("init_bits", init_bits, 1),
     ):
@@ -271,11 +272,12 @@ def learn_fast_transform(
     *,
     init: str = "dct",
     bits: int = 2,
-    sweeps: int = 10,
+    iterations: int = 10,
     max_ops: int | None = None,
     free_slots: int | None = None,
     init_bits: int = 1,
     tied: bool = False,
+    sweeps: int | None = None,
 ) -> FastTransformResult:
     """Learn a multiplication-free ``D`` (butterflies, dyadic shears and scalings) and ``s``-sparse codes from a
     structured start (module docstring).
@@ -283,7 +285,8 @@ def learn_fast_transform(
     Args:
         Y: ``(N, n)`` data (float64 internally; outputs in ``Y``'s dtype); ``n = 64`` for ``init="dct"``.
         s: nonzeros per code. init: ``"dct"``, ``"wht"``, ``"identity"`` or ``"pca"``.
-        bits: SOPOT terms per shear coefficient (``>= 1``). sweeps: update sweeps (``>= 0``).
+        bits: SOPOT terms per shear coefficient (``>= 1``). iterations: update sweeps (``>= 0``; the name the family
+            table, :func:`compress_linear` and the other learners use).
         max_ops: operation budget (additions + shifts). ``None``: the DCT's 704, or the init's own count when
             that is larger (the WHT's butterflies). The sweeps never exceed ``max(budget, the init's count)``.
         free_slots: empty shears inserted evenly into the start for the sweeps to fill (:func:`with_free_slots`);
@@ -296,16 +299,25 @@ def learn_fast_transform(
         tied: ``init="dct"`` only: each 1-D lifting shear keeps one coefficient over the 8 rows (or columns) of
             the patch (a tied group), so the refined shears stay separable (fewer parameters, for data unlike
             the training data); the free slots stay untied.
+        sweeps: deprecated name of ``iterations`` (warns ``FutureWarning``; removed in the next release).
 
     Returns:
         :class:`FastTransformResult`; ``op_count().multiplications == 0``.
 
     Raises:
         ValueError: bad ``Y`` or ``s``; unknown ``init``; ``init="dct"`` with ``n != 64`` or ``"wht"`` with ``n``
-            not a power of two; ``bits``, ``sweeps``, ``max_ops``, ``free_slots`` or ``init_bits`` out of range
+            not a power of two; ``bits``, ``iterations``, ``max_ops``, ``free_slots`` or ``init_bits`` out of range
             (``max_ops`` below 576 for ``init="dct"``).
     """
-    n = _check(Y, s, init, bits, sweeps, max_ops, 0 if free_slots is None else free_slots, init_bits)
+    if sweeps is not None:
+        warnings.warn(
+            "learn_fast_transform: 'sweeps' is deprecated and will be removed in the next release; use 'iterations' "
+            f"(the vocabulary of the other learners): iterations={sweeps}.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        iterations = sweeps
+    n = _check(Y, s, init, bits, iterations, max_ops, 0 if free_slots is None else free_slots, init_bits)
     y = Y.detach().to(torch.float64)
     factors = _initial_factors(y, s, init, bits, max_ops, init_bits, bool(tied))
     start_cost = sum(factor_cost(f) for f in factors)
@@ -316,7 +328,7 @@ def learn_fast_transform(
     codes = _better_codes(y, d, None, s)
     initial = float(100 * (y - codes @ d.T).square().sum() / energy)
     errors = []
-    for _ in range(sweeps):
+    for _ in range(iterations):
         factors = fast_transform_sweep(y.T @ codes, codes.T @ codes, energy, factors, bits, budget)
         d = factors_to_blocks(factors, n).matrix()
         codes = _better_codes(y, d, codes, s)

@@ -168,9 +168,9 @@ def test_a_trainer_picks_up_the_environment_in_process(monkeypatch, tiny_trainer
 # ------------------------------------------------------------------------------------------ configuration
 def test_names_and_settings_are_parsed():
     assert requested_monitors({}) == [] and requested_monitors({"LIGHTNING_ORTHO_MONITORS": " , "}) == []
-    assert requested_monitors({"LIGHTNING_ORTHO_MONITORS": "Orthogonality, gradient-variance orthogonality"}) == [
+    assert requested_monitors({"LIGHTNING_ORTHO_MONITORS": "Orthogonality, gradient-noise orthogonality"}) == [
         "orthogonality",
-        "gradient_variance",
+        "gradient_noise",
     ]
     assert requested_monitors({"LIGHTNING_ORTHO_MONITORS": "all"}) == list(MONITORS)
     environ = {"LIGHTNING_ORTHO_EVERY_N_STEPS": "10", "LIGHTNING_ORTHO_PROBE_SIZE": " 4 ", "LIGHTNING_ORTHO_PLOT": "No"}
@@ -184,7 +184,7 @@ def test_names_and_settings_are_parsed():
         (
             "LIGHTNING_ORTHO_MONITORS",
             "orthogonality,jacobain",
-            "unknown monitor 'jacobain'. Valid names: orthogonality, jacobian, invertibility, gradient_variance",
+            "unknown monitor 'jacobain'. Valid names: orthogonality, jacobian, invertibility, gradient_noise",
         ),
         ("LIGHTNING_ORTHO_EVERY_N_STEPS", "ten", "LIGHTNING_ORTHO_EVERY_N_STEPS='ten': must be a positive integer"),
         ("LIGHTNING_ORTHO_EVERY_N_STEPS", "0", "must be a positive integer"),
@@ -259,8 +259,9 @@ def test_standing_aside_names_the_users_monitor_by_its_own_class(monkeypatch, ti
 
     said = []
     monkeypatch.setattr(_monitor_source, "rank_zero_info", said.append)
-    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_variance")
-    mine = GradientVarianceMonitor(every_n_steps=2, window_steps=2)
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_noise")
+    with pytest.warns(FutureWarning, match="GradientVarianceMonitor is deprecated"):
+        mine = GradientVarianceMonitor(every_n_steps=2, window_steps=2)  # a subclass: named by its own class
     trainer = tiny_trainer(max_epochs=1, callbacks=[mine])
     (from_environment,) = [c for c in trainer.callbacks if c is not mine and isinstance(c, GradientNoiseMonitor)]
     trainer.fit(Net(), loader())
@@ -288,11 +289,11 @@ def test_monitors_from_the_environment_pickle_and_checkpoint(monkeypatch, tiny_t
 # ------------------------------------------------------------------- settings a monitor's constructor refuses
 def test_an_interval_below_a_monitors_minimum_is_raised_to_it_with_a_warning(monkeypatch, tiny_trainer):
     monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "all")
-    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "1")  # GradientVarianceMonitor needs windows of 2 steps
+    monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "1")  # GradientNoiseMonitor needs windows of 2 steps
     with pytest.warns(UserWarning) as caught:
         trainer = tiny_trainer(max_epochs=1)
     (message,) = [str(w.message) for w in caught if "LIGHTNING_ORTHO_EVERY_N_STEPS" in str(w.message)]
-    assert "LIGHTNING_ORTHO_EVERY_N_STEPS=1, but GradientNoiseMonitor ('gradient_variance')" in message
+    assert "LIGHTNING_ORTHO_EVERY_N_STEPS=1, but GradientNoiseMonitor ('gradient_noise')" in message
     assert "needs every_n_steps >= 2; it uses every_n_steps=2." in message
     steps = {type(c).__name__: c.every_n_steps for c in trainer.callbacks if getattr(c, "source", "") == "environment"}
     assert steps == {
@@ -334,11 +335,11 @@ def test_a_setting_a_monitors_constructor_refuses_falls_back_to_its_default_with
 
 # ------------------------------------------------------------------------------------------ short fits
 def test_a_fit_too_short_for_a_monitor_from_the_environment_is_said_at_info_level(monkeypatch, tiny_trainer):
-    # GradientVarianceMonitor at its defaults needs 20 steps; this fit has 4. Turned on for every run, it must not
+    # GradientNoiseMonitor at its defaults needs 20 steps; this fit has 4. Turned on for every run, it must not
     # warn on each short one; the message is still there, at info level.
     import lightning_ortho.callbacks._monitor_report as monitor_module
 
-    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_variance")
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_noise")
     trainer = tiny_trainer(max_epochs=1)
     # Read at the call: which logger Lightning's rank_zero_info writes to depends on which of pytorch_lightning and
     # lightning_fabric this process imported last, and earlier tests may have changed its level.
@@ -367,7 +368,7 @@ class NaNGradients(Net):
 
 
 def test_a_monitor_from_the_environment_still_warns_when_a_long_enough_fit_measured_nothing(monkeypatch, tiny_trainer):
-    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_variance")
+    monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_noise")
     monkeypatch.setenv("LIGHTNING_ORTHO_EVERY_N_STEPS", "2")  # a window of 2 steps every 2: all 4 steps are read
     with pytest.warns(UserWarning, match="GradientNoiseMonitor measured nothing in this fit") as caught:
         tiny_trainer(max_epochs=1).fit(NaNGradients(), loader())

@@ -4,12 +4,12 @@ from torch.utils.data import SequentialSampler, TensorDataset
 
 from lightning_ortho.datamodules import (
     DigitsDataModule,
-    EpochSeededRandomSampler,
     ImageDataModule,
     MNISTDataModule,
     SequentialImageDataModule,
     SplitDataModule,
 )
+from lightning_ortho.datamodules._sampling import EpochSeededRandomSampler
 from tests.datasets_on_disk import write_mnist
 
 

@@ -13,8 +13,8 @@ from lightning_ortho.datamodules import (
     CopyTaskDataModule,
     InfluenceBalancingDataModule,
     StreamDataModule,
-    StreamLoader,
 )
+from lightning_ortho.datamodules.streams import StreamLoader
 
 SMALL = dict(streams=4, chunk_length=6, chunks_per_epoch=3, val_streams=2, val_chunks=2)
 MODULES = {

@@ -14,7 +14,7 @@ import torch
 from lightning_ortho.flows import (
     CONV1X1,
     CONV1X1_KINDS,
-    AuxiliaryConv1x1,
+    AuxiliaryReflectionConv1x1,
     Invertible1x1Conv,
     InvertibleAuxConv1x1,
     LinearConv1x1,
@@ -70,7 +70,7 @@ def test_invertible_1x1_conv_builds_the_class_of_the_kind(kind):
     direct = CONV1X1[kind](5)
     assert type(direct) is CONV1X1[kind] and sorted(direct.state_dict()) == STATE_DICT_KEYS[kind]
     assert isinstance(layer, LinearConv1x1) == (kind in ("plain", "lu", "householder"))
-    assert isinstance(layer, AuxiliaryConv1x1) == kind.startswith("aux")
+    assert isinstance(layer, AuxiliaryReflectionConv1x1) == kind.startswith("aux")
 
 
 def test_default_kind_is_lu():
@@ -134,7 +134,7 @@ def test_linear_kinds_matrix_is_the_jacobian_and_inverts_exactly(kind):
     assert layer.jacobian_sign_flips(x) == 0.0
 
 
-@pytest.mark.parametrize("kind", [k for k in KINDS if issubclass(CONV1X1[k], AuxiliaryConv1x1)])
+@pytest.mark.parametrize("kind", [k for k in KINDS if issubclass(CONV1X1[k], AuxiliaryReflectionConv1x1)])
 def test_auxiliary_kinds_report_newton_per_pixel(kind):
     layer = generic(kind)
     x = torch.randn(2, 4, 3, 3, dtype=DTYPE)

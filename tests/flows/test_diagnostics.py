@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lightning_ortho.flows import AuxiliaryConv1x1, Glow, InvertibleAuxConv1x1, diagnostics
+from lightning_ortho.flows import AuxiliaryReflectionConv1x1, Glow, InvertibleAuxConv1x1, diagnostics
 from lightning_ortho.nn import NewtonInverseError
 from tests.flows.references import conv1x1_inputs, minority_fraction, pixel_jacobian_signs
 
@@ -46,9 +46,11 @@ def test_reconstruction_error_is_the_brute_force_one(kind):
 def test_failed_reconstruction_reports_infinity_and_the_failed_pixels(monkeypatch):
     glow = tiny("aux")
     y = torch.rand(4, 1, 4, 4, dtype=DTYPE) - 0.5
-    original = AuxiliaryConv1x1.inverse_columns
+    original = AuxiliaryReflectionConv1x1.inverse_columns
     monkeypatch.setattr(  # Newton without a single step: the pixels of the first layer decoded fail
-        AuxiliaryConv1x1, "inverse_columns", lambda self, y, tol=None, max_iter=50: original(self, y, max_iter=0)
+        AuxiliaryReflectionConv1x1,
+        "inverse_columns",
+        lambda self, y, tol=None, max_iter=50: original(self, y, max_iter=0),
     )
     with pytest.raises(NewtonInverseError) as error:
         glow.reconstruct(y)

@@ -48,7 +48,7 @@ def test_b_transform_learned_from_batches_equals_the_in_memory_learner(tmp_path)
     data = _walks()
     # tol above rounding: the streamed sums and the in-memory ones differ in their last bits (summation order), so
     # with tol = 0 whether two equal errors compare equal, and so when learning stops, depends on the CPU.
-    module = FastTransformModule(family="b", blocks=12, sparsity=3, iterations=6, tol=1e-9)
+    module = FastTransformModule(family="b", m=12, s=3, iterations=6, tol=1e-9)
     trainer = _fit(tmp_path, module, Vectors(data), limit_val_batches=0)
     expected = learn_b_transform(data.double(), 12, 3, iterations=6, tol=1e-9)
     learned = module.transform()
@@ -63,7 +63,7 @@ def test_b_transform_learned_from_batches_equals_the_in_memory_learner(tmp_path)
 
 def test_m_transform_and_validation_error(tmp_path) -> None:
     data = _walks(n=8)
-    module = FastTransformModule(family="m", stages=3, sparsity=2)
+    module = FastTransformModule(family="m", q=3, s=2)
     trainer = _fit(tmp_path, module, Vectors(data))
     expected = learn_m_transform(data.double(), 3, 2)
     assert module.transform().pairs.tolist() == expected.transform.pairs.tolist()
@@ -76,7 +76,7 @@ def test_m_transform_and_validation_error(tmp_path) -> None:
 
 def test_shear_transform_with_one_bit_values_costs_no_multiplication(tmp_path) -> None:
     data = _walks(n=8)
-    module = FastTransformModule(family="shear", blocks=10, sparsity=3, bits=1, iterations=3, tol=None)
+    module = FastTransformModule(family="shear", m=10, s=3, bits=1, iterations=3, tol=None)
     trainer = _fit(tmp_path, module, Vectors(data), limit_val_batches=0)
     expected = learn_shear_transform(data.double(), 10, 3, bits=1, iterations=3)
     assert module.transform().pairs.tolist() == expected.transform.pairs.tolist()
@@ -88,7 +88,7 @@ def test_shear_transform_with_one_bit_values_costs_no_multiplication(tmp_path) -
 def test_patches_feature_mode_cuts_images_like_image_patches(tmp_path) -> None:
     g = torch.Generator().manual_seed(3)
     images = torch.rand(12, 1, 16, 16, generator=g)
-    module = FastTransformModule(family="b", blocks=4, sparsity=2, iterations=1, features="patches", patch_size=4)
+    module = FastTransformModule(family="b", m=4, s=2, iterations=1, features="patches", patch_size=4)
     torch.testing.assert_close(module.features((images, None)), image_patches(images, 4))
     _fit(tmp_path, module, Vectors(images, batch_size=5), limit_val_batches=0)
     expected = learn_b_transform(image_patches(images, 4).double(), 4, 2, iterations=1)
@@ -103,7 +103,7 @@ def test_ddp_spawn_two_processes_learns_the_single_process_transform(tmp_path, f
     data = _walks(count=512)
 
     def run(root, **kwargs):  # noqa: ANN001, ANN202
-        module = FastTransformModule(family=family, blocks=10, sparsity=3, iterations=4, tol=0.0)
+        module = FastTransformModule(family=family, m=10, s=3, iterations=4, tol=0.0)
         trainer = _fit(root, module, Vectors(data, shuffle=False), **kwargs)
         return module, trainer
 
@@ -130,7 +130,7 @@ def test_checkpoint_resume_learns_what_the_uninterrupted_run_learns(tmp_path, mo
     data = _walks()  # in order: the sums then add up in the same order, so the runs agree bit for bit
 
     def module():  # noqa: ANN202
-        return FastTransformModule(family="b", blocks=12, sparsity=3, iterations=6, tol=0.0)
+        return FastTransformModule(family="b", m=12, s=3, iterations=6, tol=0.0)
 
     straight = module()
     _fit(tmp_path / "straight", straight, Vectors(data, shuffle=False))
@@ -165,7 +165,7 @@ class Unsized(torch.utils.data.IterableDataset):
 
 def test_a_loader_without_length_updates_at_the_epoch_end(tmp_path) -> None:
     data = _walks()
-    module = FastTransformModule(family="b", blocks=12, sparsity=3, iterations=6, tol=0.0)
+    module = FastTransformModule(family="b", m=12, s=3, iterations=6, tol=0.0)
     trainer = make_tiny_trainer(tmp_path, max_epochs=30, limit_val_batches=0)
     trainer.fit(module, train_dataloaders=DataLoader(Unsized(data), batch_size=None))
     expected = learn_b_transform(data.double(), 12, 3, iterations=6, tol=0.0)
@@ -186,7 +186,7 @@ def test_bad_settings_fail_clearly(tmp_path) -> None:
     with pytest.raises(ValueError, match="n must be even"):
         _fit(tmp_path, FastTransformModule(family="m"), Vectors(_walks(n=7)))
     with pytest.raises(ValueError, match=r"s must be an int in \[1, 16\]"):
-        _fit(tmp_path, FastTransformModule(sparsity=17), Vectors(_walks()))
+        _fit(tmp_path, FastTransformModule(s=17), Vectors(_walks()))
     with pytest.raises(ValueError, match="floating-point"):
         FastTransformModule().features((torch.zeros(3, 4, dtype=torch.int64),))
     with pytest.raises(RuntimeError, match="run trainer.fit first"):
@@ -204,11 +204,11 @@ def _best_codes_error(data: torch.Tensor, dictionary: torch.Tensor, s: int) -> f
 
 @pytest.mark.parametrize(
     ("family", "kwargs"),
-    [("b", {"blocks": 12, "iterations": 4}), ("m", {"stages": 3}), ("b4x4", {"blocks": 5, "iterations": 3})],
+    [("b", {"m": 12, "iterations": 4}), ("m", {"q": 3}), ("b4x4", {"m": 5, "iterations": 3})],
 )
 def test_train_error_is_the_error_of_the_transform_the_module_holds_when_it_logs_it(tmp_path, family, kwargs) -> None:
     data = _walks(n=8)
-    module = FastTransformModule(family=family, sparsity=3, tol=0.0, **kwargs)
+    module = FastTransformModule(family=family, s=3, tol=0.0, **kwargs)
     records, log = [], module.log
 
     def recording_log(name, value, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from lightning_ortho.nn import HouseholderProduct, householder_vectors
+from lightning_ortho.nn import HouseholderProduct
+from lightning_ortho.nn.householder import householder_vectors
 from tests.helpers import dense_householder, random_orthogonal
 
 DTYPE = torch.float64

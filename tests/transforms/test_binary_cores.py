@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from lightning_ortho.transforms import (
+from lightning_ortho.transforms import OpCount, binary_cores
+from lightning_ortho.transforms.binary_cores import (
     BINARY_CORE_COSTS,
     CORE_INVERSE,
     CORE_PRODUCT_TABLE,
@@ -13,9 +14,7 @@ from lightning_ortho.transforms import (
     IDENTITY_INDEX,
     SELF_INVERSE_INDICES,
     SWAP_INDEX,
-    OpCount,
     binary_core_cost,
-    binary_cores,
 )
 
 # (det, rotation angle in degrees or None for a reflection), spec table, t = index + 1

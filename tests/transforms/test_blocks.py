@@ -5,15 +5,8 @@ import itertools
 import pytest
 import torch
 
-from lightning_ortho.transforms import (
-    BinaryBlockProduct,
-    BlockProduct,
-    OpCount,
-    SingularBlockError,
-    binary_cores,
-    embed_block,
-    schedule_layers,
-)
+from lightning_ortho.transforms import BinaryBlockProduct, BlockProduct, OpCount, SingularBlockError, binary_cores
+from lightning_ortho.transforms.blocks import embed_block, schedule_layers
 
 DT = torch.float64
 

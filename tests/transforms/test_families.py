@@ -132,7 +132,7 @@ def test_fast_transform_module_b4x4_learns_what_the_in_memory_learner_learns(tmp
     data = _walks()
     loader = DataLoader(TensorDataset(data, torch.zeros(len(data))), batch_size=64, shuffle=False)
     # tol above rounding: streamed and in-memory sums differ in their last bits (summation order).
-    module = FastTransformModule(family="b4x4", blocks=8, sparsity=3, iterations=4, tol=1e-9)
+    module = FastTransformModule(family="b4x4", m=8, s=3, iterations=4, tol=1e-9)
     trainer = make_tiny_trainer(tmp_path, max_epochs=30, limit_val_batches=0)
     trainer.fit(module, train_dataloaders=loader)
     expected = learn_b4x4_transform(data.double(), 8, 3, iterations=4, tol=1e-9)

@@ -178,7 +178,7 @@ def test_sweep_never_increases_the_error_for_its_codes_and_keeps_the_budget():
 @pytest.mark.parametrize("init", ["dct", "wht", "identity", "pca"])
 def test_learned_transform_errors_never_increase_and_are_multiplication_free(init):
     y = smooth_patches(300, seed=2)
-    result = learn_fast_transform(y, 4, init=init, bits=2, sweeps=3)
+    result = learn_fast_transform(y, 4, init=init, bits=2, iterations=3)
     errors = [result.initial_error, *result.errors]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(errors, errors[1:], strict=False))
     d = result.transform.matrix()
@@ -194,7 +194,7 @@ def test_learned_transform_errors_never_increase_and_are_multiplication_free(ini
 
 
 def test_op_count_equals_the_operations_of_a_counted_apply():
-    result = learn_fast_transform(smooth_patches(200, seed=4), 4, init="dct", bits=2, sweeps=2)
+    result = learn_fast_transform(smooth_patches(200, seed=4), 4, init="dct", bits=2, iterations=2)
     x = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     y, count = counted_apply(result.transform, x, 2)
     torch.testing.assert_close(y, result.transform.matrix() @ x, rtol=1e-12, atol=1e-12)
@@ -225,7 +225,7 @@ def test_beats_the_dct_on_the_sample_photographs_at_its_cost():
     y = load_patches(None)
     dct = dct_matrix()
     dct_error = orthonormal_error(y, torch.kron(dct, dct).T)
-    result = learn_fast_transform(y, 4, init="dct", bits=2, sweeps=10)
+    result = learn_fast_transform(y, 4, init="dct", bits=2, iterations=10)
     ops = result.op_count()
     assert ops.multiplications == 0
     assert ops.additions + ops.shifts <= DCT_OPS
@@ -263,7 +263,7 @@ def test_tied_coefficients_give_the_exact_error_change_of_a_tied_group():
 
 def test_tied_dct_stays_separable_and_never_increases_the_error():
     y = smooth_patches(300, seed=7)
-    result = learn_fast_transform(y, 4, init="dct", bits=2, sweeps=3, tied=True, free_slots=0)
+    result = learn_fast_transform(y, 4, init="dct", bits=2, iterations=3, tied=True, free_slots=0)
     errors = [result.initial_error, *result.errors]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(errors, errors[1:], strict=False))
     assert errors[-1] < errors[0]

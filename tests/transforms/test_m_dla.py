@@ -5,13 +5,9 @@ import itertools
 import pytest
 import torch
 
-from lightning_ortho.transforms import (
-    G1_INDICES,
-    BinaryBlockProduct,
-    OpCount,
-    binary_cores,
-    embed_block,
-)
+from lightning_ortho.transforms import BinaryBlockProduct, OpCount, binary_cores
+from lightning_ortho.transforms.binary_cores import G1_INDICES
+from lightning_ortho.transforms.blocks import embed_block
 from lightning_ortho.transforms.m_dla import MTransformResult, learn_m_stage, learn_m_transform, m_pair_costs
 from lightning_ortho.transforms.sparse_codes import keep_largest, representation_error
 from lightning_ortho.transforms.statistics import principal_basis

@@ -8,7 +8,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from lightning_ortho.transforms import SOPOTResult, sopot, sopot_terms_needed, sopot_with_cost
+from lightning_ortho.transforms import SOPOTResult, sopot, sopot_with_cost
+from lightning_ortho.transforms.sopot import sopot_terms_needed
 
 
 def reference_sopot(x: float, p: int, tol: float = 1e-6) -> tuple[float, int]:

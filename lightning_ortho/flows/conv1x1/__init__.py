@@ -8,10 +8,11 @@
 
 ``invertible_1x1_conv(channels, kind)`` builds ``CONV1X1[kind](channels)``; every class is a subclass of
 :class:`Invertible1x1Conv`. The linear kinds share :class:`LinearConv1x1` (``matrix()``), the auxiliary ones
-:class:`AuxiliaryConv1x1` (Newton inverse with results; ``aux_invertible`` adds ``invertibility_margin()``).
+:class:`AuxiliaryReflectionConv1x1` (Newton inverse with results; ``aux_invertible`` adds ``invertibility_margin()``).
 """
 
-from lightning_ortho.flows.conv1x1.auxiliary import AuxConv1x1, AuxiliaryConv1x1, InvertibleAuxConv1x1
+from lightning_ortho._deprecation import renamed_attributes
+from lightning_ortho.flows.conv1x1.auxiliary import AuxConv1x1, AuxiliaryReflectionConv1x1, InvertibleAuxConv1x1
 from lightning_ortho.flows.conv1x1.base import (
     CONV1X1,
     CONV1X1_KINDS,
@@ -19,8 +20,6 @@ from lightning_ortho.flows.conv1x1.base import (
     Invertible1x1Conv,
     conv1x1_class,
     invertible_1x1_conv,
-    to_columns,
-    to_rows,
 )
 from lightning_ortho.flows.conv1x1.linear import HouseholderConv1x1, LinearConv1x1, LUConv1x1, PlainConv1x1
 
@@ -28,7 +27,7 @@ __all__ = [
     "CONV1X1",
     "CONV1X1_KINDS",
     "AuxConv1x1",
-    "AuxiliaryConv1x1",
+    "AuxiliaryReflectionConv1x1",
     "Conv1x1Kind",
     "HouseholderConv1x1",
     "Invertible1x1Conv",
@@ -38,6 +37,9 @@ __all__ = [
     "PlainConv1x1",
     "conv1x1_class",
     "invertible_1x1_conv",
-    "to_columns",
-    "to_rows",
 ]
+
+#: Deprecated names (one release): the base of the auxiliary kinds was called AuxiliaryConv1x1, too close to AuxConv1x1.
+__getattr__ = renamed_attributes(
+    "lightning_ortho.flows.conv1x1", {"AuxiliaryConv1x1": ("AuxiliaryReflectionConv1x1", AuxiliaryReflectionConv1x1)}
+)

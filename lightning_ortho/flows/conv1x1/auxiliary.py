@@ -6,13 +6,14 @@ import warnings
 
 import torch
 
+from lightning_ortho._deprecation import renamed_attributes
 from lightning_ortho.flows.conv1x1.base import Invertible1x1Conv, random_orthogonal
 from lightning_ortho.nn import AuxiliaryReflection
 from lightning_ortho.nn._checks import LOW_PRECISION, full_precision
 from lightning_ortho.nn.newton import NewtonResult
 
 
-class AuxiliaryConv1x1(Invertible1x1Conv):
+class AuxiliaryReflectionConv1x1(Invertible1x1Conv):
     """``g(x) = f(R x)`` at every pixel, with ``f(u) = H(W u) u`` an auxiliary reflection and ``R`` a fixed
     orthogonal matrix (:meth:`rotation`; ``None`` means ``R = I``).
 
@@ -51,7 +52,7 @@ class AuxiliaryConv1x1(Invertible1x1Conv):
         )
 
 
-class AuxConv1x1(AuxiliaryConv1x1, kind="aux"):
+class AuxConv1x1(AuxiliaryReflectionConv1x1, kind="aux"):
     """``g(x) = H(W x) x`` with an unconstrained learnable ``W`` (``R = I``).
 
     ``W = I - Q`` at init for a random orthogonal ``Q`` (Lemma 5), so ``g(x) = Q x`` there; once ``W`` trains,
@@ -77,7 +78,7 @@ class AuxConv1x1(AuxiliaryConv1x1, kind="aux"):
         return super().inverse_columns(y, tol=tol, max_iter=max_iter)
 
 
-class InvertibleAuxConv1x1(AuxiliaryConv1x1, kind="aux_invertible"):
+class InvertibleAuxConv1x1(AuxiliaryReflectionConv1x1, kind="aux_invertible"):
     """``g(x) = H(W Q x) Q x`` with ``W = I + V V^T / (2 sigma_max(V V^T))`` (Theorem 2; ``V = I`` at init) and
     a fixed symmetric orthogonal ``Q = I - 2 P P^T`` (Appendix B.3): provably invertible on all of ``R^C``.
 
@@ -122,3 +123,10 @@ class InvertibleAuxConv1x1(AuxiliaryConv1x1, kind="aux_invertible"):
     def invertibility_margin(self) -> float:
         """Theorem 2's ``3/2 lambda_min(W) - lambda_max(W)`` (exact eigensolver): positive means invertible."""
         return self.reflection.invertibility_margin()
+
+
+#: Deprecated names (one release): the base of the auxiliary kinds was called AuxiliaryConv1x1, too close to AuxConv1x1.
+__getattr__ = renamed_attributes(
+    "lightning_ortho.flows.conv1x1.auxiliary",
+    {"AuxiliaryConv1x1": ("AuxiliaryReflectionConv1x1", AuxiliaryReflectionConv1x1)},
+)
