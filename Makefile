@@ -1,11 +1,12 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   create .venv, install (core), train the paper's FCNN on the bundled digits, print validation accuracy
 #   make test   create .venv, install with the test extra, run the default test suite
+#   make docs   create .venv, install with the docs extra, build the documentation site into site/ (strict)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-pytorch-lightning test-slow bench install install-core clean
+.PHONY: demo docs test test-pytorch-lightning test-slow bench install install-core clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +31,11 @@ test-pytorch-lightning: install
 		tests/benchmarks tests/test_cli.py tests/test_cli_compression.py tests/test_cli_predict.py \
 		tests/test_cli_online_stages.py tests/test_scale.py
 
+# The documentation site (mkdocs.yml, docs/): a broken link, a missing page or an unrenderable docstring fails it.
+docs: $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
@@ -40,4 +46,4 @@ bench: install
 	$(BIN)/python -m benchmarks.report
 
 clean:
-	rm -rf $(VENV) lightning_logs .pytest_cache *.egg-info
+	rm -rf $(VENV) lightning_logs .pytest_cache *.egg-info site

@@ -1,0 +1,146 @@
+"""MkDocs hook: the results pages are rendered from the committed benchmark results.
+
+A line ``<!-- results:NAME -->`` in a page is replaced by what ``python -m benchmarks.report`` writes into the README
+for benchmark NAME (``benchmarks.report.sections()``, i.e. each script's ``render(data)`` of
+``benchmarks/results/NAME-*.json``), followed by the figures ``benchmarks/results/NAME-*.png``, which are copied into
+the site under ``results/figures/``. An unknown NAME, or a benchmark with results that no page shows, fails the build.
+
+A line ``<!-- api:PACKAGE -->`` in a page is replaced by the package's docstring and one mkdocstrings block per name
+of its ``__all__``, read when the site is built: the reference follows ``__all__`` whatever it holds, including
+names that a package exports lazily (``lightning_ortho.callbacks``). Each name is documented at the module that
+defines it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+MARKER = re.compile(r"^<!-- results:([\w.-]+) -->$", re.M)
+FIGURES = "results/figures"
+API = re.compile(r"^<!-- api:([\w.]+) -->$", re.M)
+
+_sections: dict[str, str] | None = None
+_shown: set[str] = set()
+
+
+def _all_sections() -> dict[str, str]:
+    global _sections
+    if _sections is None:
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        from benchmarks.report import ReportError, sections
+
+        try:
+            _sections = sections(RESULTS)
+        except ReportError as error:
+            raise PluginError(f"benchmark results cannot be rendered: {error}") from error
+    return _sections
+
+
+def figures(name: str) -> list[Path]:
+    """The PNG figures of benchmark ``name`` (``NAME-<machine>.png``, ``NAME-<machine>-<what>.png``)."""
+    return sorted(p for p in RESULTS.glob(f"{name}-*.png") if not p.stem.endswith("-quick"))
+
+
+def api_path(package: str, name: str) -> str:
+    """Dotted path mkdocstrings should render for ``package.name``: the defining module's name when that module
+    holds the object under this name (classes, functions, module-level aliases), else the package's own."""
+    module = importlib.import_module(package)
+    value = getattr(module, name)
+    home = getattr(value, "__module__", None)
+    if isinstance(home, str) and home.startswith("lightning_ortho") and home in sys.modules:
+        if getattr(sys.modules[home], name, None) is value:
+            return f"{home}.{name}"
+    return f"{package}.{name}"
+
+
+_griffe_package = None
+
+
+def renderable(path: str) -> bool:
+    """Whether mkdocstrings can find ``path`` by static analysis (griffe), aliases followed to their target."""
+    global _griffe_package
+    import griffe
+
+    if _griffe_package is None:
+        _griffe_package = griffe.load("lightning_ortho", search_paths=[str(ROOT)], resolve_aliases=False)
+    try:
+        found = _griffe_package[path.removeprefix("lightning_ortho.")]
+        if found.is_alias:
+            found.final_target  # noqa: B018 (raises when the alias cannot be resolved)
+    except Exception:  # griffe raises KeyError or AliasResolutionError for what it cannot follow
+        return False
+    return True
+
+
+def plain_entry(package: str, name: str) -> str:
+    """A reference entry for a name static analysis cannot follow (a constant re-exported past a shadowing name)."""
+    value = getattr(importlib.import_module(package), name)
+    text = repr(value)
+    if len(text) > 160:
+        text = text[:160] + " ..."
+    return f"## `{name}` {{ #{package}.{name} }}\n\n`{type(value).__name__}`: `{text}`"
+
+
+def api_markdown(package: str) -> str:
+    """The reference of ``package``: its docstring, then every name of its ``__all__`` in order."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    module = importlib.import_module(package)
+    names = list(getattr(module, "__all__", []))
+    if not names:
+        raise PluginError(f"<!-- api:{package} -->: {package} has no __all__")
+    blocks = [f"::: {package}\n    options:\n      members: false\n      show_root_heading: false"]
+    for name in names:
+        path = next((p for p in (api_path(package, name), f"{package}.{name}") if renderable(p)), None)
+        if path is None:
+            blocks.append(plain_entry(package, name))
+        else:
+            blocks.append(f"::: {path}\n    options:\n      show_root_full_path: false")
+    return "\n\n".join(blocks)
+
+
+def on_files(files, config):
+    for path in sorted(RESULTS.glob("*.png")):
+        files.append(File.generated(config, f"{FIGURES}/{path.name}", abs_src_path=str(path)))
+    return files
+
+
+def on_pre_build(config):
+    _shown.clear()
+
+
+def on_page_markdown(markdown, page, config, files):
+    bodies = _all_sections()
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in bodies:
+            raise PluginError(
+                f"{page.file.src_uri}: <!-- results:{name} -->: no results benchmarks/results/{name}-*.json"
+            )
+        _shown.add(name)
+        depth = page.file.src_uri.count("/")
+        prefix = "../" * depth
+        images = [f"![{name}: {p.stem}]({prefix}{FIGURES}/{p.name})" for p in figures(name)]
+        return "\n\n".join([bodies[name], *images])
+
+    markdown = API.sub(lambda match: api_markdown(match.group(1)), markdown)
+    return MARKER.sub(replace, markdown)
+
+
+def on_post_build(config):
+    missing = sorted(set(_all_sections()) - _shown)
+    if missing:
+        raise PluginError(
+            "benchmarks with results that no docs page shows (add <!-- results:NAME --> to a page under "
+            "docs/results/): " + ", ".join(missing)
+        )
