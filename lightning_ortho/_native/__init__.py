@@ -3,7 +3,9 @@
 Some of the library's hot paths at small sizes are a GEMM plus a handful of row-wise passes; in eager PyTorch each
 pass is a kernel launch of a few microseconds, which at ``d = 64`` costs more than the arithmetic. The row passes are
 written once in C (the ``.c`` files beside this module) and compiled in well under a second with ``-O3`` (portable
-code: no ``-march``, no fast-math, so results are IEEE and reproducible). The GEMMs stay with PyTorch's BLAS.
+code: no ``-march``, no fast-math, no contraction of a multiply and an add, so results are IEEE). On x86-64 Linux
+each kernel is built twice, for AVX2 and for the baseline, and the CPU's clone is chosen at load (``vector_clones.h``).
+The GEMMs stay with PyTorch's BLAS.
 
 The shared library is cached per source, compiler and platform under ``$LIGHTNING_ORTHO_CACHE_DIR`` (default
 ``~/.cache/lightning_ortho``) and written atomically, so concurrent processes (DDP, test workers) may build it at
@@ -30,9 +32,11 @@ from pathlib import Path
 
 __all__ = ["NativeKernelsUnavailableWarning", "cache_dir", "compiler", "enabled", "load"]
 
-#: Compiler flags: optimised, portable (no ``-march=native``: the cache may be shared between machines), IEEE
-#: semantics (no ``-ffast-math``); ``-fopenmp-simd`` only honours the ``omp simd`` pragmas (no OpenMP runtime).
-FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
+#: Compiler flags: optimised, portable (no ``-march=native``: the cache may be shared between machines; the AVX2
+#: clones of ``vector_clones.h`` are chosen per CPU at load), IEEE semantics (no ``-ffast-math``, and
+#: ``-ffp-contract=off``: clang would otherwise fuse ``a * b + c`` into an FMA where the CPU has one);
+#: ``-fopenmp-simd`` only honours the ``omp simd`` pragmas (no OpenMP runtime).
+FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-ffp-contract=off")
 #: Linked after the source: the C math library (tanh, sqrt).
 LIBRARIES = ("-lm",)
 
@@ -72,10 +76,12 @@ def _build(source: Path, command: list[str]) -> Path:
     """Compile ``source`` into the cache (if not there yet) and return the library's path; raises ``OSError`` or
     ``subprocess.SubprocessError`` on failure."""
     text = source.read_bytes()
+    headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]  # what the sources may include
     key = hashlib.sha256(
         b"\0".join(
             [
                 text,
+                *headers,
                 " ".join(command + list(FLAGS) + list(LIBRARIES)).encode(),
                 platform.platform().encode(),
                 sys.implementation.cache_tag.encode(),

@@ -11,7 +11,10 @@
  */
 #include <math.h>
 
+#include "vector_clones.h"
+
 #define DEFINE_KERNELS(T, SUFFIX)                                                                                     \
+    VECTOR_CLONES                                                                                                     \
     void reflect_rows_##SUFFIX(const T *restrict x, const T *restrict v, T *restrict y, T *restrict c_out,            \
                                T *restrict vv_out, long n, long d, double *restrict span) {                           \
         double lowest = INFINITY, highest = -INFINITY;                                                                \
@@ -38,6 +41,7 @@
         span[1] = undefined ? NAN : highest;                                                                          \
     }                                                                                                                 \
                                                                                                                       \
+    VECTOR_CLONES                                                                                                     \
     void reflect_rows_backward_##SUFFIX(const T *restrict g, long g_row_stride, long g_column_stride,                 \
                                         const T *restrict v, const T *restrict y, const T *restrict c,                \
                                         const T *restrict vv, T *restrict u, T *restrict r, long n, long d) {         \

@@ -12,8 +12,11 @@
  */
 #include <math.h>
 
+#include "vector_clones.h"
+
 #define DEFINE_KERNELS(T, SUFFIX, SQRT)                                                                               \
     /* Returns the sum of h_tilde' (NaN/inf when the step is not finite). */                                          \
+    VECTOR_CLONES                                                                                                     \
     double uoro_tanh_gir_rows_##SUFFIX(const T *restrict h_new, const T *restrict prop, const T *restrict nu,         \
                                        const T *restrict tau, const T *restrict h, const T *restrict x,               \
                                        const T *restrict w_norm, long batch, long hidden, long inputs, T eps,         \
@@ -58,6 +61,7 @@
                                                                                                                       \
     /* w_tilde (batch, P) with P = H H + H I + H laid out as [vec(W_h), vec(W_x), b]: w <- w / gamma + g a^T in       \
      * one pass, and each stream's new norm into norms. */                                                            \
+    VECTOR_CLONES                                                                                                     \
     void uoro_tanh_commit_##SUFFIX(T *restrict w_tilde, const T *restrict inverse_gamma, const T *restrict g,         \
                                    const T *restrict h, const T *restrict x, long batch, long hidden, long inputs,    \
                                    T *restrict norms) {                                                               \
@@ -96,6 +100,7 @@
     /* The summed estimate sum_b (grad_h_b . h_tilde_b) w_tilde_b into out (P,), reading w_tilde once, in blocks of   \
      * out that stay in L1 across the streams; scale (B,) is scratch. Returns the sum of out (NaN/inf when the        \
      * estimate or grad_h is not finite). */                                                                          \
+    VECTOR_CLONES                                                                                                     \
     double uoro_gradient_##SUFFIX(const T *restrict w_tilde, const T *restrict grad_h, const T *restrict h_tilde,     \
                                   long batch, long hidden, long size, T *restrict scale, T *restrict out) {           \
         for (long b = 0; b < batch; ++b) {                                                                            \
