@@ -10,7 +10,12 @@ from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout, real_fe
 
 
 def readout_step(
-    readout: Readout | nn.Linear, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str, streams: float
+    readout: Readout | nn.Linear,
+    h: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor | None,
+    loss: str,
+    streams: float,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The step's masked loss sum, ``dL/dh`` and the readout's parameter gradients, with ``L = loss_sum / streams``.
 
@@ -18,7 +23,8 @@ def readout_step(
     reads :func:`~lightning_ortho.models.online_readout.real_features`, and ``dL/dh = dL/dRe h + i dL/dIm h``, as
     autograd gives it); ``y`` ``(b,)`` int64
     class indices, or ``(b, O)`` float (probabilities for ``"cross_entropy"``, real targets for ``"mse"``); ``mask``
-    ``(b,)`` bool; ``streams`` the divisor. With ``o = readout(h)`` computed in at least float32 (autocast off) and
+    ``(b,)`` bool, or ``None`` when every stream scores (the same result, without the masking kernels: the caller
+    knows it from the chunk's mask, read once per chunk); ``streams`` the divisor. With ``o = readout(h)`` computed in at least float32 (autocast off) and
     per stream ``l = 0.5 ||o - y||^2`` (``dl/do = o - y``) or
     ``l = -sum_k y_k log softmax(o)_k`` (``dl/do = softmax(o) sum_k y_k - y``; a class index is its one-hot row),
     ``g = dL/do = (dl/do) * mask / streams``; then ``dL/dh = g W`` (kind ``"linear"``, ``o = h W^T + c``) or ``g``
@@ -78,28 +84,33 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _loss_and_gradient(
     outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str, streams: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sum of l over masked streams, g = (dl/do) * mask / streams)`` for ``outputs`` ``(b, O)``."""
-    rows = mask[:, None]
+    """``(sum of l over masked streams, g = (dl/do) * mask / streams)`` for ``outputs`` ``(b, O)`` (``mask``
+    ``None``: every stream)."""
     if loss == "mse":
         if not y.is_floating_point():
             raise ValueError(f"readout_step: loss='mse' takes float (b, O) targets, got {y.dtype}.")
-        # where() after the subtraction: a NaN/inf target at a masked stream is dropped, not multiplied by zero
-        residual = torch.where(rows, outputs - y.to(outputs.dtype), 0.0)
+        if mask is None:  # not in place: the "units" readout's outputs are a view of h
+            residual = outputs - (y if y.dtype == outputs.dtype else y.to(outputs.dtype))
+        else:  # where() after the subtraction: a NaN/inf target at a masked stream is dropped, not multiplied by 0
+            residual = torch.where(mask[:, None], outputs - y.to(outputs.dtype), 0.0)
         flat = residual.view(-1)
         return torch.dot(flat, flat).mul_(0.5), residual.div_(streams)
     if loss != "cross_entropy":
         raise ValueError(f"readout_step: loss must be 'mse' or 'cross_entropy', got {loss!r}.")
     log_p = torch.log_softmax(outputs, -1)
     if y.dtype == torch.long:
-        mask = mask & (y != IGNORE_INDEX)  # as cross_entropy's ignore_index (read_chunk already masks them)
+        # as cross_entropy's ignore_index (read_chunk already masks them)
+        mask = y != IGNORE_INDEX if mask is None else mask & (y != IGNORE_INDEX)
         rows = mask[:, None]
         index = torch.where(mask, y, 0)[:, None]  # padding may be out of range
         loss_sum = torch.where(mask, log_p.gather(1, index).squeeze(1), 0.0).sum().neg_()
         # softmax(o) - onehot(y), zero at masked streams
         g = torch.where(rows, log_p.exp_().scatter_(1, index, -1.0, reduce="add"), 0.0)
         return loss_sum, g.div_(streams)
-    target = torch.where(rows, y.to(outputs.dtype), 0.0)  # padding may be NaN or inf
-    loss_sum = torch.dot(target.view(-1), log_p.view(-1)).neg_()
+    target = y.to(outputs.dtype)
+    if mask is not None:
+        target = torch.where(mask[:, None], target, 0.0)  # padding may be NaN or inf
+    loss_sum = torch.dot(target.reshape(-1), log_p.view(-1)).neg_()  # reshape: y may be a step of a chunk
     # target - softmax(o) * sum_k target_k = -(dl/do); the sign goes into the division
     g = torch.addcmul(target, log_p.exp_(), target.sum(-1, keepdim=True), value=-1.0)
     return loss_sum, g.div_(-streams)

@@ -186,13 +186,17 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         self._begin_chunk(chunk)
         x = chunk.x.to(carry.state.h.real.dtype)  # a complex state reads real inputs
         loss_sum = torch.zeros((), device=x.device, dtype=torch.float64)
-        # Which steps have a loss, and how many entries: read once per chunk (one host sync, not one per step).
-        active, count = chunk.mask.any(0).tolist(), int(chunk.mask.sum())
+        # Which steps have a loss, at which of them every stream scores, and how many entries: read once per chunk
+        # (one host sync, not one per step).
+        mask = chunk.mask
+        active, everywhere = torch.stack((mask.any(0), mask.all(0))).tolist()
+        count = int(mask.sum())
         for t in range(chunk.steps):
             with _no_autocast(x):
                 h, carry.state = self.estimator.step(x[:, t], carry.state)
             if active[t]:
-                loss_sum = loss_sum + self._accumulate(h, chunk.y[:, t], chunk.mask[:, t], chunk.streams)
+                step_mask = None if everywhere[t] else mask[:, t]  # None: readout_step skips the masking
+                loss_sum = loss_sum + self._accumulate(h, chunk.y[:, t], step_mask, chunk.streams)
             carry.window_steps += 1
             if carry.window_steps >= self.update_every:  # ">": resumed with a smaller update_every (warned)
                 self._update()
@@ -202,7 +206,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             if self.loss_name == "cross_entropy":
                 self.log("train_bits", (mean / math.log(2)).float(), batch_size=chunk.streams, sync_dist=True)
 
-    def _accumulate(self, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, streams: int) -> torch.Tensor:
+    def _accumulate(self, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, streams: int) -> torch.Tensor:
         """Add step t's gradient estimate to the window's buffer; return the step's masked loss sum (detached).
 
         ``dL_t/dh_t`` and the readout's gradients come in closed form (``readout_step``: a few kernels, no autograd
@@ -214,8 +218,9 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             try:
                 cell_grads = self.estimator.gradient(self.carry.state, grad_h.to(h.dtype))
             except (ValueError, FloatingPointError) as error:  # the error path: name the cause if the module can
+                scored = torch.ones(h.shape[0], dtype=torch.bool, device=h.device) if mask is None else mask
                 cause = explain_nonfinite_grad_h(
-                    grad_h, h, y, mask, self.readout, list(self.named_parameters()), self.global_step, self.hparams.lr
+                    grad_h, h, y, scored, self.readout, list(self.named_parameters()), self.global_step, self.hparams.lr
                 )
                 if cause is None:
                     raise
@@ -225,9 +230,12 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             *((f"cell.{n}", g) for n, g in cell_grads.items()),
             *zip(readout, readout_grads, strict=True),
         ]
+        buffers, grads = [], []
         for name, g in found:
             if name in pending:  # frozen parameters have no buffer
-                pending[name] += g.to(pending[name].dtype)
+                buffers.append(pending[name])
+                grads.append(g if g.dtype == pending[name].dtype else g.to(pending[name].dtype))
+        torch._foreach_add_(buffers, grads)  # one call for all of them: each add_ costs more than its arithmetic
         return loss_sum
 
     def _pending_buffer(self) -> dict[str, torch.Tensor]:

@@ -14,7 +14,10 @@ B, H, OUT = 6, 7, 4
 
 
 def autograd_step(readout, h, y, mask, loss, streams):
-    """The reference: what OnlineRNNModule._accumulate took by autograd before the closed form."""
+    """The reference: what OnlineRNNModule._accumulate took by autograd before the closed form (``mask`` None:
+    every stream)."""
+    if mask is None:
+        mask = torch.ones(h.shape[0], dtype=torch.bool)
     h_in = h.detach().requires_grad_(True)
     params = [p for p in readout.parameters() if p.requires_grad]
     with torch.enable_grad():
@@ -41,6 +44,7 @@ MASKS = {
     "some": [True, False, True, False, True, True],
     "all": [True] * B,
     "none": [False] * B,
+    "None": None,  # every stream scores, said by mask=None: the path without masking kernels
 }
 
 
@@ -50,12 +54,20 @@ MASKS = {
 def test_equals_autograd_in_float64(readout_kind, loss, kind, mask):
     g = torch.Generator().manual_seed(0)
     readout = Readout(readout_kind, H, OUT).double()
-    mask = torch.tensor(MASKS[mask])
+    mask = None if MASKS[mask] is None else torch.tensor(MASKS[mask])
     h = torch.randn(B, H, generator=g, dtype=torch.float64)
-    y = targets(kind, torch.float64, mask, g)
+    y = targets(kind, torch.float64, torch.ones(B, dtype=torch.bool) if mask is None else mask, g)
+    y = torch.stack((y, y), 1)[:, 1]  # a step of a chunk, as the module passes it: not contiguous
     streams = B + 2  # not the batch size: the division is by the given number of streams
     expected = autograd_step(readout, h, y, mask, loss, streams)
+    h_before = h.clone()
     got = readout_step(readout, h, y, mask, loss, streams)
+    assert torch.equal(h, h_before)  # the "units" readout's outputs are a view of h: never written in place
+    if mask is None:  # the same as saying every stream scores with a mask
+        with_mask = readout_step(readout, h, y, torch.ones(B, dtype=torch.bool), loss, streams)
+        for a, b in zip([got[0], got[1], *got[2]], [with_mask[0], with_mask[1], *with_mask[2]], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-15, atol=0)
+        mask = torch.ones(B, dtype=torch.bool)
     assert got[0].dtype == torch.float64 and got[1].dtype == torch.float64 and not got[1].requires_grad
     torch.testing.assert_close(got[0], expected[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got[1], expected[1], rtol=1e-12, atol=1e-14)
@@ -135,18 +147,24 @@ def test_bad_loss_is_a_clear_error():
 
 @pytest.mark.parametrize("loss, soft", [("mse", False), ("cross_entropy", False), ("cross_entropy", True)])
 def test_module_trains_as_with_the_autograd_readout(loss, soft, tmp_path, monkeypatch):
-    """A short float32 fit with the closed form against the same fit with the autograd readout."""
-    torch.manual_seed(0)
-    initial = {n: p.detach().clone() for n, p in model("uoro", loss=loss).named_parameters()}
-    fitted = []
-    for step in (readout_step, autograd_step):
-        monkeypatch.setattr(online_rnn_module, "readout_step", step)
+    """A short fit with the closed form against the same fit with the autograd readout, in float64: in float32 the
+    two differ by rounding that UORO's four updates amplify to ~1e-6, past any tolerance that is not the CPU's."""
+    torch.set_default_dtype(torch.float64)
+    try:
         torch.manual_seed(0)
-        module = model("uoro", loss=loss, update_every=2, optimizer="sgd", lr=0.5)  # sgd: not scale-free
-        data = TinyStreams(streams=3, steps=4, chunks_per_epoch=2, loss=loss, soft=soft)
-        trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(module, data)
-        assert module.global_step == 4
-        fitted.append({n: p.detach().clone() for n, p in module.named_parameters()})
+        initial = {n: p.detach().clone() for n, p in model("uoro", loss=loss).named_parameters()}
+        fitted = []
+        for step in (readout_step, autograd_step):
+            monkeypatch.setattr(online_rnn_module, "readout_step", step)
+            torch.manual_seed(0)
+            module = model("uoro", loss=loss, update_every=2, optimizer="sgd", lr=0.5)  # sgd: not scale-free
+            data = TinyStreams(streams=3, steps=4, chunks_per_epoch=2, loss=loss, soft=soft)
+            trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(module, data)
+            assert module.global_step == 4
+            fitted.append({n: p.detach().clone() for n, p in module.named_parameters()})
+    finally:
+        torch.set_default_dtype(torch.float32)
     for name, p in fitted[0].items():
-        torch.testing.assert_close(p, fitted[1][name], rtol=1e-5, atol=1e-6, msg=name)
+        assert p.dtype == torch.float64, name
+        torch.testing.assert_close(p, fitted[1][name], rtol=1e-12, atol=1e-12, msg=name)
         assert (p - initial[name]).abs().max() > 1e-3, name  # every parameter moved: the fits did train
