@@ -248,13 +248,13 @@ class Runner:
         if closed_form:  # imported here: the memory benchmark's processes import lightning_ortho.online only
             from lightning_ortho.models.online_readout_step import readout_step
 
-            everywhere = torch.ones(self.problem.batch, dtype=torch.bool)
         for _ in range(steps):
             x, y = self.problem.data(self.t)
             h, state = est.step(x, state)
             if closed_form:
-                # streams = b O / 2: the module's loss sum 0.5 ||o - y||^2 / streams is then mse_loss's mean
-                _, grad_h, readout_grads = readout_step(readout, h, y, everywhere, "mse", y.numel() / 2)
+                # streams = b O / 2: the module's loss sum 0.5 ||o - y||^2 / streams is then mse_loss's mean; mask
+                # None: every stream scores at every step, which the module reads from the chunk's mask
+                _, grad_h, readout_grads = readout_step(readout, h, y, None, "mse", y.numel() / 2)
             else:
                 h = h.detach().requires_grad_(True)
                 loss = nn.functional.mse_loss(readout(h), y)

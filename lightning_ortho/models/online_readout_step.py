@@ -1,12 +1,16 @@
 """One online step's readout loss and its gradients in closed form: what ``torch.autograd.grad`` of
-``masked_loss_sum(readout(h), y, mask, loss) / streams`` gives, in a handful of kernels and without a graph."""
+``masked_loss_sum(readout(h), y, mask, loss) / streams`` gives, in a handful of kernels and without a graph (or, for
+a linear readout of float32/float64 CPU tensors, one C pass: :mod:`lightning_ortho._native.readout`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from lightning_ortho._native.readout import LARGEST_PRODUCT, linear_readout, linear_readout_kernel
 from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout, real_features
+
+__all__ = ["readout_step"]
 
 
 def readout_step(
@@ -16,6 +20,8 @@ def readout_step(
     mask: torch.Tensor | None,
     loss: str,
     streams: float,
+    *,
+    native: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The step's masked loss sum, ``dL/dh`` and the readout's parameter gradients, with ``L = loss_sum / streams``.
 
@@ -24,12 +30,16 @@ def readout_step(
     autograd gives it); ``y`` ``(b,)`` int64
     class indices, or ``(b, O)`` float (probabilities for ``"cross_entropy"``, real targets for ``"mse"``); ``mask``
     ``(b,)`` bool, or ``None`` when every stream scores (the same result, without the masking kernels: the caller
-    knows it from the chunk's mask, read once per chunk); ``streams`` the divisor. With ``o = readout(h)`` computed in at least float32 (autocast off) and
-    per stream ``l = 0.5 ||o - y||^2`` (``dl/do = o - y``) or
+    knows it from the chunk's mask, read once per chunk); ``streams`` the divisor. With ``o = readout(h)`` computed
+    in at least float32 (autocast off) and per stream ``l = 0.5 ||o - y||^2`` (``dl/do = o - y``) or
     ``l = -sum_k y_k log softmax(o)_k`` (``dl/do = softmax(o) sum_k y_k - y``; a class index is its one-hot row),
     ``g = dL/do = (dl/do) * mask / streams``; then ``dL/dh = g W`` (kind ``"linear"``, ``o = h W^T + c``) or ``g``
     padded with zeros to ``H`` (kind ``"units"``), ``dL/dW = g^T h`` and ``dL/dc = sum_streams g``. Masked streams
     contribute exactly zero, whatever their targets hold (NaN, inf, out-of-range classes, -100).
+
+    A linear readout whose ``h``, weight, bias and float targets share one dtype, float32 or float64, on the CPU,
+    of at most ``LARGEST_PRODUCT`` streams x outputs x units, runs as one C pass (the same expressions, equal to
+    rounding); ``native=False`` (or ``LIGHTNING_ORTHO_NATIVE=0``) keeps the PyTorch ops.
 
     Returns:
         ``(loss_sum, grad_h, readout_grads)``: the sum of ``l`` over the masked streams as a detached float64
@@ -40,9 +50,17 @@ def readout_step(
         ValueError: ``loss`` is neither ``"mse"`` nor ``"cross_entropy"``, or int64 targets with ``"mse"``.
     """
     if h.is_complex():  # the readout reads [Re h, Im h] interleaved; dL/dh = dL/dRe h + i dL/dIm h (autograd's)
-        loss_sum, grad_features, grads = readout_step(readout, real_features(h), y, mask, loss, streams)
+        loss_sum, grad_features, grads = readout_step(readout, real_features(h), y, mask, loss, streams, native=native)
         return loss_sum, torch.view_as_complex(grad_features.view(*h.shape, 2)), grads
+    if loss not in ("mse", "cross_entropy"):
+        raise ValueError(f"readout_step: loss must be 'mse' or 'cross_entropy', got {loss!r}.")
+    if loss == "mse" and not y.is_floating_point():
+        raise ValueError(f"readout_step: loss='mse' takes float (b, O) targets, got {y.dtype}.")
     linear = readout if isinstance(readout, nn.Linear) else readout.linear
+    if native and linear is not None:
+        found = _native_step(linear, h, y, mask, loss, streams)
+        if found is not None:
+            return found
     if torch.is_autocast_enabled(h.device.type):  # the loss in at least float32, as masked_loss_sum computes it
         with torch.autocast(h.device.type, enabled=False):
             return _step(readout, linear, h, y, mask, loss, streams)
@@ -76,6 +94,33 @@ def _step(readout, linear, h, y, mask, loss, streams):
     return loss_sum.double(), _as(grad_h, h.dtype), grads
 
 
+def _native_step(linear: nn.Linear, h, y, mask, loss, streams):
+    """The C pass's ``(loss_sum, grad_h, readout_grads)``, or ``None`` where it does not apply (see
+    :func:`readout_step`) or its loss is not finite (NaN/inf, an out-of-range class): the PyTorch ops then run,
+    and say what is wrong."""
+    weight, bias = linear.weight, linear.bias
+    dtype = h.dtype
+    if weight.dtype is not dtype or y.dtype is not (dtype if y.is_floating_point() else torch.int64):
+        return None
+    if bias is not None and (bias.dtype is not dtype or not bias.is_contiguous()):
+        return None
+    if not (h.is_contiguous() and weight.is_contiguous()) or h.shape[0] * weight.numel() > LARGEST_PRODUCT:
+        return None
+    if y.is_cuda or (mask is not None and (mask.dtype is not torch.bool or mask.is_cuda)):
+        return None
+    kernel = linear_readout_kernel(h)  # None: not a CPU float32/float64 tensor, or no kernels
+    if kernel is None:
+        return None
+    weight_grad, bias_grad = weight.requires_grad, bias is not None and bias.requires_grad
+    loss_sum, grad_h, grad_weight, grad_bias = linear_readout(
+        kernel, h, weight, bias, y, mask, loss == "cross_entropy", IGNORE_INDEX, streams,
+        weight_grad=weight_grad, bias_grad=bias_grad,
+    )  # fmt: skip
+    if loss_sum is None:
+        return None
+    return loss_sum, grad_h, [grad_weight] * weight_grad + [grad_bias] * bias_grad
+
+
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     t = t.detach()
     return t if t.dtype == dtype else t.to(dtype)
@@ -87,16 +132,12 @@ def _loss_and_gradient(
     """``(sum of l over masked streams, g = (dl/do) * mask / streams)`` for ``outputs`` ``(b, O)`` (``mask``
     ``None``: every stream)."""
     if loss == "mse":
-        if not y.is_floating_point():
-            raise ValueError(f"readout_step: loss='mse' takes float (b, O) targets, got {y.dtype}.")
         if mask is None:  # not in place: the "units" readout's outputs are a view of h
             residual = outputs - (y if y.dtype == outputs.dtype else y.to(outputs.dtype))
         else:  # where() after the subtraction: a NaN/inf target at a masked stream is dropped, not multiplied by 0
             residual = torch.where(mask[:, None], outputs - y.to(outputs.dtype), 0.0)
         flat = residual.view(-1)
         return torch.dot(flat, flat).mul_(0.5), residual.div_(streams)
-    if loss != "cross_entropy":
-        raise ValueError(f"readout_step: loss must be 'mse' or 'cross_entropy', got {loss!r}.")
     log_p = torch.log_softmax(outputs, -1)
     if y.dtype == torch.long:
         # as cross_entropy's ignore_index (read_chunk already masks them)

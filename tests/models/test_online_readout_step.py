@@ -4,7 +4,9 @@
 import pytest
 import torch
 
+import lightning_ortho.models.online_readout_step as online_readout_step
 import lightning_ortho.models.online_rnn_module as online_rnn_module
+from lightning_ortho._native.readout import LARGEST_PRODUCT, linear_readout_kernel
 from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.online.losses import masked_loss_sum
@@ -39,6 +41,31 @@ def targets(kind, dtype, mask, g):
     return torch.where(mask[:, None], y, padding[:, None])
 
 
+NATIVE = pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+
+
+@pytest.fixture
+def kernel_runs(monkeypatch):
+    """How many times the C pass ran (so a "native" case that silently took the PyTorch ops fails)."""
+    runs = []
+    original = online_readout_step.linear_readout
+
+    def counting(*args, **kwargs):
+        found = original(*args, **kwargs)
+        runs.append(found[0] is not None)  # None: the pass declined (NaN, out-of-range class)
+        return found
+
+    monkeypatch.setattr(online_readout_step, "linear_readout", counting)
+    return runs
+
+
+def native_ran(runs, native, readout_kind, dtype=torch.float64):
+    """Whether the C pass must have run for this case: a linear readout of float32/float64 with native on."""
+    expected = native and readout_kind == "linear" and dtype in (torch.float32, torch.float64)
+    expected = expected and linear_readout_kernel(torch.zeros(1, dtype=dtype)) is not None
+    return runs == ([True] if expected else [])
+
+
 CASES = [("mse", "real"), ("cross_entropy", "index"), ("cross_entropy", "probabilities")]
 MASKS = {
     "some": [True, False, True, False, True, True],
@@ -48,10 +75,11 @@ MASKS = {
 }
 
 
+@NATIVE
 @pytest.mark.parametrize("mask", MASKS, ids=list(MASKS))
 @pytest.mark.parametrize("loss, kind", CASES, ids=[k for _, k in CASES])
 @pytest.mark.parametrize("readout_kind", ["linear", "units"])
-def test_equals_autograd_in_float64(readout_kind, loss, kind, mask):
+def test_equals_autograd_in_float64(readout_kind, loss, kind, mask, native, kernel_runs):
     g = torch.Generator().manual_seed(0)
     readout = Readout(readout_kind, H, OUT).double()
     mask = None if MASKS[mask] is None else torch.tensor(MASKS[mask])
@@ -61,10 +89,11 @@ def test_equals_autograd_in_float64(readout_kind, loss, kind, mask):
     streams = B + 2  # not the batch size: the division is by the given number of streams
     expected = autograd_step(readout, h, y, mask, loss, streams)
     h_before = h.clone()
-    got = readout_step(readout, h, y, mask, loss, streams)
+    got = readout_step(readout, h, y, mask, loss, streams, native=native)
+    assert native_ran(kernel_runs, native, readout_kind)
     assert torch.equal(h, h_before)  # the "units" readout's outputs are a view of h: never written in place
     if mask is None:  # the same as saying every stream scores with a mask
-        with_mask = readout_step(readout, h, y, torch.ones(B, dtype=torch.bool), loss, streams)
+        with_mask = readout_step(readout, h, y, torch.ones(B, dtype=torch.bool), loss, streams, native=native)
         for a, b in zip([got[0], got[1], *got[2]], [with_mask[0], with_mask[1], *with_mask[2]], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-15, atol=0)
         mask = torch.ones(B, dtype=torch.bool)
@@ -80,8 +109,9 @@ def test_equals_autograd_in_float64(readout_kind, loss, kind, mask):
         assert got[1].abs().max() > 0  # the comparison is not of zeros
 
 
+@NATIVE
 @pytest.mark.parametrize("frozen", ["weight", "bias", "both"])
-def test_frozen_readout_parameters_are_skipped(frozen):
+def test_frozen_readout_parameters_are_skipped(frozen, native, kernel_runs):
     g = torch.Generator().manual_seed(1)
     readout = Readout("linear", H, OUT).double()
     for name in ("weight", "bias") if frozen == "both" else (frozen,):
@@ -89,34 +119,39 @@ def test_frozen_readout_parameters_are_skipped(frozen):
     mask = torch.tensor(MASKS["some"])
     h, y = torch.randn(B, H, generator=g, dtype=torch.float64), targets("index", torch.float64, mask, g)
     expected = autograd_step(readout, h, y, mask, "cross_entropy", B)
-    got = readout_step(readout, h, y, mask, "cross_entropy", B)
+    got = readout_step(readout, h, y, mask, "cross_entropy", B, native=native)
+    assert native_ran(kernel_runs, native, "linear")
     assert len(got[2]) == len(expected[2]) == (0 if frozen == "both" else 1)
     for a, b in zip([got[1], *got[2]], [expected[1], *expected[2]], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
-def test_no_bias_and_ignore_index_at_a_scored_entry_as_cross_entropy_ignores_it():
+@NATIVE
+def test_no_bias_and_ignore_index_at_a_scored_entry_as_cross_entropy_ignores_it(native, kernel_runs):
     g = torch.Generator().manual_seed(2)
     readout = Readout("linear", H, OUT).double()
     readout.linear.bias = None
     mask = torch.ones(B, dtype=torch.bool)  # -100 is scored by the mask but ignored by the loss
     h, y = torch.randn(B, H, generator=g, dtype=torch.float64), torch.tensor([0, IGNORE_INDEX, 3, 1, 2, 0])
     expected = autograd_step(readout, h, y, mask, "cross_entropy", B)
-    got = readout_step(readout, h, y, mask, "cross_entropy", B)
+    got = readout_step(readout, h, y, mask, "cross_entropy", B, native=native)
+    assert native_ran(kernel_runs, native, "linear")
     for a, b in zip([got[0], got[1], *got[2]], [expected[0], expected[1], *expected[2]], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
+@NATIVE
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("loss, kind", CASES, ids=[k for _, k in CASES])
 @pytest.mark.parametrize("readout_kind", ["linear", "units"])
-def test_float32_and_bfloat16_within_their_precision(readout_kind, loss, kind, dtype):
+def test_float32_and_bfloat16_within_their_precision(readout_kind, loss, kind, dtype, native, kernel_runs):
     g = torch.Generator().manual_seed(3)
     readout = Readout(readout_kind, H, OUT).to(dtype)
     mask = torch.tensor(MASKS["some"])
     h, y = torch.randn(B, H, generator=g).to(dtype), targets(kind, dtype, mask, g)
     expected = autograd_step(readout, h, y, mask, loss, B)
-    got = readout_step(readout, h, y, mask, loss, B)
+    got = readout_step(readout, h, y, mask, loss, B, native=native)
+    assert native_ran(kernel_runs, native, readout_kind, dtype)
     assert got[0].dtype == torch.float64 and got[1].dtype == dtype
     assert [t.dtype for t in got[2]] == [dtype] * len(got[2]) and len(got[2]) == len(expected[2])
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-6}
@@ -168,3 +203,39 @@ def test_module_trains_as_with_the_autograd_readout(loss, soft, tmp_path, monkey
         assert p.dtype == torch.float64, name
         torch.testing.assert_close(p, fitted[1][name], rtol=1e-12, atol=1e-12, msg=name)
         assert (p - initial[name]).abs().max() > 1e-3, name  # every parameter moved: the fits did train
+
+
+@pytest.mark.parametrize("what", ["nan_h", "out_of_range_class", "too_large", "strided_h", "float32_targets"])
+def test_the_c_pass_declines_and_the_pytorch_ops_answer(what, kernel_runs):
+    """Where the C pass does not apply (too large, strided, mixed dtypes) or its loss is not finite (NaN in h, a
+    scored class out of range), readout_step gives exactly what the PyTorch ops give: their NaN, their error."""
+    g = torch.Generator().manual_seed(5)
+    readout = Readout("linear", H, OUT).double()
+    mask = torch.ones(B, dtype=torch.bool)
+    h = torch.randn(B, H, generator=g, dtype=torch.float64)
+    y, loss = torch.randint(0, OUT, (B,), generator=g), "cross_entropy"
+    if what == "nan_h":
+        h[2, 3] = float("nan")
+    elif what == "out_of_range_class":
+        y[1] = OUT
+    elif what == "too_large":
+        wide = LARGEST_PRODUCT // (B * OUT) + 1
+        readout, h = Readout("linear", wide, OUT).double(), torch.randn(B, wide, generator=g, dtype=torch.float64)
+    elif what == "strided_h":
+        h = torch.randn(B, 2 * H, generator=g, dtype=torch.float64)[:, ::2]
+    else:
+        y, loss = torch.randn(B, OUT, generator=g), "mse"  # float32 targets of a float64 readout
+    if what == "out_of_range_class":
+        with pytest.raises((IndexError, RuntimeError)):
+            readout_step(readout, h, y, mask, loss, B, native=False)
+        with pytest.raises((IndexError, RuntimeError)):
+            readout_step(readout, h, y, mask, loss, B)
+        assert kernel_runs == [False]
+        return
+    expected = readout_step(readout, h, y, mask, loss, B, native=False)
+    got = readout_step(readout, h, y, mask, loss, B)
+    assert kernel_runs == ([False] if what == "nan_h" else [])
+    for a, b in zip([got[0], got[1], *got[2]], [expected[0], expected[1], *expected[2]], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    if what == "nan_h":
+        assert got[0].isnan() and got[1][2].isnan().all()
