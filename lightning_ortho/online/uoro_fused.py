@@ -69,6 +69,7 @@ class TanhUOROStep:
         self._rows: tuple | None = None  # (w_tilde, its views per stream: _rows_of)
         self._norms: tuple | None = None  # (w_tilde, its _version, ||w_tilde|| (B, 1)) after commit
         self._constants: tuple = (None,) * 5
+        self._checked: tuple | None = None  # (w_tilde, the kernels or None) that gir chose for its commit
 
     def _constants_like(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``(1, eps, -1, 2, ones (B, 1))`` in ``h``'s dtype and device: a 0-d tensor of the operands' dtype is the
@@ -138,6 +139,8 @@ class TanhUOROStep:
         step, so the caller can check its sum before anything is changed in place.
         """
         kernels = self._kernels(h, x, h_tilde, w_tilde, nu, tau)
+        # commit then takes the same path without checking again (its other operands come from here)
+        self._checked = (w_tilde, kernels)
         if kernels is not None:  # the row work in one C pass around the GEMMs
             preactivation, propagated = self._products(x, h, h_tilde)
             return gir_rows(kernels, preactivation.tanh_(), propagated, nu, tau, h, x, self._norm_of(w_tilde), self.eps,
@@ -164,7 +167,11 @@ class TanhUOROStep:
         is taken right after its update, while its row is still in the caches, for the next step's ``gamma``
         (:meth:`_norm_of`) instead of in a pass of its own.
         """
-        kernels = self._kernels(h, x, w_tilde, inverse_gamma, g)
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] is w_tilde:
+            kernels = checked[1]
+        else:
+            kernels = self._kernels(h, x, w_tilde, inverse_gamma, g)
         if kernels is not None:  # rescale, add and take the norms in one C pass
             norms = commit(kernels, w_tilde, inverse_gamma, g, h, x)
             if not w_tilde.is_inference():  # inference tensors have no version counter to check the norms by
