@@ -39,7 +39,8 @@ docs: $(BIN)/python
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
-# One benchmark (default: the small-size overhead table; BENCH=bench_orthogonal etc.), then the README's tables.
+# One benchmark (default: the small-size overhead table; BENCH=bench_orthogonal etc.), then the tables of the
+# documentation's results pages (docs/results/*.md) from benchmarks/results/*.json.
 BENCH ?= bench_small
 bench: install
 	$(BIN)/python -m benchmarks.$(BENCH)

@@ -306,7 +306,7 @@ def write_result(
 ) -> Path:
     """Write the result JSON of benchmark ``name`` (with ``extra`` top-level fields, which may override
     ``command``) to :func:`result_path` of ``stem`` (default ``name``; a tagged run of the same benchmark, which
-    the report renders in the same README section) and return its path."""
+    the report renders in the same results-page section) and return its path."""
     path = result_path(stem or name, device, args)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {

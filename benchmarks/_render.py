@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 class ReportError(ValueError):
-    """The results and the README's markers do not match, or a result file cannot be rendered."""
+    """The results and the results pages' markers do not match, or a result file cannot be rendered."""
 
 
 def claims_table(claims: list[dict]) -> list[str]:

@@ -45,7 +45,7 @@ closed-form log-determinants against the autograd path of JacobianDeterminantMon
    copy of the module, ``closed_form`` against ``autograd``, largest absolute difference (target 1e-8).
 
 Threads: ``--threads`` (default 1: this 2-core machine is shared, and one thread keeps a second job on the other
-core from doubling the times). Writes benchmarks/results/bench_callbacks-HARDWARE.json (+ .png); README table:
+core from doubling the times). Writes benchmarks/results/bench_callbacks-HARDWARE.json (+ .png); results table:
 bench_callbacks_render.py.
 """
 

@@ -1,4 +1,4 @@
-"""README tables of benchmarks/bench_callbacks.py (the monitors' overhead, log-determinants):
+"""Results-page tables of benchmarks/bench_callbacks.py (the monitors' overhead, log-determinants):
 ``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.bench_callbacks.render``."""
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ reason.
 
 Targets (issue): UORO's peak memory at T = 10^4 within 1.1x of T = 10^2; a UORO step (state projection) within
 3x of a forward step; RTRL's O(H^4) time (fitted exponent of time per step vs H); BPTT's memory growing with T.
-Writes benchmarks/results/bench_online-HARDWARE.json (+ .png); README table: bench_online_render.py.
+Writes benchmarks/results/bench_online-HARDWARE.json (+ .png); results table: bench_online_render.py.
 """
 
 from __future__ import annotations

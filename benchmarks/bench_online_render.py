@@ -1,4 +1,4 @@
-"""README tables of benchmarks/bench_online.py (time per step and peak memory of the online estimators):
+"""Results-page tables of benchmarks/bench_online.py (time per step and peak memory of the online estimators):
 ``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.bench_online.render``."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ replaces SVDLinear's two maps and nothing else. Epoch seconds (forward, loss, ba
 best of interleaved rounds (3 by default; a method past FCNN_SLOW_BUDGET seconds stops after two);
 ``epoch_ratio_to_aux`` is how many times longer than aux's epoch.
 
-Writes benchmarks/results/bench_orthogonal-HARDWARE.json (+ .png); README table: bench_orthogonal_render.py.
+Writes benchmarks/results/bench_orthogonal-HARDWARE.json (+ .png); results table: bench_orthogonal_render.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""README tables of benchmarks/bench_orthogonal.py (one orthogonal map beside nn.Linear, the FCNN epoch):
+"""Results-page tables of benchmarks/bench_orthogonal.py (one orthogonal map beside nn.Linear, the FCNN epoch):
 ``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.bench_orthogonal.render``."""
 
 from __future__ import annotations

@@ -299,7 +299,7 @@ def _details(row: dict) -> str:
 
 
 def render(data: dict) -> str:
-    """The README table: one line per row (what, measured figure, goal, holds, the times behind it)."""
+    """The results-page table: one line per row (what, measured figure, goal, holds, the times behind it)."""
     lines = [
         f"**{data['hardware']}** ({data.get('hardware_description', '')}), torch {data['torch']}, {data['date']}: "
         f"`{data['command']}` ({data.get('total_seconds', '?')} s). Ratios: median over interleaved rounds of each "

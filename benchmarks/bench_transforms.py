@@ -33,7 +33,7 @@ they apply against a dense nn.Linear, and what compressing a trained classifier 
 
 Learning and compression run at ``--threads`` (default 1: on this shared 2-core machine a second thread made a
 training step of the digits FCNN 10x slower while another job held the other core). Writes
-benchmarks/results/bench_transforms-HARDWARE.json (+ .png); README table: bench_transforms_render.py.
+benchmarks/results/bench_transforms-HARDWARE.json (+ .png); results table: bench_transforms_render.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""README tables of benchmarks/bench_transforms.py (learning, applying and compressing with fast transforms):
+"""Results-page tables of benchmarks/bench_transforms.py (learning, applying and compressing with fast transforms):
 ``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.bench_transforms.render``."""
 
 from __future__ import annotations

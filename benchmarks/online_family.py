@@ -37,7 +37,7 @@ Claims: "KF-RTRL has lower variance than UORO" (Mujika, Meier & Steger 2018), "S
 on characters" (Menick et al. 2021), "an LRU trained online with exact diagonal RTRL learns the 100-step delay copy
 task that a UORO-trained tanh RNN does not learn here" (Zucchet et al. 2023; learning = validation recall loss
 below half of chance), and the sanity check that the exact estimators align with backprop (cosine > 0.999).
-Writes benchmarks/results/online_family-HARDWARE.json (+ .png); README table: online_family_render.py.
+Writes benchmarks/results/online_family-HARDWARE.json (+ .png); results table: online_family_render.py.
 """
 
 from __future__ import annotations

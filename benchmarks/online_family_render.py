@@ -1,4 +1,4 @@
-"""Claims, figure and README table of ``python -m benchmarks.online_family`` (no torch import at module level: the
+"""Claims, figure and results-page table of ``python -m benchmarks.online_family`` (no torch import at module level: the
 report reads result files only)."""
 
 from __future__ import annotations

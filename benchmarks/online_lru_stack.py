@@ -27,7 +27,7 @@ Measured: the validation loss, the Adam updates done, the milliseconds per step 
 optimizer), and the training seconds per time step as paid (with the updates). The single LRU's and the tanh RNN's
 figures are read from the committed benchmarks/results/online_family-cpu1.json (not rerun). Claim: the stack learns
 the task (recall loss < 0.5 x chance) that the UORO tanh RNN does not. Writes
-benchmarks/results/online_lru_stack-HARDWARE.json; README table: online_lru_stack_render.py.
+benchmarks/results/online_lru_stack-HARDWARE.json; results table: online_lru_stack_render.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Claims and README table of ``python -m benchmarks.online_lru_stack`` (no torch import: the report reads result
+"""Claims and results-page table of ``python -m benchmarks.online_lru_stack`` (no torch import: the report reads result
 files only)."""
 
 from __future__ import annotations

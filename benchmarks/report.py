@@ -1,12 +1,15 @@
-"""Render the README's benchmark tables from benchmarks/results/*.json.
+"""Render the benchmark tables of the documentation's results pages (docs/results/*.md) from
+benchmarks/results/*.json.
 
-    python -m benchmarks.report            # rewrite the marked sections of README.md
+    python -m benchmarks.report            # rewrite the marked sections of docs/results/*.md
     python -m benchmarks.report --print    # print the markdown instead
-    python -m benchmarks.report --check    # exit 1 if README.md is not what the results render to
+    python -m benchmarks.report --check    # exit 1 if a results page is not what the results render to
 
-A section is delimited by ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` where NAME is the benchmark.
-Files ending in ``-quick.json`` (smoke runs) are ignored. Every benchmark with results needs its markers in the
-README, and every pair of markers needs results: otherwise :class:`ReportError` says which, and nothing is written.
+A section is delimited by ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` where NAME is the benchmark; the pages
+are committed with their sections filled in, so they read the same on GitHub and on the site (``docs/hooks.py``
+only adds the figures). Files ending in ``-quick.json`` (smoke runs) are ignored. Every benchmark with results needs
+its markers on exactly one results page, and every pair of markers needs results: otherwise :class:`ReportError`
+says which, and nothing is written.
 
 The table of benchmark NAME is ``render(data)`` of the script that writes it: benchmarks/NAME.py, or for a variant
 the script whose name NAME extends (``reproduce_rnn_mnist5k``: benchmarks/reproduce_rnn.py run with
@@ -20,16 +23,29 @@ import importlib
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from benchmarks._render import ReportError, claims_table
 
-__all__ = ["ReportError", "claims_table", "renderer", "sections", "render_readme", "update_readme", "main"]
+__all__ = [
+    "ReportError",
+    "claims_table",
+    "renderer",
+    "sections",
+    "marked",
+    "render_pages",
+    "render_page",
+    "read_pages",
+    "stale_pages",
+    "update_pages",
+    "main",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-README = ROOT / "README.md"
+PAGES = ROOT / "docs" / "results"
+_MARKED = re.compile(r"^<!-- ([\w.-]+):(?:start|end) -->$", re.M)
 
 
 def renderer(benchmark: str) -> Callable[[dict], str]:
@@ -82,63 +98,117 @@ def _marker(name: str, end: str) -> str:
     return f"<!-- {name}:{end} -->"
 
 
-def render_readme(text: str, bodies: dict[str, str]) -> str:
-    """``text`` with the body of every marked section replaced by ``bodies[name]``.
+def marked(text: str) -> set[str]:
+    """The benchmark names that have a ``start`` or an ``end`` marker in ``text`` (a marker is a line of its own: one
+    quoted inside a sentence is prose)."""
+    return set(_MARKED.findall(text))
 
-    Raises:
-        ReportError: a benchmark of ``bodies`` has no markers in ``text``, a marker has no body (no results), or
-            the markers of a name are not one ``start`` followed by one ``end``.
-    """
+
+def _lines(text: str, line: str) -> list[int]:
+    """Offsets of the lines of ``text`` that are exactly ``line``."""
+    return [m.start() for m in re.finditer(rf"^{re.escape(line)}$", text, re.M)]
+
+
+def _page_problems(page: str, text: str, bodies: Mapping[str, str]) -> list[str]:
     problems = []
-    names = sorted(set(re.findall(r"<!-- ([\w.-]+):(?:start|end) -->", text)) | set(bodies))
-    for name in names:
-        starts, ends = text.count(_marker(name, "start")), text.count(_marker(name, "end"))
-        if (starts, ends) == (0, 0):
-            problems.append(
-                f"{name} has results but the README has no section for it: add the lines "
-                f"{_marker(name, 'start')} and {_marker(name, 'end')} where its tables belong"
-            )
-        elif (starts, ends) != (1, 1) or text.index(_marker(name, "start")) > text.index(_marker(name, "end")):
-            problems.append(f"{name}: expected one {_marker(name, 'start')} before one {_marker(name, 'end')}")
+    for name in sorted(marked(text)):
+        start, end = _marker(name, "start"), _marker(name, "end")
+        starts, ends = _lines(text, start), _lines(text, end)
+        if (len(starts), len(ends)) != (1, 1) or starts[0] > ends[0]:
+            problems.append(f"{page}: {name}: expected one {start} before one {end}")
         elif name not in bodies:
             problems.append(
-                f"the README has a section {_marker(name, 'start')} but there are no {name}-*.json results "
-                "(quick runs do not count): commit the results or remove the section"
+                f"{page} has a section {start} but there are no {name}-*.json results (quick runs do not count): "
+                "commit the results or remove the section"
             )
+    return problems
+
+
+def render_pages(pages: Mapping[str, str], bodies: Mapping[str, str]) -> dict[str, str]:
+    """Each page's text (page name -> markdown) with the body of every marked section replaced by ``bodies[name]``.
+
+    Raises:
+        ReportError: a benchmark of ``bodies`` has markers on no page or on more than one, a marker has no body
+            (no results), or the markers of a name on a page are not one ``start`` followed by one ``end``.
+    """
+    problems = [problem for page, text in pages.items() for problem in _page_problems(page, text, bodies)]
+    for name in sorted(bodies):
+        on = [page for page, text in pages.items() if name in marked(text)]
+        if not on:
+            problems.append(
+                f"{name} has results but no results page has a section for it: add the lines "
+                f"{_marker(name, 'start')} and {_marker(name, 'end')} to the page of docs/results/ where its "
+                "tables belong"
+            )
+        elif len(on) > 1:
+            problems.append(f"{name} has a section on more than one page ({', '.join(on)}): keep one")
     if problems:
-        raise ReportError("README sections do not match the results:\n  " + "\n  ".join(problems))
-    for name, body in bodies.items():
-        pattern = re.compile(rf"({re.escape(_marker(name, 'start'))}\n).*?({re.escape(_marker(name, 'end'))})", re.S)
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
-    return text
+        raise ReportError("the results pages' sections do not match the results:\n  " + "\n  ".join(problems))
+    out = {}
+    for page, text in pages.items():
+        for name in marked(text):
+            start, end = re.escape(_marker(name, "start")), re.escape(_marker(name, "end"))
+            pattern = re.compile(rf"^({start}\n).*?^({end})$", re.S | re.M)
+            text = pattern.sub(lambda m, body=bodies[name]: m.group(1) + body + "\n" + m.group(2), text)
+        out[page] = text
+    return out
 
 
-def update_readme(readme: Path = README, results: Path = RESULTS) -> bool:
-    """Rewrite the marked sections of ``readme`` from ``results``; whether the file changed. Writes nothing on error."""
-    text = readme.read_text()
-    new = render_readme(text, sections(results))
-    if new != text:
-        readme.write_text(new)
-    return new != text
+def render_page(text: str, bodies: Mapping[str, str]) -> str:
+    """``render_pages`` of a single page: ``text`` must hold the section of every benchmark of ``bodies``."""
+    return render_pages({"the page": text}, bodies)["the page"]
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+def read_pages(pages: Path = PAGES) -> dict[Path, str]:
+    """The results pages: every ``*.md`` of the folder ``pages``, by path, in name order."""
+    return {path: path.read_text() for path in sorted(pages.glob("*.md"))}
+
+
+def _rendered(pages: Path, results: Path) -> tuple[dict[Path, str], dict[Path, str]]:
+    texts = read_pages(pages)
+    rendered = render_pages({_name(path): text for path, text in texts.items()}, sections(results))
+    return texts, {path: rendered[_name(path)] for path in texts}
+
+
+def stale_pages(pages: Path = PAGES, results: Path = RESULTS) -> list[Path]:
+    """The pages of ``pages`` whose sections are not the rendering of ``results`` (empty: all up to date)."""
+    texts, new = _rendered(pages, results)
+    return [path for path in texts if new[path] != texts[path]]
+
+
+def update_pages(pages: Path = PAGES, results: Path = RESULTS) -> list[Path]:
+    """Rewrite the marked sections of the pages of ``pages`` from ``results``; the pages that changed. Writes
+    nothing on error."""
+    texts, new = _rendered(pages, results)
+    changed = [path for path in texts if new[path] != texts[path]]
+    for path in changed:
+        path.write_text(new[path])
+    return changed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--print", action="store_true", help="print the markdown instead of writing README.md")
-    group.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the rendered results")
+    group.add_argument("--print", action="store_true", help="print the markdown instead of writing the pages")
+    group.add_argument("--check", action="store_true", help="exit 1 if a results page differs from the results")
     args = parser.parse_args(argv)
     try:
         if args.print:
-            for name, body in sections().items():
+            for name, body in sections(RESULTS).items():
                 print(f"## {name}\n\n{body}\n")
         elif args.check:
-            text = README.read_text()
-            if render_readme(text, sections()) != text:
-                print("README.md is out of date: run python -m benchmarks.report", file=sys.stderr)
+            stale = stale_pages(PAGES, RESULTS)
+            if stale:
+                names = ", ".join(_name(path) for path in stale)
+                print(f"{names} out of date: run python -m benchmarks.report", file=sys.stderr)
                 return 1
         else:
-            update_readme()
+            for path in update_pages(PAGES, RESULTS):
+                print(f"rewrote {_name(path)}")
     except ReportError as error:
         print(f"benchmarks.report: {error}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ reflections; 1 normal reflection severely limits the transition):
 
 ``--tag NAME``: a timing-only run (``--transitions`` to pick some; validation on one batch, its error not reported)
 that writes ``reproduce_rnn[_mnist5k]_NAME-HARDWARE.json`` and leaves the full result alone; the report renders its
-time per training epoch (validation excluded) below the full result's table, in the same README section.
+time per training epoch (validation excluded) below the full result's table, in the same results-page section.
 
 Writes benchmarks/results/reproduce_rnn-HARDWARE.json and .png.
 """
@@ -166,7 +166,7 @@ def claims_from(curves: dict[str, list[dict]]) -> list[dict]:
 
 
 def render(data: dict) -> str:
-    """The README table of a result: the reproduction's (final validation error, seconds per epoch, claims), or
+    """The results-page table of a result: the reproduction's (final validation error, seconds per epoch, claims), or
     for a tagged timing run the seconds per training epoch of each transition."""
     if "tag" not in data:
         return render_reproduction(data)

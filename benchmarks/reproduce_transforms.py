@@ -35,7 +35,7 @@ costs`` rules: +-1 free, one shared multiplier per row): B ``transform.op_count(
 ``op_count(bits)``; B⊗ ``op_count()`` (12 additions + 4 shifts per block); FAµST factors by the same row rule on their nonzeros; the fixed transforms by the formulas in
 ``OP_COUNT_SOURCES``.
 
-Writes benchmarks/results/reproduce_transforms-HARDWARE.json and .png (error against total operations); README
+Writes benchmarks/results/reproduce_transforms-HARDWARE.json and .png (error against total operations); results
 table: reproduce_transforms_render.py.
 """
 

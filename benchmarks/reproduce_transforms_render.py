@@ -1,4 +1,4 @@
-"""README tables of benchmarks/reproduce_transforms.py (representation error against operations):
+"""Results-page tables of benchmarks/reproduce_transforms.py (representation error against operations):
 ``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.reproduce_transforms.render``."""
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""MkDocs hook: the results pages are rendered from the committed benchmark results.
+"""MkDocs hook: the figures of the results pages, and the API reference.
 
-A line ``<!-- results:NAME -->`` in a page is replaced by what ``python -m benchmarks.report`` writes into the README
-for benchmark NAME (``benchmarks.report.sections()``, i.e. each script's ``render(data)`` of
-``benchmarks/results/NAME-*.json``), followed by the figures ``benchmarks/results/NAME-*.png``, which are copied into
-the site under ``results/figures/``. An unknown NAME, or a benchmark with results that no page shows, fails the build.
+The results pages (``docs/results/*.md``) are committed with their tables: ``python -m benchmarks.report`` writes
+each benchmark's tables between the lines ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` of one page, from
+``benchmarks/results/NAME-*.json`` (and ``--check``, run by the tests, says when a page is stale). This hook renders
+nothing of them: it drops the two marker lines and shows the figures ``benchmarks/results/NAME-*.png`` under the
+section, copied into the site under ``results/figures/``. A section of a benchmark without results, or a benchmark
+with results that no page shows, fails the build.
 
 A line ``<!-- api:PACKAGE -->`` in a page is replaced by the package's docstring and one mkdocstrings block per name
 of its ``__all__``, read when the site is built: the reference follows ``__all__`` whatever it holds, including
@@ -14,6 +16,7 @@ defines it.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -23,26 +26,20 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = re.compile(r"^<!-- results:([\w.-]+) -->$", re.M)
+SECTION = re.compile(r"^<!-- ([\w.-]+):start -->\n(.*?)^<!-- \1:end -->$", re.M | re.S)
 FIGURES = "results/figures"
 API = re.compile(r"^<!-- api:([\w.]+) -->$", re.M)
 
-_sections: dict[str, str] | None = None
 _shown: set[str] = set()
+_results: set[str] = set()
 
 
-def _all_sections() -> dict[str, str]:
-    global _sections
-    if _sections is None:
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))
-        from benchmarks.report import ReportError, sections
-
-        try:
-            _sections = sections(RESULTS)
-        except ReportError as error:
-            raise PluginError(f"benchmark results cannot be rendered: {error}") from error
-    return _sections
+def benchmarks_with_results() -> set[str]:
+    """The benchmarks with result files (``benchmarks/results/*.json``, smoke runs ``-quick`` left out), by the
+    ``benchmark`` each file names."""
+    return {
+        json.loads(path.read_text())["benchmark"] for path in RESULTS.glob("*.json") if not path.stem.endswith("-quick")
+    }
 
 
 def figures(name: str) -> list[Path]:
@@ -116,31 +113,31 @@ def on_files(files, config):
 
 def on_pre_build(config):
     _shown.clear()
+    _results.clear()
+    _results.update(benchmarks_with_results())
 
 
 def on_page_markdown(markdown, page, config, files):
-    bodies = _all_sections()
-
     def replace(match: re.Match) -> str:
-        name = match.group(1)
-        if name not in bodies:
+        name, body = match.group(1), match.group(2)
+        if name not in _results:
             raise PluginError(
-                f"{page.file.src_uri}: <!-- results:{name} -->: no results benchmarks/results/{name}-*.json"
+                f"{page.file.src_uri}: section <!-- {name}:start -->: no results benchmarks/results/{name}-*.json"
             )
         _shown.add(name)
-        depth = page.file.src_uri.count("/")
-        prefix = "../" * depth
+        prefix = "../" * page.file.src_uri.count("/")
         images = [f"![{name}: {p.stem}]({prefix}{FIGURES}/{p.name})" for p in figures(name)]
-        return "\n\n".join([bodies[name], *images])
+        return "\n\n".join([body.rstrip("\n"), *images]) + "\n"
 
     markdown = API.sub(lambda match: api_markdown(match.group(1)), markdown)
-    return MARKER.sub(replace, markdown)
+    return SECTION.sub(replace, markdown)
 
 
 def on_post_build(config):
-    missing = sorted(set(_all_sections()) - _shown)
+    missing = sorted(_results - _shown)
     if missing:
         raise PluginError(
-            "benchmarks with results that no docs page shows (add <!-- results:NAME --> to a page under "
-            "docs/results/): " + ", ".join(missing)
+            "benchmarks with results that no docs page shows (add a section <!-- NAME:start --> ... "
+            "<!-- NAME:end --> to a page under docs/results/ and run python -m benchmarks.report): "
+            + ", ".join(missing)
         )

@@ -59,13 +59,17 @@ def test_every_package_has_a_reference_page():
 
 
 def test_every_benchmark_with_results_has_a_results_section():
-    from benchmarks.report import sections
+    from benchmarks.report import marked, sections
 
-    shown = set()
-    for page in DOCS.rglob("*.md"):
-        shown |= set(re.findall(r"^<!-- results:([\w.-]+) -->$", page.read_text(), re.M))
+    pages = {page: page.read_text() for page in DOCS.rglob("*.md")}
+    shown = {name for text in pages.values() for name in marked(text)}
     assert not set(sections()) - shown, f"benchmarks no docs page shows: {sorted(set(sections()) - shown)}"
     assert not shown - set(sections()), f"results sections with no results: {sorted(shown - set(sections()))}"
+    outside = sorted(str(page.relative_to(DOCS)) for page, text in pages.items() if marked(text))
+    outside = [page for page in outside if not page.startswith("results/")]
+    assert not outside, f"results sections outside docs/results/ (benchmarks.report does not update them): {outside}"
+    old = [str(page.relative_to(DOCS)) for page, text in pages.items() if re.search(r"<!-- results:[\w.-]+ -->", text)]
+    assert not old, f"<!-- results:NAME --> is no longer expanded; use <!-- NAME:start --> / <!-- NAME:end -->: {old}"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason='mkdocs is not installed (".[docs]" extra)')

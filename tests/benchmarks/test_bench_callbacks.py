@@ -1,5 +1,5 @@
 """benchmarks/bench_callbacks.py: the --quick run writes the result schema, its ratios and claims follow from the
-stored round times, its log-determinants agree with an autograd Jacobian computed here, and the README renders."""
+stored round times, its log-determinants agree with an autograd Jacobian computed here, and the results-page table renders."""
 
 import json
 import math
@@ -50,7 +50,7 @@ def test_ratios_and_claims_follow_from_the_round_times(quick):
     base = {r["model"]: r for r in overhead if r["callback"] == "none"}
     claims = {c["claim"]: c for c in data["claims"]}
     assert all(set(c) == {"claim", "figure", "holds"} and isinstance(c["holds"], bool) for c in data["claims"])
-    assert not any("|" in c["claim"] for c in data["claims"])  # a pipe would split the README's table cell
+    assert not any("|" in c["claim"] for c in data["claims"])  # a pipe would split the results table's cell
     for row in overhead:
         if row["callback"] == "none":
             continue

@@ -1,4 +1,4 @@
-"""benchmarks/bench_online.py: the --quick run writes the result schema, and the claims and the README table are
+"""benchmarks/bench_online.py: the --quick run writes the result schema, and the claims and the results-page table are
 computed from the rows."""
 
 import json

@@ -1,11 +1,10 @@
 import json
 import math
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.benchmarks.helpers import ROOT, load
+from tests.benchmarks.helpers import load, results_section
 
 
 def quick_run(tmp_path, monkeypatch, bench, *argv):
@@ -195,11 +194,9 @@ def test_report_renders_geotorch_columns_and_fcnn_table_only_when_present():
     assert "| cayley | 2.000 | 2.00x | 2 | 2.200 -> 0.400 |" in text
 
 
-def test_readme_section_is_rendered_from_the_committed_results():
+def test_results_page_section_is_rendered_from_the_committed_results():
     report = load("report")
-    readme = (ROOT / "README.md").read_text()
-    section = re.search(r"<!-- bench_orthogonal:start -->\n(.*?)<!-- bench_orthogonal:end -->", readme, re.S)
-    assert section and section.group(1) == report.sections()["bench_orthogonal"] + "\n"
+    assert results_section("bench_orthogonal") == report.sections()["bench_orthogonal"] + "\n"
 
 
 def test_peer_installs_only_when_the_pinned_version_is_missing(tmp_path, monkeypatch):

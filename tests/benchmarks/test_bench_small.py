@@ -1,5 +1,5 @@
 """benchmarks/bench_small.py: the --quick run writes every row and its claims are computed from the rows; the goal
-logic, an over-budget compress_linear recorded as such, and the README table."""
+logic, an over-budget compress_linear recorded as such, and the results-page table."""
 
 import json
 from pathlib import Path

@@ -1,5 +1,5 @@
-"""benchmarks/report.py: the README's tables are the rendering of the committed results, and a README whose
-sections do not match the results is an error, never a silent skip."""
+"""benchmarks/report.py: the results pages' tables (docs/results/*.md) are the rendering of the committed results,
+and pages whose sections do not match the results are an error, never a silent skip."""
 
 import json
 import shutil
@@ -9,7 +9,7 @@ import pytest
 from tests.benchmarks.helpers import ROOT, load
 
 RESULTS = ROOT / "benchmarks" / "results"
-README = ROOT / "README.md"
+PAGES = ROOT / "docs" / "results"
 report = load("report")
 
 
@@ -26,47 +26,90 @@ def results_dir(tmp_path, *names: str):
     return folder
 
 
-def test_readme_is_the_rendering_of_the_committed_results():
+def pages_dir(tmp_path, **pages: str):
+    """A folder of results pages ``NAME.md`` with the given texts."""
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    for name, text in pages.items():
+        (folder / f"{name}.md").write_text(text)
+    return folder
+
+
+def test_results_pages_are_the_rendering_of_the_committed_results():
     bodies = report.sections(RESULTS)
     assert {"bench_flows", "bench_orthogonal", "reproduce_fcnn", "reproduce_rnn", "reproduce_glow"} <= set(bodies)
-    text = README.read_text()
-    assert report.render_readme(text, bodies) == text, "README.md is stale: run python -m benchmarks.report"
+    texts = {str(path): text for path, text in report.read_pages(PAGES).items()}
+    assert str(PAGES / "paper.md") in texts and str(PAGES / "benchmarks.md") in texts
+    assert report.render_pages(texts, bodies) == texts, "docs/results is stale: run python -m benchmarks.report"
+    # every benchmark with results on exactly one page (render_pages raises otherwise; counted here as well)
+    for name in bodies:
+        assert sum(name in report.marked(text) for text in texts.values()) == 1, name
+    assert report.stale_pages(PAGES, RESULTS) == []
     assert report.main(["--check"]) == 0
 
 
-def test_update_readme_rewrites_stale_sections_byte_for_byte(tmp_path):
-    text = README.read_text()
+def test_update_pages_rewrites_stale_sections_byte_for_byte(tmp_path):
+    folder = tmp_path / "pages"
+    shutil.copytree(PAGES, folder)
+    text = (PAGES / "paper.md").read_text()
     start, end = text.index("<!-- reproduce_glow:start -->\n"), text.index("<!-- reproduce_glow:end -->")
-    stale = text[: start + len("<!-- reproduce_glow:start -->\n")] + "stale table\n" + text[end:]
-    readme = tmp_path / "README.md"
-    readme.write_text(stale)
-    assert report.update_readme(readme, RESULTS) is True
-    assert readme.read_bytes() == README.read_bytes()
-    assert report.update_readme(readme, RESULTS) is False
+    (folder / "paper.md").write_text(text[: start + len("<!-- reproduce_glow:start -->\n")] + "stale\n" + text[end:])
+    assert report.stale_pages(folder, RESULTS) == [folder / "paper.md"]
+    assert report.update_pages(folder, RESULTS) == [folder / "paper.md"]
+    for page in PAGES.glob("*.md"):
+        assert (folder / page.name).read_bytes() == page.read_bytes(), page.name
+    assert report.update_pages(folder, RESULTS) == []
 
 
-def test_results_without_a_readme_section_are_an_error(tmp_path):
-    results = results_dir(tmp_path, "peer_normflows", "bench_flows")
-    readme = tmp_path / "README.md"
-    readme.write_text("# title\n\n" + section("bench_flows"))
-    with pytest.raises(report.ReportError, match="peer_normflows has results but the README has no section"):
-        report.update_readme(readme, results)
-    assert readme.read_text() == "# title\n\n" + section("bench_flows")  # nothing written
-    readme.write_text(section("bench_flows") + section("peer_normflows"))
-    assert report.update_readme(readme, results) is True
-    assert "normflows (LU, unconditional split priors)" in readme.read_text()
-
-
-def test_a_readme_section_without_results_is_an_error(tmp_path):
+def test_check_exits_1_on_a_stale_page(tmp_path, monkeypatch, capsys):
     results = results_dir(tmp_path, "peer_normflows")
-    text = section("peer_normflows") + section("bench_flows")
-    with pytest.raises(report.ReportError, match=r"no bench_flows-\*\.json results"):
-        report.render_readme(text, report.sections(results))
+    pages = pages_dir(tmp_path, glow=section("peer_normflows"))
+    monkeypatch.setattr(report, "RESULTS", results)
+    monkeypatch.setattr(report, "PAGES", pages)
+    assert report.main(["--check"]) == 1
+    assert "glow.md out of date: run python -m benchmarks.report" in capsys.readouterr().err
+    assert report.main([]) == 0
+    assert report.main(["--check"]) == 0
+
+
+def test_results_without_a_section_are_an_error(tmp_path):
+    results = results_dir(tmp_path, "peer_normflows", "bench_flows")
+    pages = pages_dir(tmp_path, index="# title\n\n", speed="# title\n\n" + section("bench_flows"))
+    with pytest.raises(report.ReportError, match="peer_normflows has results but no results page has a section for it"):
+        report.update_pages(pages, results)
+    assert (pages / "speed.md").read_text() == "# title\n\n" + section("bench_flows")  # nothing written
+    (pages / "index.md").write_text(section("peer_normflows"))
+    assert report.update_pages(pages, results) == [pages / "index.md", pages / "speed.md"]
+    assert "normflows (LU, unconditional split priors)" in (pages / "index.md").read_text()
+    assert "normflows" not in (pages / "speed.md").read_text()
+
+
+def test_a_benchmark_on_two_pages_is_an_error(tmp_path):
+    results = results_dir(tmp_path, "peer_normflows")
+    pages = pages_dir(tmp_path, a=section("peer_normflows"), b=section("peer_normflows"))
+    with pytest.raises(report.ReportError, match=r"peer_normflows has a section on more than one page \(a.md, b.md\)"):
+        report.update_pages(pages, results)
+    assert (pages / "a.md").read_text() == section("peer_normflows")
+
+
+def test_a_section_without_results_is_an_error(tmp_path):
+    results = results_dir(tmp_path, "peer_normflows")
+    pages = {"paper.md": section("peer_normflows"), "speed.md": section("bench_flows")}
+    with pytest.raises(report.ReportError, match=r"speed.md has a section .* no bench_flows-\*\.json results"):
+        report.render_pages(pages, report.sections(results))
     # quick runs do not count as results
     shutil.copy(RESULTS / "bench_flows-cpu2.json", results / "bench_flows-cpu2-quick.json")
     assert set(report.sections(results)) == {"peer_normflows"}
     with pytest.raises(report.ReportError, match=r"no bench_flows-\*\.json results"):
-        report.render_readme(text, report.sections(results))
+        report.render_pages(pages, report.sections(results))
+
+
+def test_a_marker_quoted_in_a_sentence_is_prose():
+    text = "Put the lines `<!-- bench_flows:start -->` and `<!-- bench_flows:end -->` on a page.\n"
+    assert report.marked(text) == set()
+    assert report.render_pages({"design.md": text}, {}) == {"design.md": text}
+    with pytest.raises(report.ReportError, match="bench_flows has results but no results page has a section"):
+        report.render_pages({"design.md": text}, {"bench_flows": "table"})
 
 
 @pytest.mark.parametrize(
@@ -79,7 +122,7 @@ def test_a_readme_section_without_results_is_an_error(tmp_path):
 )
 def test_unbalanced_markers_are_an_error(text):
     with pytest.raises(report.ReportError, match="expected one <!-- peer_normflows:start --> before one"):
-        report.render_readme(text, {"peer_normflows": "table"})
+        report.render_page(text, {"peer_normflows": "table"})
 
 
 def test_unrenderable_results_are_an_error(tmp_path):

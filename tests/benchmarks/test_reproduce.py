@@ -176,7 +176,7 @@ def test_tagged_timing_run_writes_its_own_file_and_renders_below_the_full_result
     assert data["benchmark"] == "reproduce_rnn" and data["tag"] == "timing" and data["claims"] == []
     assert {r["method"] for r in data["rows"]} == {rnn.SHORT_NAMES["aux"], "cayley"}
     assert all(r["epoch_seconds"] > 0 for r in data["rows"])
-    # in the README section of reproduce_rnn, after the full result's table (file names sort "-" before "_")
+    # in the results-page section of reproduce_rnn, after the full result's table (file names sort "-" before "_")
     results = tmp_path / "results"
     results.mkdir()
     (results / "reproduce_rnn_timing-cpu1.json").write_text(path.read_text())
