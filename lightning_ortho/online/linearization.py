@@ -100,10 +100,14 @@ class StepLinearization:
 
     Args:
         cell: the recurrent cell (see :mod:`lightning_ortho.online.cells`).
-        x: ``(B, I)`` inputs of this step; h: ``(B, H)`` previous states.
+        x: ``(B, I)`` inputs of this step.
+        h: ``(B, H)`` previous states.
         layout: the cell's :class:`ParameterLayout` (built once by the estimator).
 
-    Attributes: ``h_new`` ``(B, H)``. Methods take and return per-stream tensors; ``P`` is ``layout.size``.
+    Attributes:
+        h_new: ``(B, H)``, the new states.
+
+    Methods take and return per-stream tensors; ``P`` is ``layout.size``.
     """
 
     def __init__(self, cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout) -> None:

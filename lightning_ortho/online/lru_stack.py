@@ -80,12 +80,15 @@ class LRUStack(nn.Module):
     """Encoder, ``layers`` :class:`LRUBlock` and decoder (Zucchet et al. 2023's network; module docstring).
 
     Args:
-        input_size, output_size: features of ``x_t`` and ``y_t``.
+        input_size: features of ``x_t``.
         hidden_size: units of each LRU's complex state.
+        output_size: features of ``y_t``.
         layers: number of blocks.
         model_size: width between the blocks (each LRU's input and output size); ``hidden_size`` when ``None``.
         mlp_size: hidden width of each block's MLP; ``2 * model_size`` when ``None``.
-        r_min, r_max, max_phase: the LRUs' ring initialisation (:class:`LinearRecurrentUnit`).
+        r_min: inner radius of the LRUs' ring of initial eigenvalues (:class:`LinearRecurrentUnit`).
+        r_max: outer radius of that ring.
+        max_phase: largest initial phase of the eigenvalues.
 
     Raises:
         ValueError: a size is not a positive integer, or the ring is invalid (:class:`LinearRecurrentUnit`).

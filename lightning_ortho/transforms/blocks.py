@@ -328,7 +328,8 @@ class BinaryBlockProduct(BlockProduct):
     """A B-transform (Rusu eq. 11): a :class:`BlockProduct` whose cores are fixed binary cores.
 
     Args:
-        n, pairs: as :class:`BlockProduct`.
+        n: dimension (``>= 2``), as :class:`BlockProduct`.
+        pairs: ``(m, 2)`` integer coordinates ``(i_k, j_k)`` of the blocks, as :class:`BlockProduct`.
         core_index: ``(m,)`` indices into :func:`~lightning_ortho.transforms.binary_cores.binary_cores`
             (0..15, the type ``t - 1`` of :mod:`binary_cores`; 15 is the identity). Kept as the buffer ``core_index``.
         dtype: dtype of the (fixed, non-trainable) core buffer; inputs of other dtypes use cores cast to theirs.

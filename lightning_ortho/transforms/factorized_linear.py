@@ -161,7 +161,8 @@ class FactorizedLinear(nn.Module):
         """``C (T x) + b`` for each row: ``(..., n) -> (..., out)``.
 
         Raises:
-            TypeError, ValueError: as :meth:`BlockProduct.forward` (non-float input, wrong last dimension, NaN).
+            TypeError: ``x`` is not a floating-point tensor (as :meth:`BlockProduct.forward`).
+            ValueError: ``x`` is not ``(..., n)``, or holds NaN/inf.
         """
         return functional.linear(self.transform(x).to(x.dtype), self.sparse_codes(), self.bias)
 

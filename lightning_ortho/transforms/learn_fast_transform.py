@@ -284,9 +284,11 @@ def learn_fast_transform(
 
     Args:
         Y: ``(N, n)`` data (float64 internally; outputs in ``Y``'s dtype); ``n = 64`` for ``init="dct"``.
-        s: nonzeros per code. init: ``"dct"``, ``"wht"``, ``"identity"`` or ``"pca"``.
-        bits: SOPOT terms per shear coefficient (``>= 1``). iterations: update sweeps (``>= 0``; the name the family
-            table, :func:`compress_linear` and the other learners use).
+        s: nonzeros per code.
+        init: ``"dct"``, ``"wht"``, ``"identity"`` or ``"pca"``.
+        bits: SOPOT terms per shear coefficient (``>= 1``).
+        iterations: update sweeps (``>= 0``; the name the family table, :func:`compress_linear` and the other
+            learners use).
         max_ops: operation budget (additions + shifts). ``None``: the DCT's 704, or the init's own count when
             that is larger (the WHT's butterflies). The sweeps never exceed ``max(budget, the init's count)``.
         free_slots: empty shears inserted evenly into the start for the sweeps to fill (:func:`with_free_slots`);

@@ -274,9 +274,11 @@ def learn_shear_transform(
 
     Args:
         Y: ``(N, n)`` data (float64 internally; outputs in ``Y``'s dtype).
-        m: blocks (``>= 1``). s: nonzeros per code (``1 <= s <= n``).
+        m: blocks (``>= 1``).
+        s: nonzeros per code (``1 <= s <= n``).
         bits: SOPOT terms per shear (``>= 1``; scalings become signed powers of two), or ``None`` for exact values.
-        iterations: sweeps (``>= 1``). tol: optional early-stop threshold (finite, ``>= 0``).
+        iterations: sweeps (``>= 1``).
+        tol: optional early-stop threshold (finite, ``>= 0``).
         generator: unused (the algorithm is deterministic; ties, up to a relative ``TIE_RTOL``, go to the
             old block in a sweep, else to the lowest row-major entry ``(a, b)``, whatever the CPU or BLAS).
         on_step: called with no argument after each block choice, for progress reporting: ``m`` in the greedy

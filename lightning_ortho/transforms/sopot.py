@@ -184,7 +184,8 @@ def sopot(x: torch.Tensor, terms: int | None, *, tol: float = SOPOT_TOLERANCE) -
     the largest power of two of the dtype (with a ``RuntimeWarning``).
 
     Raises:
-        TypeError, ValueError: as :func:`sopot_with_cost`.
+        TypeError: ``x`` is not a floating-point tensor (as :func:`sopot_with_cost`).
+        ValueError: ``terms`` is neither a positive integer nor ``None``/``math.inf``, or ``x`` holds NaN/inf.
     """
     if _check_terms(terms, "sopot") is None:
         _check_input(x, "sopot")

@@ -57,7 +57,7 @@ class LinearConv1x1(Invertible1x1Conv):
 class PlainConv1x1(LinearConv1x1, kind="plain"):
     """``M = W``, a dense learnable matrix (Kingma & Dhariwal 2018); ``log|det W|`` by ``slogdet`` (O(C^3)).
 
-    Parameters: ``weight`` ``(C, C)``, a random orthogonal matrix at init.
+    Its learnable parameter is ``weight`` ``(C, C)``, a random orthogonal matrix at init.
     """
 
     def __init__(self, channels: int) -> None:
