@@ -257,8 +257,8 @@ class GradientNoiseMonitor(Monitor):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        # Duty cycle: only the last window_steps optimizer steps of every interval are read (the per-step cost,
-        # ~0.2 ms for a small model, is then paid on window_steps / every_n_steps of the steps). The last ones, so
+        # Duty cycle: only the last window_steps optimizer steps of every interval are read (the per-step cost, a
+        # pass over every gradient, is then paid on window_steps / every_n_steps of the steps). The last ones, so
         # that the values come after the same steps as every monitor's (multiples of every_n_steps).
         examples = self._pending_examples or self._last_batch_examples  # several steps in one batch: the batch's
         self._pending_examples = 0

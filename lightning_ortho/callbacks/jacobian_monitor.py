@@ -302,7 +302,7 @@ class JacobianDeterminantMonitor(Monitor):
             if jacobian is not None and d <= _DENSE_JACOBIAN_DIM:
                 # Small d: the module's analytic Jacobian (Theorem 3 for an auxiliary reflection) and one slogdet
                 # per row give log|det J| and its sign together, and are cheaper than the eigendecomposition
-                # behind log_abs_det_jacobian (d = 64: 0.5 ms against 1.8 ms for 8 rows).
+                # behind log_abs_det_jacobian.
                 matrices = jacobian(x)
                 if matrices.shape == (*x.shape, d):
                     sign, log_abs = torch.linalg.slogdet(matrices.to(torch.float64))

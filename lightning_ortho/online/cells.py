@@ -162,7 +162,7 @@ class InfluenceBalancingCell(nn.Module):
         return h @ self.transition.T + self.theta * self.signs
 
     def linearize(self, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None) -> StepLinearization:
-        """Closed-form products (the generic ``torch.func`` path costs ~10 ms a step for this tiny linear map)."""
+        """Closed-form products (the generic ``torch.func`` path costs far more than this tiny linear map itself)."""
         return LinearStepLinearization(self, x, h, layout)
 
     def extra_repr(self) -> str:

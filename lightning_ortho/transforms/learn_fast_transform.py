@@ -296,8 +296,8 @@ def learn_fast_transform(
         init_bits: SOPOT terms of the DCT start's lifting coefficients (at most ``bits``; terms beyond one are
             given only while the budget allows, :func:`~lightning_ortho.transforms.fast_transform_init.
             dct_2d_factors`). The default 1 leaves 128 of the 704 operations to the free slots, for the data to place;
-            on the sample photographs (s = 4, 10 sweeps) both starts end near 34.7 % (34.74 with 1 term, 34.78
-            with 2).
+            on the sample photographs (s = 4, 10 sweeps) the starts with 1 and 2 terms end at about the same
+            error.
         tied: ``init="dct"`` only: each 1-D lifting shear keeps one coefficient over the 8 rows (or columns) of
             the patch (a tied group), so the refined shears stay separable (fewer parameters, for data unlike
             the training data); the free slots stay untied.
