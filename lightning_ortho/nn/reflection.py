@@ -255,7 +255,11 @@ def reflect(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def householder_matrix(v: torch.Tensor) -> torch.Tensor:
-    """Dense ``H(v)`` as a ``(..., d, d)`` matrix, for tests and small problems (``H(0) := I``)."""
+    """Dense ``H(v)`` as a ``(..., d, d)`` matrix, for tests and small problems (``H(0) := I``).
+
+    Args:
+        v: ``(..., d)`` reflection vectors.
+    """
     check_features(
         v, v.shape[-1] if isinstance(v, torch.Tensor) and v.dim() else -1, name="v", layer="householder_matrix"
     )

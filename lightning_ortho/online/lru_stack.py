@@ -230,6 +230,14 @@ class OnlineLRUStack:
     Summing ``gradient`` over ``t`` estimates the gradient of ``sum_t L_t``. Do not call ``loss.backward()`` on
     ``y_t`` yourself: it would give the recurrent parameters their immediate gradient only.
 
+    Args:
+        model: the :class:`LRUStack` to train (its dtype and device already set).
+        closed_form: take each LRU's traces from its closed form, as
+            :class:`~lightning_ortho.online.DiagonalRTRL`; ``False`` forces the generic ``torch.func`` path.
+
+    Raises:
+        TypeError: ``model`` is not an :class:`LRUStack`.
+
     Attributes:
         num_threads: CPU threads for each ``step``, ``gradient`` and ``backward`` call, as
             :attr:`~lightning_ortho.online.OnlineGradientEstimator.num_threads` (``"auto"``: one thread when every

@@ -186,6 +186,11 @@ def default_hyperparameters(family: str, in_features: int, out_features: int) ->
 
     The table of :mod:`~lightning_ortho.transforms.families` holds them (``defaults`` of each family).
 
+    Args:
+        family: ``"b"``, ``"m"``, ``"shear"`` or ``"b4x4"``.
+        in_features: ``in``, the layer's input size.
+        out_features: ``out``, the layer's output size.
+
     Raises:
         ValueError: an unknown family.
     """

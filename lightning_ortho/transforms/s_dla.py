@@ -316,6 +316,15 @@ class ShearTransformLearner(PassLearner):
     ``tol`` rule). The last pass only measures. ``on_step`` (no argument) is called after each block choice of the
     greedy init and of the sweeps (progress reporting only, not part of the state).
 
+    Args:
+        n: features (``>= 2``).
+        m: blocks (``>= 1``).
+        s: nonzeros per code (``1 <= s <= n``).
+        bits: SOPOT terms per shear (``>= 1``), or ``None`` for exact values.
+        iterations: sweeps (``>= 1``).
+        tol: optional early-stop threshold (finite, ``>= 0``), as :func:`learn_shear_transform`.
+        on_step: called with no argument after each block choice.
+
     Raises:
         ValueError: ``m``, ``s``, ``bits``, ``iterations`` or ``tol`` out of range.
     """
