@@ -140,6 +140,16 @@ def findings() -> tuple[str, ...]:
                                 problems.append(
                                     f"{label}: Args: {match.group(1)!r} is described inside {parameter.name!r}"
                                 )
+                if kind == "attributes" and obj.is_class:
+                    members = set(obj.all_members)
+                    for attribute in section.value:
+                        if attribute.name not in members:
+                            problems.append(f"{label}: Attributes: {attribute.name!r} is not an attribute")
+                        for match in SECOND_NAME.finditer(attribute.description):
+                            if match.group(1) in members and match.group(1) != attribute.name:
+                                problems.append(
+                                    f"{label}: Attributes: {match.group(1)!r} is described inside {attribute.name!r}"
+                                )
                 if kind == "parameters" and names is not None:
                     documented = {p.name.lstrip("*") for p in section.value}
                     missing = [
@@ -155,6 +165,11 @@ def findings() -> tuple[str, ...]:
                         if SECOND_EXCEPTION.search(raised.description):
                             problems.append(f"{label}: Raises: a second exception inside {str(raised.annotation)!r}")
                 elif kind in ("returns", "yields"):
+                    if len(section.value) > 1:
+                        problems.append(
+                            f"{label}: {kind.title()}: read as {len(section.value)} values (indent the continuation"
+                            " lines of one value)"
+                        )
                     for returned in section.value:
                         if returned.name:
                             problems.append(

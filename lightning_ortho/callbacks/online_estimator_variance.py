@@ -51,7 +51,8 @@ class EstimatorVariance:
     Attributes:
         exact: ``(P,)`` the exact gradient (backprop through time over the probe), float64.
         estimates: ``(R, P)`` one estimate per draw, float64 (``R = 1`` for a deterministic estimator).
-        names: parameter names. shapes: their shapes.
+        names: parameter names.
+        shapes: their shapes.
     """
 
     exact: torch.Tensor

@@ -240,8 +240,8 @@ def reflect(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
     Returns:
         ``(..., d)``: ``H(v) x``, with the broadcast batch shape. ``||H(v) x|| = ||x||``.
-        Where ``v = 0`` the reflection is undefined; this function returns ``x`` (``H(0) := I``) with finite
-        gradients, never NaN.
+            Where ``v = 0`` the reflection is undefined; this function returns ``x`` (``H(0) := I``) with finite
+            gradients, never NaN.
 
     Raises:
         TypeError: non-floating-point input.

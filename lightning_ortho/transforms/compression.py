@@ -256,11 +256,12 @@ def compress_linear(
         console: the rich ``Console`` to draw the progress bar on (default: standard error).
 
     Returns:
-        The compressed layer, a :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and ``report``
-        (:class:`CompressionReport`: errors, op counts before/after, learner errors, seconds). For ``"b4x4"`` its
-        transform holds each 4x4 block as 4 to 6 2x2 blocks (the same matrix, exactly); ``report.transform_ops`` is
-        the paper's count of the 4x4 blocks (12 additions + 4 shifts each), while the layer's own
-        :meth:`FactorizedLinear.transform_op_count` counts its 2x2 form (the butterfly: 8 additions + 4 shifts).
+        The compressed layer, a :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and
+            ``report`` (:class:`CompressionReport`: errors, op counts before/after, learner errors, seconds). For
+            ``"b4x4"`` its transform holds each 4x4 block as 4 to 6 2x2 blocks (the same matrix, exactly);
+            ``report.transform_ops`` is the paper's count of the 4x4 blocks (12 additions + 4 shifts each), while
+            the layer's own :meth:`FactorizedLinear.transform_op_count` counts its 2x2 form (the butterfly: 8
+            additions + 4 shifts).
 
     Raises:
         ValueError: unknown family; ``s``/``m``/``q``/``bits``/``iterations`` out of range or given for a family that

@@ -75,7 +75,8 @@ class FastTransformResult:
         codes: ``(N, n)`` codes with at most ``s`` nonzeros per row.
         errors: ``100 ||Y - X D^T||^2 / ||Y||^2`` (percent) after each sweep and its code update.
         initial_error: the error of the initial transform with OMP codes.
-        bits: SOPOT terms allowed per shear. budget: the operation budget the sweeps kept to.
+        bits: SOPOT terms allowed per shear.
+        budget: the operation budget the sweeps kept to.
     """
 
     transform: BlockProduct
