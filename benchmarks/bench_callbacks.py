@@ -31,7 +31,7 @@ closed-form log-determinants against the autograd path of JacobianDeterminantMon
    rounds of the round's ``loop_s`` / the same round's ``loop_s`` of ``"none"`` (paired, so that the machine's
    drift cancels); ``fit_ratio`` the same for ``fit_s``. ``hook_s`` is the time spent inside the monitor's own
    Lightning hooks during the loop (its forward hooks on modules are not counted), ``hook_share`` = ``hook_s`` /
-   the baseline's ``loop_s``: an estimate of the overhead that machine noise does not blur. Target (issue): ratio
+   the baseline's ``loop_s``: an estimate of the overhead that machine noise does not blur. Target: ratio
    <= 1.05 at the defaults.
 
 2. Log-determinants (rows ``"section": "logdet"``). ``AuxiliaryReflection(d, invertible=True)`` (float32, as in

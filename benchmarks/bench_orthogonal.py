@@ -299,7 +299,7 @@ def measure_fcnn(
 
 
 def claims_from(rows: list[dict]) -> list[dict]:
-    """The issue's targets and the paper's claims, computed from measured rows (map rows and FCNN-epoch rows)."""
+    """The speed targets and the paper's claims, computed from measured rows (map rows and FCNN-epoch rows)."""
     measured = [r for r in rows if "skipped" not in r and "section" not in r]
     claims = []
     aux_big = [r for r in measured if r["method"] == "aux" and r["d"] >= 784 and r["batch"] >= 1024]

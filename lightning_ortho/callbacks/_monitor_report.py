@@ -61,7 +61,8 @@ def history_figure(history: list[dict[str, Any]], prefix: str) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    # One panel per statistic, one line per module: a monitor of 24 layers draws 6 panels, not 144 (13 s).
+    # One panel per statistic, one line per module: a monitor of 24 layers draws 6 panels, not 144 (which would be
+    # slow to draw and hard to read).
     series: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
     for record in history:
         for key, value in record["values"].items():

@@ -95,7 +95,12 @@ class GradientNoiseMonitor(Monitor):
             estimates) and at most ``every_n_steps``; default ``min(20, every_n_steps)``.
         batch_size: the global batch size of one optimizer step, or ``None`` to infer it from the batches.
         smoothing: factor of the moving averages behind ``noise_scale``, in ``[0, 1)``; 0 uses each window alone.
-        plot, prog_bar, verbose, source: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+        plot: at the end of fit, write ``<Class>.png`` of the history into the first logger's directory (needs
+            matplotlib: ``pip install "lightning-ortho[plots]"``).
+        prog_bar: also show the logged values in the progress bar.
+        verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
+        source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
+            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
 
     Raises:
         ValueError: ``every_n_steps`` or ``window_steps`` below 2, ``window_steps > every_n_steps``, ``batch_size``
@@ -252,8 +257,8 @@ class GradientNoiseMonitor(Monitor):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        # Duty cycle: only the last window_steps optimizer steps of every interval are read (the per-step cost,
-        # ~0.2 ms for a small model, is then paid on window_steps / every_n_steps of the steps). The last ones, so
+        # Duty cycle: only the last window_steps optimizer steps of every interval are read (the per-step cost, a
+        # pass over every gradient, is then paid on window_steps / every_n_steps of the steps). The last ones, so
         # that the values come after the same steps as every monitor's (multiples of every_n_steps).
         examples = self._pending_examples or self._last_batch_examples  # several steps in one batch: the batch's
         self._pending_examples = 0

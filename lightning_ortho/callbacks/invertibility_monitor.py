@@ -114,10 +114,18 @@ class InvertibilityMonitor(Monitor):
     them one by one.
 
     Args:
-        modules, every_n_steps, probe_size, plot, prog_bar, verbose, source: see
-            :class:`~lightning_ortho.callbacks._monitor.Monitor` (``every_n_steps``: at the end of the first training
-            batch at or past each multiple of ``every_n_steps`` optimizer steps, and of the last batch of fit).
+        modules: which submodules to watch: ``None`` (chosen automatically, see above), or a list of names
+            (``"encoder.0"``) and/or module classes (see :class:`~lightning_ortho.callbacks._monitor.Monitor`).
+        every_n_steps: measure at the end of the first training batch at or past each multiple of
+            ``every_n_steps`` optimizer steps, and of the last batch of fit.
+        probe_size: rows of the probe batch (the first rows of each module's first input in a training step).
         tolerance: largest relative round-trip error that counts as invertible (``1e-4`` suits float32).
+        plot: at the end of fit, write ``<Class>.png`` of the history into the first logger's directory (needs
+            matplotlib: ``pip install "lightning-ortho[plots]"``).
+        prog_bar: also show the logged values in the progress bar.
+        verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
+        source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
+            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
 
     Raises:
         ValueError: bad arguments (in ``__init__``); at setup, no module with an inverse, a name that does not

@@ -51,7 +51,8 @@ class EstimatorVariance:
     Attributes:
         exact: ``(P,)`` the exact gradient (backprop through time over the probe), float64.
         estimates: ``(R, P)`` one estimate per draw, float64 (``R = 1`` for a deterministic estimator).
-        names: parameter names. shapes: their shapes.
+        names: parameter names.
+        shapes: their shapes.
     """
 
     exact: torch.Tensor
@@ -138,7 +139,15 @@ def measure_estimator(
     (torch's global generators are forked).
 
     Args:
-        x: ``(b, T, I)`` inputs; y: ``(b, T)`` class indices or ``(b, T, O)`` targets; mask: ``(b, T)`` bool.
+        cell: the recurrent cell whose gradient is estimated.
+        readout: the module from hidden states to outputs.
+        estimator: an :class:`~lightning_ortho.online.OnlineGradientEstimator` of ``cell``.
+        loss: ``"cross_entropy"`` or ``"mse"``.
+        x: ``(b, T, I)`` inputs.
+        y: ``(b, T)`` class indices or ``(b, T, O)`` targets.
+        mask: ``(b, T)`` bool, the steps whose loss counts.
+        draws: independent noise draws (at least 1; an estimator without noise runs once).
+        seed: seed of the generator behind the draws' noise.
 
     Raises:
         ValueError: ``draws < 1`` or shapes that disagree.
@@ -237,7 +246,12 @@ class OnlineEstimatorVarianceMonitor(Monitor):
         probe_streams: streams of the probe (the first of the first chunk).
         probe_steps: time steps of the probe (``None``: the whole first chunk).
         seed: seed of the draws' noise (measurement ``k`` uses ``seed + k``), independent of the model's.
-        plot, prog_bar, verbose, source: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+        plot: at the end of fit, write ``<Class>.png`` of the history into the first logger's directory (needs
+            matplotlib: ``pip install "lightning-ortho[plots]"``).
+        prog_bar: also show the logged values in the progress bar.
+        verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
+        source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
+            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
 
     Raises:
         ValueError: bad arguments; at setup, a model that is not trained online (no estimator, cell, readout).

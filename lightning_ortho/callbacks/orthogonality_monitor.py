@@ -134,7 +134,12 @@ class OrthogonalityMonitor(Monitor):
         every_n_steps: measure at the end of the first training batch at or past each multiple of
             ``every_n_steps`` optimizer steps, and of the last batch of fit (the rule of every monitor:
             :class:`~lightning_ortho.callbacks._monitor.Monitor`).
-        plot, prog_bar, verbose, source: see :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+        plot: at the end of fit, write ``<Class>.png`` of the history into the first logger's directory (needs
+            matplotlib: ``pip install "lightning-ortho[plots]"``).
+        prog_bar: also show the logged values in the progress bar.
+        verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
+        source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
+            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
 
     Raises:
         ValueError: bad arguments; at setup, no orthogonal map or ``SVDLinear`` in the model, or a named module

@@ -88,9 +88,16 @@ class TransformCompression(Callback):
             layers that are not affine (``SVDLinear(orthogonal="aux")``), have fewer than 2 inputs (odd for family
             ``"m"``, fewer than 4 for ``"b4x4"``) or belong to ``nn.MultiheadAttention``. Either way, a layer whose
             weights are all zero (unused) or not finite when its turn comes stays dense, with a warning.
-        family, s, m, q, bits, iterations: as :func:`compress_linear` (defaults per layer); ``family`` is one of
-            :data:`~lightning_ortho.transforms.families.FAMILY_TABLE` (``"b"``, ``"m"``, ``"shear"``, ``"b4x4"``).
-        at_epoch, finetune_epochs: when to compress (above); give at most one.
+        family: the transform family, one of :data:`~lightning_ortho.transforms.families.FAMILY_TABLE`
+            (``"b"``, ``"m"``, ``"shear"``, ``"b4x4"``), as :func:`compress_linear`.
+        s: nonzeros per code row, as :func:`compress_linear` (``None``: its default for each layer).
+        m: blocks (``"b"``, ``"shear"``, ``"b4x4"``), as :func:`compress_linear` (``None``: the default per layer).
+        q: stages (``"m"``), as :func:`compress_linear` (``None``: the default per layer).
+        bits: SOPOT terms per shear (``"shear"``), as :func:`compress_linear`.
+        at_epoch: the training epoch (0-based) after which to compress (above); give at most one of ``at_epoch``
+            and ``finetune_epochs``.
+        finetune_epochs: the number of epochs that follow the compression to fine-tune it (above).
+        iterations: sweeps or rounds of the learner, as :func:`compress_linear` (``None``: its default).
         metric: a ``torchmetrics.Metric`` with a scalar ``compute()`` (cloned, never changed, so one instance may
             serve several callbacks); ``None``: no metric, the report gives the compression error and operations
             only. ``"auto"`` (default), chosen at the start of ``fit``: a copy of the module's own validation

@@ -42,9 +42,16 @@ class AddingTaskDataModule(StreamDataModule):
     in the target, so each floor is the entropy of the best prediction given that information.
 
     Args:
-        t1, t2: the two lags (positive integers).
-        streams, chunk_length, chunks_per_epoch, val_streams, val_chunks, seed, num_workers: see
-            :class:`~lightning_ortho.datamodules.StreamDataModule`.
+        t1: the first lag, in time steps (a positive integer).
+        t2: the second lag, in time steps (a positive integer).
+        streams: ``B``, the parallel training streams over all processes (divisible by the world size; see
+            :class:`~lightning_ortho.datamodules.StreamDataModule`).
+        chunk_length: ``T``, time steps per chunk.
+        chunks_per_epoch: chunks per training epoch.
+        val_streams: validation streams over all processes (divisible by the world size).
+        val_chunks: chunks per validation pass.
+        seed: seed of the data (a non-negative integer), the same in every process.
+        num_workers: must be 0 (chunks must stay in order; see :class:`~lightning_ortho.datamodules.StreamDataModule`).
 
     Raises:
         ValueError: a lag is not a positive integer, or a base argument is invalid.

@@ -22,8 +22,15 @@ class CIFAR10DataModule(ImageDataModule):
         root: folder holding ``cifar-10-batches-py/`` (torchvision's layout).
         download: let torchvision download and unpack the archive into ``root`` (needs internet).
         verify_checksums: check the files' MD5 sums as torchvision does (turn off only for hand-made subsets).
-        batch_size, val_size, seed, flatten, shuffle, num_workers, mean, std: see :class:`ImageDataModule`
-            (default statistics are CIFAR-10's per-channel mean and standard deviation).
+        batch_size: samples per batch.
+        val_size: training images held out for validation, chosen by ``seed`` (0 validates on the test set; see
+            :class:`ImageDataModule`).
+        seed: seed of the validation sample and of the per-epoch shuffling.
+        flatten: yield ``(N, 3072)`` vectors instead of ``(N, 3, 32, 32)`` images.
+        shuffle: shuffle the training batches.
+        num_workers: DataLoader worker processes.
+        mean: per-channel normalisation mean (default: CIFAR-10's).
+        std: per-channel normalisation standard deviation (default: CIFAR-10's).
 
     Raises:
         MissingExtraError: torchvision is not installed (the ``vision`` extra), at ``prepare_data``/``setup``.

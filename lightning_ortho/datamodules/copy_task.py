@@ -41,8 +41,14 @@ class CopyTaskDataModule(StreamDataModule):
         length: symbols presented per episode.
         delay: blank steps between the presentation and the go marker (0 allowed).
         reset_between_episodes: align episodes to chunks and reset the state before each (see above).
-        streams, chunk_length, chunks_per_epoch, val_streams, val_chunks, seed, num_workers: see
-            :class:`~lightning_ortho.datamodules.StreamDataModule`.
+        streams: ``B``, the parallel training streams over all processes (divisible by the world size; see
+            :class:`~lightning_ortho.datamodules.StreamDataModule`).
+        chunk_length: ``T``, time steps per chunk.
+        chunks_per_epoch: chunks per training epoch.
+        val_streams: validation streams over all processes (divisible by the world size).
+        val_chunks: chunks per validation pass.
+        seed: seed of the data (a non-negative integer), the same in every process.
+        num_workers: must be 0 (chunks must stay in order; see :class:`~lightning_ortho.datamodules.StreamDataModule`).
 
     Raises:
         ValueError: ``symbols < 2``, ``length`` not a positive integer, ``delay`` negative, or a base argument is

@@ -20,7 +20,8 @@ class DigitsDataModule(SplitDataModule):
         batch_size: samples per batch.
         image_size: side of the square images (8 = original).
         flatten: yield ``(N, image_size**2)`` vectors (for fully connected models) instead of ``(N, 1, H, W)``.
-        val_fraction, test_fraction: split sizes; the split is a fixed permutation from ``seed``.
+        val_fraction: share of the digits in the validation split (a fixed permutation from ``seed``).
+        test_fraction: share of the digits in the test split.
         seed: seed of the split and of the per-epoch shuffling (independent of the global seed, so every run
             sees the same split and a resumed run the same batches).
         shuffle: shuffle the training batches.

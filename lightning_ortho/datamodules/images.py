@@ -50,6 +50,19 @@ class ImageDataModule(SplitDataModule):
     and every checkpoint knows its data. Training batches are shuffled by :class:`EpochSeededRandomSampler`
     (reproducible across resumes) unless ``shuffle=False``; the loaders come from :class:`SplitDataModule`.
 
+    Args:
+        root: folder holding the dataset's files.
+        download: let torchvision download the files into ``root`` (needs internet).
+        batch_size: samples per batch.
+        val_size: training images held out for validation (at most a fifth of the training set), chosen by
+            ``seed``; 0 validates on the official test set.
+        seed: seed of the validation sample and of the per-epoch shuffling (independent of the global seed).
+        flatten: yield ``(N, C*H*W)`` vectors (for fully connected models) instead of ``(N, C, H, W)`` images.
+        shuffle: shuffle the training batches.
+        num_workers: DataLoader worker processes.
+        mean: per-channel mean of the normalisation.
+        std: per-channel standard deviation of the normalisation.
+
     Raises:
         ValueError: ``val_size`` is negative.
     """

@@ -24,8 +24,14 @@ class InfluenceBalancingDataModule(StreamDataModule):
     stream, training, validation or test, is the same: the task is deterministic and ``seed`` changes nothing.
 
     Args:
-        streams, chunk_length, chunks_per_epoch, val_streams, val_chunks, seed, num_workers: see
-            :class:`~lightning_ortho.datamodules.StreamDataModule`.
+        streams: ``B``, the parallel training streams over all processes (divisible by the world size; see
+            :class:`~lightning_ortho.datamodules.StreamDataModule`).
+        chunk_length: ``T``, time steps per chunk.
+        chunks_per_epoch: chunks per training epoch.
+        val_streams: validation streams over all processes (divisible by the world size).
+        val_chunks: chunks per validation pass.
+        seed: changes nothing (the task is deterministic; accepted for a uniform interface).
+        num_workers: must be 0 (chunks must stay in order; see :class:`~lightning_ortho.datamodules.StreamDataModule`).
 
     Raises:
         ValueError: a base argument is invalid.

@@ -20,9 +20,15 @@ class MNISTDataModule(ImageDataModule):
     Args:
         root: folder holding ``MNIST/raw/*-ubyte`` (torchvision's layout).
         download: let torchvision download the files into ``root`` (needs internet).
-        batch_size, val_size, seed, flatten, shuffle, num_workers: see :class:`ImageDataModule`; the validation
-            set is 5,000 training images chosen by ``seed``.
-        mean, std: normalisation (defaults: the usual MNIST statistics 0.1307, 0.3081).
+        batch_size: samples per batch.
+        val_size: training images held out for validation, chosen by ``seed`` (5,000 by default; 0 validates on
+            the test set; see :class:`ImageDataModule`).
+        seed: seed of the validation sample and of the per-epoch shuffling.
+        flatten: yield ``(N, 784)`` vectors instead of ``(N, 1, 28, 28)`` images.
+        shuffle: shuffle the training batches.
+        num_workers: DataLoader worker processes.
+        mean: normalisation mean (default: the usual MNIST statistic 0.1307).
+        std: normalisation standard deviation (default: the usual MNIST statistic 0.3081).
 
     Raises:
         MissingExtraError: torchvision is not installed (the ``vision`` extra), at ``prepare_data``/``setup``.

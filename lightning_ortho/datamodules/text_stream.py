@@ -72,8 +72,14 @@ class CharacterStreamDataModule(StreamDataModule):
     Args:
         path: a UTF-8 text file; ``None`` for the embedded default.
         val_fraction: the share of the corpus (its end) held out for validation, in (0, 1).
-        streams, chunk_length, chunks_per_epoch, val_streams, val_chunks, seed, num_workers: see
-            :class:`~lightning_ortho.datamodules.StreamDataModule`.
+        streams: ``B``, the parallel training streams over all processes (divisible by the world size; see
+            :class:`~lightning_ortho.datamodules.StreamDataModule`).
+        chunk_length: ``T``, time steps per chunk.
+        chunks_per_epoch: chunks per training epoch; ``None``: one pass over the training pieces.
+        val_streams: validation streams over all processes (divisible by the world size).
+        val_chunks: chunks per validation pass; ``None``: one pass over the validation pieces.
+        seed: changes nothing (the text is read in order; accepted for a uniform interface).
+        num_workers: must be 0 (chunks must stay in order; see :class:`~lightning_ortho.datamodules.StreamDataModule`).
 
     Raises:
         DatasetNotFoundError: ``path`` is not a file (a ``FileNotFoundError``).

@@ -23,7 +23,11 @@ class FlowLayer(nn.Module):
 
 
 class FlowSequence(FlowLayer):
-    """Layers applied in order; log-determinants add up, the inverse runs backwards."""
+    """Layers applied in order; log-determinants add up, the inverse runs backwards.
+
+    Args:
+        *layers: the flow layers, in the order they apply.
+    """
 
     def __init__(self, *layers: FlowLayer) -> None:
         super().__init__()

@@ -14,6 +14,11 @@ def dequantize(x: torch.Tensor, num_levels: int, noise: torch.Tensor | None = No
     density on that cube and each discrete value owns a bin of width ``1 / L``. For 8-bit images
     ``num_levels = 256`` (``n_bits = 8``); for scikit-learn's digits (0..16) ``num_levels = 17``.
 
+    Args:
+        x: images with values in [0, 1].
+        num_levels: ``L``, the number of discrete values.
+        noise: optional ``u`` of ``x``'s shape, in ``[0, 1)``; ``None`` draws it.
+
     Raises:
         ValueError: values outside [0, 1] (did the data module standardise the images?).
     """
@@ -32,5 +37,10 @@ def bits_per_dim(log_density: torch.Tensor, dims: int, num_levels: int) -> torch
 
     With ``y = (k + u) / L - 1/2``, ``P(k) >= E_u p(y) / L^D`` (Theis et al. 2016), so
     ``bits/dim = (-log p(y) + D log L) / (D log 2)``: the upper bound every flow paper reports.
+
+    Args:
+        log_density: ``(N,)`` ``log p(y)`` of the dequantised data, in nats.
+        dims: ``D``, the dimensions of one sample (``C H W`` for images).
+        num_levels: ``L``, the number of discrete values per dimension.
     """
     return (-log_density + dims * math.log(num_levels)) / (dims * math.log(2.0))

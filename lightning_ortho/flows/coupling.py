@@ -10,7 +10,12 @@ from lightning_ortho.flows.base import FlowLayer, check_images
 
 class ZeroConv2d(nn.Module):
     """3x3 convolution initialised to zero with a learned output scale ``exp(3 s)`` (Glow): the layer it
-    ends starts as the identity."""
+    ends starts as the identity.
+
+    Args:
+        in_channels: input channels.
+        out_channels: output channels.
+    """
 
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()
@@ -30,6 +35,13 @@ class AffineCoupling(FlowLayer):
     conv 3x3) starts at ``t = 0`` and scale ``sigmoid(2)``, close to the identity, as in Glow.
 
     Shapes: ``(N, C, H, W) -> (N, C, H, W)``, log-det ``(N,)``; needs ``C >= 2``.
+
+    Args:
+        channels: ``C``, the channels of the images (at least 2).
+        hidden_channels: width of the coupling network.
+
+    Raises:
+        ValueError: fewer than 2 channels.
     """
 
     def __init__(self, channels: int, hidden_channels: int = 64) -> None:

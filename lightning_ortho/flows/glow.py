@@ -37,7 +37,9 @@ class Glow(nn.Module):
     Args:
         in_channels: image channels (1 for digits/MNIST, 3 for CIFAR-10).
         image_size: image side (needed to sample; must be divisible by ``2 ** levels``).
-        levels: number of scales ``L``; steps: flow steps per scale ``K``; hidden_channels: coupling width ``C``.
+        levels: number of scales ``L``.
+        steps: flow steps per scale ``K``.
+        hidden_channels: coupling width ``C``.
         conv1x1: kind of the invertible 1x1 convolutions (see :func:`~lightning_ortho.flows.invertible_1x1_conv`).
 
     ``log_prob(y)`` is the exact log-density of dequantised images ``y`` (``(N,)`` nats);

@@ -14,7 +14,13 @@ LOG_2PI = math.log(2 * math.pi)
 
 
 def gaussian_log_prob(z: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
-    """``(N,)``: ``sum log N(z; mean, exp(log_std)^2)`` over all but the batch dimension."""
+    """``(N,)``: ``sum log N(z; mean, exp(log_std)^2)`` over all but the batch dimension.
+
+    Args:
+        z: ``(N, ...)`` values.
+        mean: means, broadcast against ``z``.
+        log_std: log standard deviations, broadcast against ``z``.
+    """
     return (-0.5 * (LOG_2PI + 2 * log_std + (z - mean) ** 2 * torch.exp(-2 * log_std))).flatten(1).sum(1)
 
 
@@ -25,6 +31,12 @@ class Split(nn.Module):
     factored-out variables' contribution to the likelihood. ``inverse(z_keep, z_out=None, temperature=1)``
     puts them back; without ``z_out`` it samples from the prior with its standard deviation scaled by
     ``temperature``. The prior network is zero-initialised (standard normal at the start).
+
+    Args:
+        channels: channels of ``x`` (at least 2); ``z_keep`` holds the first ``channels - channels // 2``.
+
+    Raises:
+        ValueError: fewer than 2 channels.
     """
 
     def __init__(self, channels: int) -> None:

@@ -18,6 +18,9 @@ class ClassifierModule(RestoresFactorizedLayers, pl.LightningModule):
     Logs ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``, ``test_loss``, ``test_acc`` (torchmetrics,
     reduced across processes under DDP). For wall time add Lightning's ``Timer`` callback
     (``timer.time_elapsed("train")``); the loggers also stamp every record with its wall time.
+
+    Args:
+        num_classes: number of classes of the accuracy metrics.
     """
 
     def __init__(self, num_classes: int) -> None:

@@ -124,9 +124,11 @@ class FastTransformModule(pl.LightningModule):
         features: ``"flatten"`` (each input flattened to a vector, for vectors or patches) or ``"patches"`` (images
             ``(B, C, H, W)`` cut into non-overlapping ``patch_size`` patches, each patch's mean removed when
             ``remove_mean``).
-        patch_size, remove_mean: see ``features``.
-        blocks, stages, sparsity: deprecated names of ``m``, ``q`` and ``s`` (they warn ``FutureWarning`` and will
-            be removed in the next release).
+        patch_size: side of the square patches for ``features="patches"``.
+        remove_mean: remove each patch's mean, for ``features="patches"``.
+        blocks: deprecated name of ``m`` (warns ``FutureWarning``; removed in the next release).
+        stages: deprecated name of ``q`` (warns ``FutureWarning``; removed in the next release).
+        sparsity: deprecated name of ``s`` (warns ``FutureWarning``; removed in the next release).
 
     Logs, for the transform ``D`` the module holds during the epoch (:meth:`transform`, logged before the epoch's
     update replaces it): ``train_error`` (percent, ``100 ||Y - X D^T||^2 / ||Y||^2`` over the epoch's training

@@ -14,11 +14,17 @@ class GlowModule(pl.LightningModule):
     """Glow trained by maximum likelihood: the loss is bits/dim (:meth:`Glow.bits_per_dim`).
 
     Args:
-        in_channels, image_size, levels, steps, hidden_channels, conv1x1: the :class:`Glow`
-            (``conv1x1``: ``plain``, ``lu``, ``householder``, ``aux``, ``aux_invertible``).
+        in_channels: image channels of the :class:`Glow` (1 for digits/MNIST, 3 for CIFAR-10).
+        image_size: image side (must be divisible by ``2 ** levels``).
+        levels: number of scales ``L`` of the :class:`Glow`.
+        steps: flow steps per scale ``K``.
+        hidden_channels: coupling width ``C``.
+        conv1x1: kind of the invertible 1x1 convolutions: ``plain``, ``lu``, ``householder``, ``aux``,
+            ``aux_invertible``.
         num_levels: quantisation levels of the data (256 for 8-bit images, 17 for scikit-learn's digits);
             images must arrive in [0, 1] (data modules with standardisation turned off).
         lr: Adam learning rate, reached by a linear warm-up over ``warmup_steps`` optimizer steps.
+        warmup_steps: optimizer steps of the linear learning-rate warm-up.
 
     Batches are ``(images, ...)`` with images ``(N, C, S, S)``. Logs ``train_bpd``, ``val_bpd`` and ``test_bpd``;
     ``predict`` returns each image's bits/dim.
@@ -32,7 +38,8 @@ class GlowModule(pl.LightningModule):
     :class:`~lightning_ortho.callbacks.GlowImageGrids`.
     Gradient clipping: the Trainer's ``gradient_clip_val``.
 
-    Raises (on the first batch): ``ValueError`` when pixel values lie outside [0, 1] (standardised data).
+    Raises:
+        ValueError: on the first batch, when pixel values lie outside [0, 1] (standardised data).
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 
 Online training runs a few tiny operations per time step (``(b, H) x (H, H)`` products at ``H = 32``). On a
 thread pool each of them pays for waking the other threads, which costs far more than the product itself, above
-all on a machine whose cores are busy (:mod:`lightning_ortho.online.threads` has the measurements and the rule,
+all on a machine whose cores are busy (:mod:`lightning_ortho.online.threads` has the reasons and the rule,
 which the estimators apply to their own calls as well). The module sets the count for a whole Trainer stage, so
 the readout, the loss and the optimiser run on it too.
 """

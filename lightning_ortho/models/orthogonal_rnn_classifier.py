@@ -29,10 +29,11 @@ class OrthogonalRNNClassifier(ClassifierModule):
         nonlinearity: ``"modrelu"`` (default, as expRNN) or ``"tanh"``.
         initial_orthogonal: ``"cayley"``: every map that can represent it starts from the same Cayley-initialised
             ``U`` (normal reflections via QR, aux via ``W = I - U``); ``"default"``: each map's own init.
-        lr, optimizer: learning rate and optimizer (``"rmsprop"`` as expRNN, or ``"adam"``) for everything but
-            the transition.
-        transition_lr, transition_optimizer: the same for the transition's parameters; Adam by default, which
-            the paper found stable for auxiliary reflections where RMSprop was not (Appendix B.2).
+        lr: learning rate for everything but the transition.
+        optimizer: optimizer for everything but the transition: ``"rmsprop"`` (as expRNN) or ``"adam"``.
+        transition_lr: learning rate for the transition's parameters.
+        transition_optimizer: optimizer for the transition's parameters; Adam by default, which the paper found
+            stable for auxiliary reflections where RMSprop was not (Appendix B.2).
         gradient_clip_val: clip each optimizer's gradient norm to this value (``None``: no clipping).
 
     The two optimizers are one :class:`~lightning_ortho.models.optimizer_group.OptimizerGroup` to Lightning:

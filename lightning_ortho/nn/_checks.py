@@ -22,6 +22,9 @@ def finite_checks(enabled: bool) -> Iterator[None]:
     """Turn the NaN/inf checks of every layer in :mod:`lightning_ortho.nn` on or off inside a ``with`` block.
 
     The checks cost one reduction per call and, on a GPU, a synchronisation. Shape and dtype checks stay on.
+
+    Args:
+        enabled: whether the layers check their inputs and parameters for NaN/inf inside the block.
     """
     global _FINITE_CHECKS
     previous, _FINITE_CHECKS = _FINITE_CHECKS, bool(enabled)

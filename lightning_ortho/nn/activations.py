@@ -9,6 +9,11 @@ import torch
 def modrelu(z: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``sign(z) relu(|z| + b)`` (Arjovsky et al. 2016, real case): keeps the sign, thresholds the magnitude.
 
-    ``z`` ``(..., d)`` and ``bias`` ``(d,)`` (broadcast); the result has ``z``'s shape.
+    Args:
+        z: ``(..., d)`` preactivations.
+        bias: ``(d,)`` thresholds ``b``, broadcast over ``z``.
+
+    Returns:
+        A tensor of ``z``'s shape.
     """
     return torch.sign(z) * torch.relu(torch.abs(z) + bias)

@@ -63,7 +63,9 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
             computed by the submodule ``self.constraint``
             (:class:`~lightning_ortho.nn.invertible_weight.InvertibleAuxiliaryWeight`). Otherwise ``W`` is the
             parameter ``self.weight``.
-        spectral_method, spectral_margin: how ``sigma_max`` is found and the safety factor, for ``invertible=True``.
+        spectral_method: how ``sigma_max`` is found, for ``invertible=True`` (``"auto"``, ``"eigh"`` or
+            ``"upper_bound"``; see :class:`~lightning_ortho.nn.InvertibleAuxiliaryWeight`).
+        spectral_margin: the relative safety factor on ``sigma_max``, for ``invertible=True``.
 
     Conventions:
         ``f(0) = 0`` (the paper's definition), and wherever ``n(x) = 0`` the reflection is undefined and we
@@ -79,10 +81,11 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
     path, which rescales such rows and names a NaN. Both compute the same expression (equal to float rounding).
     ``layer.fused_forward = False`` turns the fused path off.
 
-    Raises (from every method taking a tensor):
-        TypeError: integer input, or an input dtype that does not match the parameters.
-        ValueError: trailing dimension is not ``d``, or NaN/inf in the input or the parameters
-            (see ``finite_checks``).
+    Raises:
+        TypeError: from every method taking a tensor: integer input, or an input dtype that does not match the
+            parameters.
+        ValueError: from every method taking a tensor: trailing dimension is not ``d``, or NaN/inf in the input or
+            the parameters (see ``finite_checks``).
     """
 
     #: Take the fused path for well-scaled batches (see "Speed" above).
@@ -303,6 +306,7 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
         ``det J = -det(A) (1 + 2 v^T A^{-1} u / ||u||^2)`` with ``u = W x``, ``v = W^T x``, ``A = I - 2 s W``.
 
         Args:
+            x: ``(..., d)`` inputs.
             method: ``"eig"`` diagonalises ``W`` once so each row costs O(d^2), gradients in closed form
                 (:mod:`~lightning_ortho.nn.symmetric_eigenbasis`, :mod:`~lightning_ortho.nn.general_eigenbasis`).
                 ``"dense"`` builds ``A`` per row (O(d^3) per row; the only option for a custom network).

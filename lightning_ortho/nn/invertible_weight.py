@@ -97,7 +97,11 @@ class InvertibleAuxiliaryWeight(nn.Module):
         return factor @ factor.mT
 
     def forward(self) -> torch.Tensor:
-        """``(d, d)``: ``W`` (float32 when ``V`` is float16/bfloat16). Raises ``ValueError`` if ``V`` holds NaN/inf."""
+        """``(d, d)``: ``W`` (float32 when ``V`` is float16/bfloat16).
+
+        Raises:
+            ValueError: ``V`` holds NaN/inf.
+        """
         gram = self._gram()
         eye = torch.eye(self.d, dtype=gram.dtype, device=gram.device)
         return eye + gram / self._scale(self.sigma_max(gram))

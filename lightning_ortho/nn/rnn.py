@@ -56,7 +56,8 @@ class OrthogonalRNNCell(nn.Module):
     """One step ``h' = sigma(U h + V x; b)`` with an orthogonal(-like) transition ``U``.
 
     Args:
-        input_size, hidden_size: sizes of ``x`` and ``h``.
+        input_size: size of ``x``.
+        hidden_size: size of ``h``.
         transition: the map for ``U`` (see :func:`orthogonal_map`): ``"aux"`` (one auxiliary reflection),
             ``"householder"`` (``reflections`` normal reflections, default ``hidden_size``), ``"cayley"``,
             ``"matrix_exp"``.
@@ -138,8 +139,16 @@ class OrthogonalRNN(nn.Module):
     (2016) and used by the paper for every map (Appendix B.2: ``h_0 = 0`` made auxiliary reflections divide
     by zero in the authors' code; here ``H(0) := I`` so it would not, but the initialisation is kept).
 
-    Args: as :class:`OrthogonalRNNCell`, plus ``initial_orthogonal``: ``"cayley"`` (all maps start from the
-    same Cayley-initialised ``U`` when they can represent it) or ``"default"`` (each map's own init).
+    Args:
+        input_size: size of ``x_t``.
+        hidden_size: size of ``h``, ``H``.
+        transition: the map for ``U``, as in :class:`OrthogonalRNNCell`.
+        reflections: number of normal reflections for ``transition="householder"``, as in
+            :class:`OrthogonalRNNCell`.
+        nonlinearity: ``"modrelu"`` or ``"tanh"``, as in :class:`OrthogonalRNNCell`.
+        initial_orthogonal: ``"cayley"`` (all maps start from the same Cayley-initialised ``U`` when they can
+            represent it) or ``"default"`` (each map's own init).
+        **map_kwargs: passed to :func:`orthogonal_map`.
 
     Shapes: ``x`` ``(B, T, input_size)`` (batch-first) -> ``(outputs (B, T, H), h_T (B, H))``.
 

@@ -15,8 +15,9 @@ class SVDLinear(nn.Module):
     """``y = U Sigma V^T x + b`` with ``U``, ``V`` orthogonal(-like) maps and learnable singular values.
 
     Args:
-        in_features, out_features: sizes; ``V`` acts on ``in_features``, ``U`` on ``out_features`` and
-            ``Sigma`` is the ``(out, in)`` rectangular diagonal of ``min(in, out)`` singular values.
+        in_features: size of the input, on which ``V`` acts.
+        out_features: size of the output, on which ``U`` acts; ``Sigma`` is the ``(out, in)`` rectangular
+            diagonal of ``min(in, out)`` singular values.
         orthogonal: the map used for both ``U`` and ``V^T`` (see :func:`orthogonal_map`). With ``"aux"``
             both are auxiliary reflections, as in the paper's FCNN.
         bias: add a learnable bias.

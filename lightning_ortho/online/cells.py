@@ -44,6 +44,10 @@ class TanhRNNCell(nn.Module):
     Jacobian-vector product instead of a ``torch.func`` transform.
 
     Shapes: ``x`` ``(B, input_size)``, ``h`` ``(B, hidden_size)`` -> ``(B, hidden_size)``.
+
+    Args:
+        input_size: ``I``, features of ``x``.
+        hidden_size: ``H``, units of ``h``.
     """
 
     preactivation_weights = ("weight_hh", "weight_ih", "bias")
@@ -104,6 +108,10 @@ class GRUCell(nn.Module):
     (:class:`~lightning_ortho.online.gru_linearization.GRUStepLinearization`; a subclass takes ``torch.func``).
 
     Shapes: ``x`` ``(B, input_size)``, ``h`` ``(B, hidden_size)`` -> ``(B, hidden_size)``.
+
+    Args:
+        input_size: ``I``, features of ``x``.
+        hidden_size: ``H``, units of ``h``.
     """
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
@@ -142,6 +150,12 @@ class InfluenceBalancingCell(nn.Module):
     that it is ``(B, input_size)``).
 
     Shapes: ``x`` ``(B, I)``, ``h`` ``(B, units)`` -> ``(B, units)``.
+
+    Args:
+        units: size of the state.
+        positive: units that ``theta`` enters positively (the first ones; ``0 <= positive <= units``).
+        theta: initial value of the parameter ``theta``.
+        input_size: ``I``, features of the (ignored) input.
     """
 
     def __init__(self, units: int = 23, positive: int = 10, theta: float = 0.0, input_size: int = 1) -> None:
@@ -162,7 +176,7 @@ class InfluenceBalancingCell(nn.Module):
         return h @ self.transition.T + self.theta * self.signs
 
     def linearize(self, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None) -> StepLinearization:
-        """Closed-form products (the generic ``torch.func`` path costs ~10 ms a step for this tiny linear map)."""
+        """Closed-form products (the generic ``torch.func`` path costs far more than this tiny linear map itself)."""
         return LinearStepLinearization(self, x, h, layout)
 
     def extra_repr(self) -> str:

@@ -249,7 +249,11 @@ class DiagonalRTRL(OnlineGradientEstimator):
     in PyTorch's convention (``dL/dRe h + i dL/dIm h``, what autograd returns for a real loss) and returns real
     gradients of the (real) parameters; parameters that do not enter ``h`` (the LRU's ``C`` and ``D``) get zeros.
 
-    Args: see :class:`~lightning_ortho.online.OnlineGradientEstimator`.
+    Args:
+        cell: a cell ``cell(x, h) -> h_new`` whose state Jacobian ``dh'/dh`` is diagonal and whose parameters all
+            live in it (see :class:`~lightning_ortho.online.OnlineGradientEstimator`).
+        closed_form: take the traces from the cell's closed form (``cell.diagonal_traces``) when it has one;
+            ``False`` forces the generic ``torch.func`` path.
 
     Raises:
         ValueError: the state Jacobian of ``cell`` is not diagonal at random points (checked once here with

@@ -24,6 +24,9 @@ class ParameterLayout:
 
     The order is ``cell.named_parameters()``. :meth:`flatten` takes ``{name: (*lead, *shape)}`` to
     ``(*lead, P)``; :meth:`unflatten` goes back.
+
+    Args:
+        cell: the recurrent cell whose parameters are laid out.
     """
 
     def __init__(self, cell: nn.Module) -> None:
@@ -100,10 +103,14 @@ class StepLinearization:
 
     Args:
         cell: the recurrent cell (see :mod:`lightning_ortho.online.cells`).
-        x: ``(B, I)`` inputs of this step; h: ``(B, H)`` previous states.
+        x: ``(B, I)`` inputs of this step.
+        h: ``(B, H)`` previous states.
         layout: the cell's :class:`ParameterLayout` (built once by the estimator).
 
-    Attributes: ``h_new`` ``(B, H)``. Methods take and return per-stream tensors; ``P`` is ``layout.size``.
+    Attributes:
+        h_new: ``(B, H)``, the new states.
+
+    Methods take and return per-stream tensors; ``P`` is ``layout.size``.
     """
 
     def __init__(self, cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout) -> None:
@@ -359,7 +366,15 @@ def register_closed_form(cell_type: type, linearization: Callable[..., StepLinea
 
 def linearize(cell: nn.Module, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout, *, closed_form: bool = True):
     """The cell's closed-form :class:`StepLinearization` when it offers one (a ``linearize`` method, or a form
-    registered for its class) and ``closed_form``, else the generic one."""
+    registered for its class) and ``closed_form``, else the generic one.
+
+    Args:
+        cell: the recurrent cell.
+        x: ``(B, I)`` inputs of this step.
+        h: ``(B, H)`` previous states.
+        layout: the cell's :class:`ParameterLayout`.
+        closed_form: use the closed form when there is one; ``False`` forces the generic path.
+    """
     if closed_form:
         fast: Callable | None = getattr(cell, "linearize", None)
         if fast is not None:

@@ -39,6 +39,13 @@ class LinearRecurrentUnit(nn.Module):
     ``cell.double()`` and the optimisers treat them as any other. ``C`` and ``D`` do not enter the state: their
     gradients come from ordinary backprop through :meth:`output` at each step.
 
+    Args:
+        input_size: ``I``, features of ``x``.
+        hidden_size: ``H``, complex units of ``h``.
+        r_min: inner radius of the ring of initial eigenvalues.
+        r_max: outer radius of that ring.
+        max_phase: largest initial phase ``arg(lambda)``.
+
     Raises:
         ValueError: a size is not a positive integer, not ``0 <= r_min <= r_max <= 1`` with ``r_min < 1``, or
             ``max_phase`` is not positive and finite.

@@ -80,12 +80,15 @@ class LRUStack(nn.Module):
     """Encoder, ``layers`` :class:`LRUBlock` and decoder (Zucchet et al. 2023's network; module docstring).
 
     Args:
-        input_size, output_size: features of ``x_t`` and ``y_t``.
+        input_size: features of ``x_t``.
         hidden_size: units of each LRU's complex state.
+        output_size: features of ``y_t``.
         layers: number of blocks.
         model_size: width between the blocks (each LRU's input and output size); ``hidden_size`` when ``None``.
         mlp_size: hidden width of each block's MLP; ``2 * model_size`` when ``None``.
-        r_min, r_max, max_phase: the LRUs' ring initialisation (:class:`LinearRecurrentUnit`).
+        r_min: inner radius of the LRUs' ring of initial eigenvalues (:class:`LinearRecurrentUnit`).
+        r_max: outer radius of that ring.
+        max_phase: largest initial phase of the eigenvalues.
 
     Raises:
         ValueError: a size is not a positive integer, or the ring is invalid (:class:`LinearRecurrentUnit`).
@@ -226,6 +229,14 @@ class OnlineLRUStack:
     ``h^k_{t-1}`` a constant) in the returned state for ``gradient`` / ``backward``; under ``torch.no_grad()`` it only advances (evaluation).
     Summing ``gradient`` over ``t`` estimates the gradient of ``sum_t L_t``. Do not call ``loss.backward()`` on
     ``y_t`` yourself: it would give the recurrent parameters their immediate gradient only.
+
+    Args:
+        model: the :class:`LRUStack` to train (its dtype and device already set).
+        closed_form: take each LRU's traces from its closed form, as
+            :class:`~lightning_ortho.online.DiagonalRTRL`; ``False`` forces the generic ``torch.func`` path.
+
+    Raises:
+        TypeError: ``model`` is not an :class:`LRUStack`.
 
     Attributes:
         num_threads: CPU threads for each ``step``, ``gradient`` and ``backward`` call, as

@@ -23,6 +23,10 @@ class ModReLURNNCell(nn.Module):
     (generic path).
 
     Shapes: ``x`` ``(B, input_size)``, ``h`` ``(B, hidden_size)`` -> ``(B, hidden_size)``.
+
+    Args:
+        input_size: ``I``, features of ``x``.
+        hidden_size: ``H``, units of ``h``.
     """
 
     def __init__(self, input_size: int, hidden_size: int) -> None:

@@ -58,7 +58,8 @@ def oracle_terms(
     Args:
         cell: the recurrent cell; for ``cut="preactivation"`` it needs ``preactivation`` and ``activation`` and
             no parameter acting after the preactivation.
-        xs: ``(T, I)`` inputs of one stream. h0: ``(H,)`` initial state.
+        xs: ``(T, I)`` inputs of one stream.
+        h0: ``(H,)`` initial state.
         loss_gradients: ``(T, H)`` the fixed ``delta_s = dL_s/dh_s`` (``L_s = delta_s . h_s`` to first order).
         cut: the cut vertex ``z``: ``"state"`` (``z = h``) or ``"preactivation"``.
 

@@ -18,7 +18,11 @@ class RTRL(OnlineGradientEstimator):
     ``H`` (its summed gradients equal backprop through time to float64 rounding: tested) and to measure the
     bias and variance of the cheaper estimators.
 
-    Args: see :class:`~lightning_ortho.online.OnlineGradientEstimator`.
+    Args:
+        cell: any ``nn.Module`` with ``cell(x, h) -> h_new`` whose parameters all live in it (see
+            :class:`~lightning_ortho.online.OnlineGradientEstimator`).
+        closed_form: use the cell's closed-form Jacobian products when it has them; ``False`` forces the generic
+            ``torch.func`` path.
     """
 
     name = "rtrl"

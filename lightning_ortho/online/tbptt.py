@@ -21,7 +21,10 @@ class TruncatedBPTT(OnlineGradientEstimator):
     starts a new window: no gradient flows into the state it had before.
 
     Args:
-        cell: the recurrent cell. k: truncation length (``>= 1``).
+        cell: the recurrent cell.
+        k: truncation length (``>= 1``).
+        closed_form: use the cell's closed-form Jacobian products when it has them, as in
+            :class:`~lightning_ortho.online.OnlineGradientEstimator`.
     """
 
     name = "tbptt"

@@ -2,10 +2,9 @@
 
 An online estimator runs a few tiny operations per time step (``(B, H) x (H, H)`` products and ``(B, P)``
 updates at ``H = 32``). On a thread pool each of them pays for waking the other threads, which costs far more than
-the operation, above all on a machine whose cores are busy. Measured on a 2-core machine with the other core
-spinning, 8 streams, ``TanhRNNCell(32, H)``, step + gradient, torch's 2 threads / one thread: UORO 11x (H = 32),
-26x (64), 15x (128), 6x (256); truncated BPTT (k = 10) 8-17x; RTRL 7x (H = 32), 2.7x (64). Switching the count to
-one for the call and back costs well under a microsecond, so every estimator call takes it
+the operation, above all on a machine whose cores are busy: there every estimator (UORO, truncated BPTT, RTRL) runs
+several times faster on one thread than on a pool of two for small cells, by less as ``H`` grows. Switching the
+count to one for the call and back costs next to nothing against a step, so every estimator call takes it
 (:attr:`lightning_ortho.online.OnlineGradientEstimator.num_threads`) and
 :class:`~lightning_ortho.models.OnlineRNNModule` sets it for its whole run.
 """
@@ -17,7 +16,8 @@ from typing import Literal
 
 import torch
 
-#: ``"auto"`` runs on one thread up to this hidden size (on the CPU) and leaves torch's count above it.
+#: ``"auto"`` runs on one thread up to this hidden size (on the CPU), where one thread is still the faster, and leaves
+#: torch's count above it.
 AUTO_MAX_HIDDEN = 256
 
 ThreadSetting = int | Literal["auto"] | None

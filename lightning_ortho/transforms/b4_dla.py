@@ -152,7 +152,14 @@ class B4x4TransformLearner(PassLearner):
     from the third sweep on, a change of the error ``<= tol``). The last pass only measures.
 
     Args:
-        n: features (``>= 4``). m, s, iterations, tol, rescan, on_step: as :func:`learn_b4x4_transform`.
+        n: features (``>= 4``).
+        m: number of blocks (``>= 1``).
+        s: nonzeros per code (``1 <= s <= n``).
+        iterations: number of sweeps (``>= 0``).
+        tol: convergence threshold on the error change, in percent.
+        rescan: every pick recomputes the costs of every quadruple instead of only those a block changed (as
+            :func:`learn_b4x4_transform`).
+        on_step: called with no argument after each block choice.
 
     Raises:
         ValueError: an argument out of range (see :func:`learn_b4x4_transform`).
@@ -289,8 +296,10 @@ def learn_b4x4_transform(
 
     Args:
         Y: ``(N, n)`` data, floating point, ``n >= 4`` (computation in float64; outputs in ``Y``'s dtype).
-        m: number of blocks (``>= 1``). s: nonzeros per code (``1 <= s <= n``).
-        iterations: number of sweeps (``>= 0``). tol: convergence threshold on the error change, in percent.
+        m: number of blocks (``>= 1``).
+        s: nonzeros per code (``1 <= s <= n``).
+        iterations: number of sweeps (``>= 0``).
+        tol: convergence threshold on the error change, in percent.
         generator: unused (deterministic; ties go to the first quadruple in lexicographic order, then core index).
         rescan: every pick recomputes the costs of every quadruple (the reference) instead of only those a block
             changed; the picks are the same.

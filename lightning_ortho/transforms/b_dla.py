@@ -208,7 +208,13 @@ class BTransformLearner(PassLearner):
     ``iterations`` sweeps. The last pass only measures: its codes are the final ``T_s(Y D)``.
 
     Args:
-        n: features (``>= 2``). m, s, iterations, tol, allow_swap, on_step: as :func:`learn_b_transform`.
+        n: features (``>= 2``).
+        m: number of blocks (``>= 1``).
+        s: nonzeros per code (``1 <= s <= n``).
+        iterations: maximum number of sweeps (``>= 1``).
+        tol: convergence threshold on the change of the error, in percent.
+        allow_swap: whether the widened set holds the swap ``[0 1; 1 0]`` (as :func:`learn_b_transform`).
+        on_step: called with no argument after each block choice.
 
     Raises:
         ValueError: an argument out of range (see :func:`learn_b_transform`).

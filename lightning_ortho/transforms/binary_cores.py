@@ -55,6 +55,10 @@ _TABLE = [
 def binary_cores(dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> torch.Tensor:
     """The ``(16, 2, 2)`` tensor of binary cores in the documented index order (a fresh copy).
 
+    Args:
+        dtype: floating-point dtype of the result.
+        device: device of the result (``None``: the default device).
+
     Raises:
         TypeError: ``dtype`` is not a floating-point dtype.
     """

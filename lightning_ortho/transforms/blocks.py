@@ -43,11 +43,11 @@ from lightning_ortho.transforms.costs import OpCount, block_cost
 
 #: Entries (rows x n) of one batch chunk of the no-grad CPU path per intra-op thread: 2^17 float32 = 512 KiB, small
 #: enough to stay in a core's L2 cache through every layer (a chunk of ``threads`` times this is split among the
-#: threads by each op). On 2 Xeon cores (one thread) at n = 4096, batch 4096, 12 layers: 98 ms with 2^17, 157 ms
-#: with 2^16, 121 ms with 2^18, 183 ms unchunked; 1140 ms for the batch-first gather + addcmul.
+#: threads by each op). Smaller chunks pay the per-chunk calls more often and larger ones spill out of the cache:
+#: both are slower, and so are no chunking and the batch-first gather + addcmul (much slower at large sizes).
 _CHUNK_ELEMENTS = 1 << 17
-#: Below this many entries of ``x`` the batch-first path is faster (its fixed cost is two fewer calls; measured:
-#: 0.75-0.9x at 64-4096 entries, 1.6x at n = 256 x 32 rows, 2.9x at n = 64 x 1024 rows for the chunked path).
+#: Below this many entries of ``x`` the batch-first path is faster (its fixed cost is two fewer calls, which is what
+#: counts for small inputs); above it the chunked path wins, by more the larger the batch.
 _BAG_MIN_ELEMENTS = 8192
 
 
@@ -328,7 +328,8 @@ class BinaryBlockProduct(BlockProduct):
     """A B-transform (Rusu eq. 11): a :class:`BlockProduct` whose cores are fixed binary cores.
 
     Args:
-        n, pairs: as :class:`BlockProduct`.
+        n: dimension (``>= 2``), as :class:`BlockProduct`.
+        pairs: ``(m, 2)`` integer coordinates ``(i_k, j_k)`` of the blocks, as :class:`BlockProduct`.
         core_index: ``(m,)`` indices into :func:`~lightning_ortho.transforms.binary_cores.binary_cores`
             (0..15, the type ``t - 1`` of :mod:`binary_cores`; 15 is the identity). Kept as the buffer ``core_index``.
         dtype: dtype of the (fixed, non-trainable) core buffer; inputs of other dtypes use cores cast to theirs.

@@ -186,6 +186,11 @@ def default_hyperparameters(family: str, in_features: int, out_features: int) ->
 
     The table of :mod:`~lightning_ortho.transforms.families` holds them (``defaults`` of each family).
 
+    Args:
+        family: ``"b"``, ``"m"``, ``"shear"`` or ``"b4x4"``.
+        in_features: ``in``, the layer's input size.
+        out_features: ``out``, the layer's output size.
+
     Raises:
         ValueError: an unknown family.
     """
@@ -227,36 +232,43 @@ def compress_linear(
             ``"shear"`` (S-DLA, shears and scalings; ``bits`` SOPOT terms per shear, ``None`` = full precision) or
             ``"b4x4"`` (B⊗_m-DLA, 4x4 Hadamard blocks; ``in >= 4``): the table
             :data:`~lightning_ortho.transforms.families.FAMILY_TABLE`.
-        s: nonzeros per code row (``1 <= s <= in``); m: blocks (``b``, ``shear``, ``b4x4``); q: stages (``m``);
-            defaults from :func:`default_hyperparameters`.
+        s: nonzeros per code row (``1 <= s <= in``); default from :func:`default_hyperparameters`.
+        m: blocks (``b``, ``shear``, ``b4x4``); default from :func:`default_hyperparameters`.
+        q: stages (``m``); default from :func:`default_hyperparameters`.
+        bits: SOPOT terms per shear (``shear`` only); ``None``: full precision.
         iterations: sweeps of the learner (``b``: 10, ``shear``: 15, ``b4x4``: 1) or outer rounds (``m``: 1) when
             ``None``.
-        generator: passed to the learner. data: optional ``(N, in)`` inputs of the layer for the data-aware refit,
+        generator: passed to the learner.
+        data: optional ``(N, in)`` inputs of the layer for the data-aware refit,
             in any floating dtype (the stored values are the data; they are refit in float64);
             ``report.output_error`` is then ``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` on them (in-sample), and
             ``report.data_rank`` / ``report.support_rank`` the rank of the centred inputs / its smallest value on one
             row's support (:class:`CompressionReport`).
+        in_features: the layer's input size, for an affine module without an ``in_features`` attribute.
         progress: a rich progress bar of the learner's steps (:func:`planned_steps`: block choices of B and
             shears, stages of M): ``None`` (default) on an interactive terminal or notebook only,
-            ``True`` always, ``False`` never. console: the rich ``Console`` to draw on (default: standard error).
+            ``True`` always, ``False`` never.
             Before learning, the planned steps are logged (logger ``lightning_ortho.transforms.compression``, level
             INFO), then the estimated time (:class:`~lightning_ortho.transforms.progress.WorkProgress`: each kind of
             step and the passes over the data timed on their own; provisional once the first kind is timed, final
             once every kind is, for B and shears after the first sweep's re-picks; an upper bound for B, whose sweeps
             may stop early). ``report.planned_steps``, ``report.steps`` and ``report.estimated_seconds`` keep them.
+        console: the rich ``Console`` to draw the progress bar on (default: standard error).
 
     Returns:
-        A :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and ``report``
-        (:class:`CompressionReport`: errors, op counts before/after, learner errors, seconds). For ``"b4x4"`` its
-        transform holds each 4x4 block as 4 to 6 2x2 blocks (the same matrix, exactly); ``report.transform_ops`` is
-        the paper's count of the 4x4 blocks (12 additions + 4 shifts each), while the layer's own
-        :meth:`FactorizedLinear.transform_op_count` counts its 2x2 form (the butterfly: 8 additions + 4 shifts).
+        The compressed layer, a :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and
+            ``report`` (:class:`CompressionReport`: errors, op counts before/after, learner errors, seconds). For
+            ``"b4x4"`` its transform holds each 4x4 block as 4 to 6 2x2 blocks (the same matrix, exactly);
+            ``report.transform_ops`` is the paper's count of the 4x4 blocks (12 additions + 4 shifts each), while
+            the layer's own :meth:`FactorizedLinear.transform_op_count` counts its 2x2 form (the butterfly: 8
+            additions + 4 shifts).
 
     Raises:
         ValueError: unknown family; ``s``/``m``/``q``/``bits``/``iterations`` out of range or given for a family that
             does not use them; odd ``in`` for ``"m"``, ``in < 4`` for ``"b4x4"``; ``in < 2``; NaN/inf or all-zero
             weights; bad ``data``.
-        NotAffineError: the layer is not affine. TypeError: not a module, or no ``in_features``.
+        NotAffineError: the layer is not affine.
+        TypeError: not a module, or no ``in_features``.
         ImportError: ``"shear"`` and the S-DLA learner is not installed.
 
     Warns:

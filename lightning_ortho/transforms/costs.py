@@ -56,6 +56,10 @@ def _is_power_of_two(value: float) -> bool:
 def multiplier_cost(value: float, terms: int | None = None) -> OpCount:
     """Cost of multiplying by the scalar ``value`` (see the module docstring).
 
+    Args:
+        value: the multiplier.
+        terms: SOPOT terms per multiplier (entries in ``R_p``), or ``None`` to count multiplications and shifts.
+
     Raises:
         ValueError: ``terms`` is given and ``value`` is not an exact sum of at most ``terms`` signed powers of two
             (quantise it first with :func:`lightning_ortho.transforms.sopot`), or ``value`` is not finite.
@@ -81,6 +85,10 @@ def multiplier_cost(value: float, terms: int | None = None) -> OpCount:
 def row_cost(entries: list[float], terms: int | None = None) -> OpCount:
     """Cost of one output coordinate ``sum_k entries[k] * x_k`` (see the module docstring).
 
+    Args:
+        entries: the row's entries ``e_k``.
+        terms: SOPOT terms per multiplier (entries in ``R_p``), or ``None`` to count multiplications and shifts.
+
     Raises:
         ValueError: as :func:`multiplier_cost`.
     """
@@ -99,6 +107,10 @@ def row_cost(entries: list[float], terms: int | None = None) -> OpCount:
 
 def block_cost(core: list[list[float]], terms: int | None = None) -> OpCount:
     """Cost of applying one 2x2 block ``[[a, c], [b, d]]`` (Rusu eq. 2) to the pair ``(x_i, x_j)``.
+
+    Args:
+        core: the block ``[[a, c], [b, d]]``.
+        terms: SOPOT terms per multiplier (entries in ``R_p``), or ``None`` to count multiplications and shifts.
 
     Raises:
         ValueError: as :func:`multiplier_cost`.

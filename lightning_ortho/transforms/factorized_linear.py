@@ -161,7 +161,8 @@ class FactorizedLinear(nn.Module):
         """``C (T x) + b`` for each row: ``(..., n) -> (..., out)``.
 
         Raises:
-            TypeError, ValueError: as :meth:`BlockProduct.forward` (non-float input, wrong last dimension, NaN).
+            TypeError: ``x`` is not a floating-point tensor (as :meth:`BlockProduct.forward`).
+            ValueError: ``x`` is not ``(..., n)``, or holds NaN/inf.
         """
         return functional.linear(self.transform(x).to(x.dtype), self.sparse_codes(), self.bias)
 
@@ -293,7 +294,14 @@ def restore_factorized(model: nn.Module, state_dict: Mapping[str, Any]) -> list[
     optional ``bias``, e.g. a checkpoint saved before the model was compressed), it goes back to an ``nn.Linear`` of
     its ``in_features``, ``out_features`` and bias. Each new module takes the device, mode and ``requires_grad`` of
     the one it replaces (:func:`keep_training_state`). Submodules that can already load their state are kept; a
-    FactorizedLinear with no key at all in ``state_dict`` is left as it is. Returns the names of the replaced ones.
+    FactorizedLinear with no key at all in ``state_dict`` is left as it is.
+
+    Args:
+        model: the model about to load ``state_dict``; its layers are replaced in place.
+        state_dict: the state it will load.
+
+    Returns:
+        The names of the replaced submodules.
 
     Raises:
         KeyError: ``model`` has no submodule of such a name, or the state of one is incomplete.

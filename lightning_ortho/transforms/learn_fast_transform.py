@@ -75,7 +75,8 @@ class FastTransformResult:
         codes: ``(N, n)`` codes with at most ``s`` nonzeros per row.
         errors: ``100 ||Y - X D^T||^2 / ||Y||^2`` (percent) after each sweep and its code update.
         initial_error: the error of the initial transform with OMP codes.
-        bits: SOPOT terms allowed per shear. budget: the operation budget the sweeps kept to.
+        bits: SOPOT terms allowed per shear.
+        budget: the operation budget the sweeps kept to.
     """
 
     transform: BlockProduct
@@ -284,9 +285,11 @@ def learn_fast_transform(
 
     Args:
         Y: ``(N, n)`` data (float64 internally; outputs in ``Y``'s dtype); ``n = 64`` for ``init="dct"``.
-        s: nonzeros per code. init: ``"dct"``, ``"wht"``, ``"identity"`` or ``"pca"``.
-        bits: SOPOT terms per shear coefficient (``>= 1``). iterations: update sweeps (``>= 0``; the name the family
-            table, :func:`compress_linear` and the other learners use).
+        s: nonzeros per code.
+        init: ``"dct"``, ``"wht"``, ``"identity"`` or ``"pca"``.
+        bits: SOPOT terms per shear coefficient (``>= 1``).
+        iterations: update sweeps (``>= 0``; the name the family table, :func:`compress_linear` and the other
+            learners use).
         max_ops: operation budget (additions + shifts). ``None``: the DCT's 704, or the init's own count when
             that is larger (the WHT's butterflies). The sweeps never exceed ``max(budget, the init's count)``.
         free_slots: empty shears inserted evenly into the start for the sweeps to fill (:func:`with_free_slots`);
@@ -294,8 +297,8 @@ def learn_fast_transform(
         init_bits: SOPOT terms of the DCT start's lifting coefficients (at most ``bits``; terms beyond one are
             given only while the budget allows, :func:`~lightning_ortho.transforms.fast_transform_init.
             dct_2d_factors`). The default 1 leaves 128 of the 704 operations to the free slots, for the data to place;
-            on the sample photographs (s = 4, 10 sweeps) both starts end near 34.7 % (34.74 with 1 term, 34.78
-            with 2).
+            on the sample photographs (s = 4, 10 sweeps) the starts with 1 and 2 terms end at about the same
+            error.
         tied: ``init="dct"`` only: each 1-D lifting shear keeps one coefficient over the 8 rows (or columns) of
             the patch (a tied group), so the refined shears stay separable (fewer parameters, for data unlike
             the training data); the free slots stay untied.

@@ -131,6 +131,13 @@ class MTransformLearner(PassLearner):
     ``rounds`` rounds take ``rounds + 2`` passes; the last one only measures. ``on_step`` (no argument) is called
     after each stage, ``q rounds`` times in all (progress reporting; not part of the state).
 
+    Args:
+        n: features (even: the stages are perfect matchings).
+        q: number of stages (``>= 1``).
+        s: nonzeros per code row (``1 <= s <= n``).
+        rounds: outer rounds (``>= 1``).
+        on_step: called with no argument after each stage.
+
     Raises:
         ValueError: ``n`` odd, ``q``/``rounds`` not ints ``>= 1`` or ``s`` not in ``[1, n]``.
         MissingExtraError: networkx is not installed (the ``transforms`` extra), before any work is done.

@@ -33,6 +33,12 @@ def image_patches(
 
     The result has the dtype and device of ``images`` (a new contiguous tensor; gradients flow through it).
 
+    Args:
+        images: ``(B, C, H, W)``, ``(C, H, W)`` or ``(H, W)`` floating-point images (see Layout).
+        size: side of the square patches.
+        stride: step between patch starts; ``None``: ``size`` (non-overlapping patches).
+        remove_mean: subtract each row's own mean.
+
     Raises:
         TypeError: ``images`` is not a floating-point tensor, or ``size``/``stride`` is not an int.
         ValueError: ``images`` is not 2-, 3- or 4-d, holds NaN or inf, ``size`` or ``stride`` is below 1, or

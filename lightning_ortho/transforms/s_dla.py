@@ -274,9 +274,11 @@ def learn_shear_transform(
 
     Args:
         Y: ``(N, n)`` data (float64 internally; outputs in ``Y``'s dtype).
-        m: blocks (``>= 1``). s: nonzeros per code (``1 <= s <= n``).
+        m: blocks (``>= 1``).
+        s: nonzeros per code (``1 <= s <= n``).
         bits: SOPOT terms per shear (``>= 1``; scalings become signed powers of two), or ``None`` for exact values.
-        iterations: sweeps (``>= 1``). tol: optional early-stop threshold (finite, ``>= 0``).
+        iterations: sweeps (``>= 1``).
+        tol: optional early-stop threshold (finite, ``>= 0``).
         generator: unused (the algorithm is deterministic; ties, up to a relative ``TIE_RTOL``, go to the
             old block in a sweep, else to the lowest row-major entry ``(a, b)``, whatever the CPU or BLAS).
         on_step: called with no argument after each block choice, for progress reporting: ``m`` in the greedy
@@ -313,6 +315,15 @@ class ShearTransformLearner(PassLearner):
     ``initial_error``) and ``z, w, ||Y||^2`` for one :func:`shear_sweep`, until ``iterations`` sweeps (or the
     ``tol`` rule). The last pass only measures. ``on_step`` (no argument) is called after each block choice of the
     greedy init and of the sweeps (progress reporting only, not part of the state).
+
+    Args:
+        n: features (``>= 2``).
+        m: blocks (``>= 1``).
+        s: nonzeros per code (``1 <= s <= n``).
+        bits: SOPOT terms per shear (``>= 1``), or ``None`` for exact values.
+        iterations: sweeps (``>= 1``).
+        tol: optional early-stop threshold (finite, ``>= 0``), as :func:`learn_shear_transform`.
+        on_step: called with no argument after each block choice.
 
     Raises:
         ValueError: ``m``, ``s``, ``bits``, ``iterations`` or ``tol`` out of range.

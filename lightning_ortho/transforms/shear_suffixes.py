@@ -22,8 +22,9 @@ import torch
 
 from lightning_ortho.transforms import shear_updates as su
 
-#: The non-identity columns of ``A_k`` are multiplied entry by entry (gather, scale, scatter-add: about 16 times the
-#: cost per entry of a dense matrix product) when at most ``1 / SPARSE_RATIO`` of their entries are nonzero.
+#: The non-identity columns of ``A_k`` are multiplied entry by entry (gather, scale, scatter-add) when at most
+#: ``1 / SPARSE_RATIO`` of their entries are nonzero: each entry costs far more that way than in a dense matrix
+#: product, so only a sparse enough column gains.
 SPARSE_RATIO = 16
 
 

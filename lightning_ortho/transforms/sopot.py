@@ -183,8 +183,14 @@ def sopot(x: torch.Tensor, terms: int | None, *, tol: float = SOPOT_TOLERANCE) -
     (Accuracy): two or more terms keep the usual bound ``|x - x_hat| <= |x| / 3^p``, one term may be clamped to
     the largest power of two of the dtype (with a ``RuntimeWarning``).
 
+    Args:
+        x: floating-point values, any shape.
+        terms: ``p``, the most signed powers of two per value; ``None`` (or ``math.inf``) for full precision.
+        tol: stop adding terms once the remainder is at most this, as :func:`sopot_with_cost`.
+
     Raises:
-        TypeError, ValueError: as :func:`sopot_with_cost`.
+        TypeError: ``x`` is not a floating-point tensor (as :func:`sopot_with_cost`).
+        ValueError: ``terms`` is neither a positive integer nor ``None``/``math.inf``, or ``x`` holds NaN/inf.
     """
     if _check_terms(terms, "sopot") is None:
         _check_input(x, "sopot")

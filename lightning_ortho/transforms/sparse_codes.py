@@ -32,8 +32,13 @@ def keep_largest(codes: torch.Tensor, s: int) -> torch.Tensor:
 
 
 def representation_error(data: torch.Tensor, codes: torch.Tensor, dictionary: torch.Tensor) -> torch.Tensor:
-    """``100 ||Y - X D^T||_F^2 / ||Y||_F^2`` in percent, ``Y`` = ``data`` ``(N, n)``, ``X`` = ``codes`` ``(N, n)``,
-    ``D`` = ``dictionary`` ``(n, n)`` (the paper's error with batch-first data)."""
+    """``100 ||Y - X D^T||_F^2 / ||Y||_F^2`` in percent (the paper's error with batch-first data).
+
+    Args:
+        data: ``Y``, ``(N, n)``.
+        codes: ``X``, ``(N, n)``.
+        dictionary: ``D``, ``(n, n)``.
+    """
     residual = data - codes @ dictionary.T
     return 100 * residual.square().sum() / data.square().sum()
 
@@ -75,6 +80,11 @@ def omp_codes(y: torch.Tensor, dictionary: torch.Tensor, s: int) -> torch.Tensor
     exactly by fewer atoms or the atoms are dependent: then a ``RuntimeWarning`` says how many rows stopped early).
 
     Shapes: ``y`` ``(N, n)``, ``dictionary`` ``(n, n)`` -> ``(N, n)`` in ``y``'s dtype and device.
+
+    Args:
+        y: ``Y``, ``(N, n)`` data.
+        dictionary: ``D``, ``(n, n)``, without zero columns.
+        s: nonzeros per code row (``1 <= s <= n``).
 
     Raises:
         ValueError: ``y`` not a finite floating ``(N, n)`` tensor, ``dictionary`` not a finite ``(n, n)`` tensor

@@ -236,6 +236,11 @@ def fit_in_memory(learner: TransformLearner, data: torch.Tensor, max_passes: int
     The data is first scaled by a power of two (exact) so its largest entry is in ``[0.5, 1)``: the transform is
     the same for data of any magnitude; codes computed afterwards with ``learner.code`` use the original scale.
 
+    Args:
+        learner: a :class:`TransformLearner`, fresh.
+        data: ``(N, n)`` data, one batch per pass.
+        max_passes: most passes before giving up.
+
     Raises:
         RuntimeError: the learner did not finish within ``max_passes`` passes.
     """

@@ -40,7 +40,13 @@ def o_transform(
     """An O-transform as a (non-trainable) :class:`BlockProduct`: ``forward``, ``matrix()`` (integer entries),
     ``inverse()`` (exact: every core's inverse is ``O~^T / 2``), ``op_count()`` (2 additions a block).
 
-    ``kwargs`` go to :class:`BlockProduct` (``dtype``). Raises as :func:`o_cores` and :class:`BlockProduct`.
+    Raises as :func:`o_cores` and :class:`BlockProduct`.
+
+    Args:
+        n: dimension, as :class:`BlockProduct`.
+        pairs: ``(m, 2)`` coordinates of the blocks, as :class:`BlockProduct`.
+        core_index: ``(m,)`` indices of the O-cores (:func:`o_cores`).
+        **kwargs: passed to :class:`BlockProduct` (``dtype``).
     """
     return BlockProduct(n, pairs, o_cores(core_index, kwargs.pop("dtype", torch.float64)), trainable=False, **kwargs)
 

@@ -49,6 +49,10 @@ def invertible_1x1_conv(channels: int, kind: Conv1x1Kind = "lu") -> Invertible1x
     """A ``kind`` 1x1 convolution of ``channels`` channels: ``CONV1X1[kind](channels)``, a subclass of
     :class:`Invertible1x1Conv` (shapes ``(N, C, H, W) -> ((N, C, H, W), (N,))``).
 
+    Args:
+        channels: ``C``, the channels of the images.
+        kind: one of :data:`CONV1X1`: ``"plain"``, ``"lu"``, ``"householder"``, ``"aux"``, ``"aux_invertible"``.
+
     Raises:
         ValueError: unknown ``kind`` (the message names the choices), or ``channels`` not a positive integer.
     """
@@ -71,9 +75,15 @@ class Invertible1x1Conv(FlowLayer):
     ``(N,)``: ``log|det dz/dx| = sum over pixels of log|det J_g(x_{:, i, j})|``.
 
     A kind implements :meth:`forward_columns`, :meth:`inverse_columns` and :meth:`pixel_jacobian_signs` on pixels;
-    this class does the image bookkeeping. Raises (every method taking images): ``TypeError`` for a
-    non-floating tensor, ``ValueError`` unless the shape is ``(N, C, H, W)`` with this layer's ``C``; ``TypeError``
-    when this base class itself is instantiated (it has no map of its own).
+    this class does the image bookkeeping.
+
+    Args:
+        channels: ``C``, the channels of the images.
+
+    Raises:
+        TypeError: from every method taking images, for a non-floating tensor; when this base class itself is
+            instantiated (it has no map of its own).
+        ValueError: from every method taking images, unless the shape is ``(N, C, H, W)`` with this layer's ``C``.
     """
 
     kind: ClassVar[str]
