@@ -113,3 +113,30 @@ def test_the_span_is_nan_where_a_row_is_undefined(bad):
     x[2] = {"zero_row": 0.0, "nan": float("nan"), "inf": float("inf")}[bad]
     _, _, _, lowest, highest = reflect_rows(kernels, x, x @ torch.eye(3))
     assert lowest != lowest and highest != highest  # NaN
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("hidden, inputs", [(3, 2), (17, 5), (64, 32), (129, 7)])
+def test_uoro_norms_taken_afresh_equal_the_commits_bit_for_bit(dtype, hidden, inputs):
+    """The norms of a loaded ``w_tilde`` (a new tensor: the commit's cached norms do not apply) are summed as the
+    commit sums them, so a resumed run steps on exactly; both equal float64 norms to rounding."""
+    from lightning_ortho._native.uoro import commit, row_norms, uoro_tanh_kernels
+
+    torch.manual_seed(2)
+    kernels = uoro_tanh_kernels(torch.zeros(1, dtype=dtype))
+    batch, size = 5, hidden * (hidden + inputs + 1)
+    w_tilde = torch.randn(batch, size, dtype=dtype)
+    inverse_gamma, g = torch.rand(batch, 1, dtype=dtype) + 0.5, torch.randn(batch, hidden, dtype=dtype)
+    h, x = torch.randn(batch, hidden, dtype=dtype), torch.randn(batch, inputs, dtype=dtype)
+    expected = w_tilde.double() * inverse_gamma.double()
+    blocks = expected.split_with_sizes((hidden * hidden, hidden * inputs, hidden), 1)
+    blocks[0].add_((g.double()[:, :, None] * h.double()[:, None, :]).flatten(1))
+    blocks[1].add_((g.double()[:, :, None] * x.double()[:, None, :]).flatten(1))
+    blocks[2].add_(g.double())
+    taken = commit(kernels, w_tilde, inverse_gamma, g, h, x)
+    loaded = w_tilde.clone()  # what a checkpoint gives back
+    assert torch.equal(row_norms(kernels, loaded, hidden, inputs), taken)
+    tolerance = {"rtol": 1e-5, "atol": 0} if dtype is torch.float32 else {"rtol": 1e-13, "atol": 0}
+    torch.testing.assert_close(w_tilde.double(), expected, rtol=tolerance["rtol"], atol=10 * tolerance["rtol"])
+    torch.testing.assert_close(taken.double(), expected.norm(dim=1, keepdim=True), **tolerance)

@@ -15,15 +15,15 @@ _TYPES = {torch.float32: ("float32", ctypes.c_float), torch.float64: ("float64",
 
 
 def uoro_tanh_kernels(like: torch.Tensor) -> tuple | None:
-    """``(gir_rows, commit)`` C functions for ``like``'s dtype, or ``None`` when it is not a float32/float64 CPU
-    tensor or the kernels are unavailable (:func:`lightning_ortho._native.load`)."""
+    """``(gir_rows, commit, norms)`` C functions for ``like``'s dtype, or ``None`` when it is not a float32/float64
+    CPU tensor or the kernels are unavailable (:func:`lightning_ortho._native.load`)."""
     if like.device.type != "cpu" or like.dtype not in _TYPES:
         return None
     library = load("uoro")
     if library is None:
         return None
     suffix = _declare(library, like.dtype)
-    return getattr(library, f"uoro_tanh_gir_rows_{suffix}"), getattr(library, f"uoro_tanh_commit_{suffix}")
+    return tuple(getattr(library, f"uoro_tanh_{name}_{suffix}") for name in ("gir_rows", "commit", "norms"))
 
 
 def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> str:
@@ -32,7 +32,10 @@ def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> str:
     suffix, scalar = _TYPES[dtype]
     rows, commit = getattr(library, f"uoro_tanh_gir_rows_{suffix}"), getattr(library, f"uoro_tanh_commit_{suffix}")
     gradient = getattr(library, f"uoro_gradient_{suffix}")
+    norms = getattr(library, f"uoro_tanh_norms_{suffix}")
     if rows.argtypes is None:
+        norms.argtypes = [_POINTER, _LONG, _LONG, _LONG, _POINTER]
+        norms.restype = None
         rows.argtypes = [_POINTER] * 7 + [_LONG, _LONG, _LONG, scalar, _INT] + [_POINTER] * 3
         rows.restype = ctypes.c_double
         commit.argtypes = [_POINTER] * 5 + [_LONG, _LONG, _LONG, _POINTER]
@@ -109,4 +112,12 @@ def commit(
         g.shape[0], g.shape[1], x.shape[1], norms.data_ptr(),
     )  # fmt: skip
     torch.autograd.graph.increment_version(w_tilde)  # written behind PyTorch's back: tell its version counter
+    return norms
+
+
+def row_norms(kernels: tuple, w_tilde: torch.Tensor, hidden: int, inputs: int) -> torch.Tensor:
+    """``||w_tilde||`` per stream ``(B, 1)`` of a C-contiguous ``w_tilde`` ``(B, H H + H I + H)``, summed exactly as
+    :func:`commit` sums the norms it returns (so a state loaded from a checkpoint steps on bit for bit)."""
+    norms = w_tilde.new_empty(w_tilde.shape[0], 1)
+    kernels[2](w_tilde.data_ptr(), w_tilde.shape[0], hidden, inputs, norms.data_ptr())
     return norms

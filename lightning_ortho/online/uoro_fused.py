@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_ortho._native.uoro import commit, gir_rows, uoro_tanh_kernels
+from lightning_ortho._native.uoro import commit, gir_rows, row_norms, uoro_tanh_kernels
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
 
@@ -143,8 +143,8 @@ class TanhUOROStep:
         self._checked = (w_tilde, kernels)
         if kernels is not None:  # the row work in one C pass around the GEMMs
             preactivation, propagated = self._products(x, h, h_tilde)
-            return gir_rows(kernels, preactivation.tanh_(), propagated, nu, tau, h, x, self._norm_of(w_tilde), self.eps,
-                            self.state_cut)  # fmt: skip
+            norms = self._norm_of(w_tilde, kernels, x.shape[1])
+            return gir_rows(kernels, preactivation.tanh_(), propagated, nu, tau, h, x, norms, self.eps, self.state_cut)
         one, eps, _, _, ones = self._constants_like(h)
         h_new, slope, propagated = self._forward(x, h, h_tilde, one)
         m = nu * slope
@@ -213,12 +213,16 @@ class TanhUOROStep:
         self._accumulate(w_tilde_new, g * (1 / alpha), h, x)
         return h_new, h_tilde_new, w_tilde_new
 
-    def _norm_of(self, w_tilde: torch.Tensor) -> torch.Tensor:
+    def _norm_of(self, w_tilde: torch.Tensor, kernels: tuple | None = None, inputs: int = 0) -> torch.Tensor:
         """``||w_tilde||`` per stream ``(B, 1)``: the norms :meth:`commit` took if ``w_tilde`` is the tensor it
-        updated and has not changed since (same ``_version``), else a pass over it."""
+        updated and has not changed since (same ``_version``), else a pass over it: with the C ``kernels``
+        (``inputs`` the cell's input size), the pass sums as the C commit does, so a state loaded from a checkpoint
+        (a new tensor) steps on exactly as the uninterrupted run."""
         cached = self._norms
         if cached is not None and cached[0] is w_tilde and cached[1] == w_tilde._version:
             return cached[2]
+        if kernels is not None:
+            return row_norms(kernels, w_tilde, self.cell.hidden_size, inputs)
         return torch.linalg.vector_norm(w_tilde, 2, 1, True)
 
     def _rows_of(self, out: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
