@@ -52,7 +52,7 @@ Configurations that would take more than MEMORY_BUDGET_S seconds (median time pe
 five times that for UORO (state)), and RTRL above RTRL_MAX_BYTES of influence matrix, are skipped with the
 reason.
 
-Targets (issue): UORO's peak memory at T = 10^4 within 1.1x of T = 10^2; a UORO step (state projection) within
+Targets: UORO's peak memory at T = 10^4 within 1.1x of T = 10^2; a UORO step (state projection) within
 3x of a forward step; RTRL's O(H^4) time (fitted exponent of time per step vs H); BPTT's memory growing with T.
 Writes benchmarks/results/bench_online-HARDWARE.json (+ .png); results table: bench_online_render.py.
 """
@@ -109,7 +109,7 @@ QUICK_MEMORY_METHODS = ("forward", "bptt", "uoro_state")
 #: Seconds of steps per method per timing round, and the bounds on the number of steps.
 ROUND_SECONDS, MIN_STEPS, MAX_STEPS, BPTT_MIN_STEPS = 0.5, 3, 1000, 200
 #: Estimated seconds (time per step x T) above which a memory configuration is skipped; UORO (state), the
-#: estimator of the issue's memory target, gets MEMORY_BUDGET_FACTORS times more.
+#: estimator of the memory target, gets MEMORY_BUDGET_FACTORS times more.
 MEMORY_BUDGET_S = 60.0
 MEMORY_BUDGET_FACTORS = {"uoro_state": 5.0}
 #: RTRL's influence matrix B x H x P floats; a step also materialises the parameter Jacobian of the same size.

@@ -34,10 +34,7 @@ UNDOCUMENTED = {"self", "cls"}
 #: Admonition titles that were meant as a section (singular forms, typos of the Google section names).
 NEAR_SECTIONS = {"arg", "argument", "param", "parameter", "return", "raise", "exception", "yield", "note that"}
 #: Findings in files whose code is being changed elsewhere, to fix there (remove the entry with the fix).
-PENDING = {
-    "lightning_ortho.models.OnlineRNNModule: Args: 'lr' is described inside 'optimizer'",
-    "lightning_ortho.models.OnlineRNNModule: Args: lacks lr",
-}
+PENDING: set[str] = set()
 EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*$")
 #: A second exception named inside a ``Raises:`` entry (``A: ... . B: ...``): one entry per exception.
 SECOND_EXCEPTION = re.compile(r"[.;]\s+[A-Z]\w*(Error|Exception|Warning):\s")

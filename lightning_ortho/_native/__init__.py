@@ -1,7 +1,7 @@
 """Small C kernels, compiled with the machine's C compiler on first use and loaded with :mod:`ctypes`.
 
 Some of the library's hot paths at small sizes are a GEMM plus a handful of row-wise passes; in eager PyTorch each
-pass is a kernel launch of a few microseconds, which at ``d = 64`` costs more than the arithmetic. The row passes are
+pass is a kernel launch, which at ``d = 64`` costs more than the arithmetic. The row passes are
 written once in C (the ``.c`` files beside this module) and compiled in well under a second with ``-O3`` (portable
 code: no ``-march``, no fast-math, no contraction of a multiply and an add, so results are IEEE). On x86-64 Linux
 each kernel is built twice, for AVX2 and for the baseline, and the CPU's clone is chosen at load (``vector_clones.h``).

@@ -88,14 +88,15 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         estimator_options: keyword arguments of the estimator: ``k`` for ``tbptt``; ``projection``,
             ``rescaling``, ``eps`` for ``uoro``; ``order`` for ``snap``; ``eps`` for ``kf_rtrl``; ``tau`` for ``rflo``.
         update_every: steps per parameter update (1: fully online).
-        optimizer: ``"sgd"`` or ``"adam"``; lr: its learning rate.
+        optimizer: ``"sgd"`` or ``"adam"``.
+        lr: the optimizer's learning rate.
         seed: seed of the estimator's noise (UORO), independent of the global seed.
         clip_gradient_norm: clip the norm of each update's gradient to this value (``None``: no clipping).
         num_threads: CPU threads (``torch.set_num_threads``) while the Trainer runs this module (fit, validate,
             test, predict; given back at the end, also after an error): ``"auto"`` runs on one thread for cells
-            with ``hidden_size <= 256`` on the CPU, whose tiny per-step operations a thread pool slows down (10x on
-            a busy 2-core machine; :mod:`~lightning_ortho.models.online_threads`) and leaves torch's count
-            otherwise; an ``int`` sets that many; ``None`` leaves torch's count.
+            with ``hidden_size <= 256`` on the CPU, whose tiny per-step operations a thread pool slows down (many
+            times over on a busy machine, where the pool's threads wait for cores;
+            :mod:`~lightning_ortho.models.online_threads`) and leaves torch's count otherwise; an ``int`` sets that many; ``None`` leaves torch's count.
 
     Raises:
         ValueError: an argument is invalid (the message says what to set); when fitting, the data module's

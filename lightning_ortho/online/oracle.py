@@ -1,16 +1,17 @@
-"""Oracle quantities of UORO's variance analysis (Cooijmans & Martens 2019, the oracle rescalings), computed by backprop on a fixed sequence.
+"""Oracle quantities of UORO's variance analysis (Cooijmans & Martens 2019, the oracle rescalings), computed by
+backprop on a fixed sequence.
 
 On one stream with fixed parameters and loss gradients ``delta_s = dL_s/dh_s`` along the noise-free
 trajectory, the fixed-``Q`` estimator's total estimate ``g = sum_t b^(t)T Q u u^T Q^{-1} S^(t) J`` has
 
 * mean: the true gradient (``E[Q u u^T Q^{-1}] = I``);
-* total variance (6.5, Gaussian ``u``): ``tr Cov(g) = V(Q) + sum_{s,t} <v_{t,s}, v_{s,t}>`` with
+* total variance (their eq. 6.5, Gaussian ``u``): ``tr Cov(g) = V(Q) + sum_{s,t} <v_{t,s}, v_{s,t}>`` with
   ``V(Q) = sum_{s,t} tr(sum_r b_r^(s) b_r^(t)T Q_r Q_r^T) tr(sum_{q <= min(s,t)} J_q J_q^T (Q_q Q_q^T)^{-1})`` and
   ``v_{t,s} = sum_{q <= s} J_q^T b_q^(t)``;
 * at the preactivation of a cell ``z = W a`` (``J_q J_q^T = ||a_q||^2 I``) and ``Q_r = alpha_r Q0``:
   ``V = tr(B Q0 Q0^T) tr((Q0 Q0^T)^{-1})`` with ``B = sum_{q,r} (alpha_r^2 / alpha_q^2) ||a_q||^2 c_qr c_qr^T``,
   ``c_qr = sum_{s >= max(q,r)} b_r^(s)``; ``Q0 = B^{-1/4}`` minimises it (``V = tr(B^{1/2})^2``) and the
-  optimal ``alpha`` given ``Q0`` is the fixed point of section 7.
+  optimal ``alpha`` given ``Q0`` is the fixed point of their Section 7 (:func:`optimal_alpha`).
 
 ``b_r^(s) = J^{L_s}_{z_r}`` is the gradient of ``L_s`` with respect to the cut vertex at step ``r`` and
 ``J_q = J^{z_q}_{theta_q}`` the immediate Jacobian there. These need future gradients, so they are oracle
@@ -125,8 +126,9 @@ def oracle_terms(
 
 
 def total_variance(terms: OracleTerms, rescaling: torch.Tensor) -> torch.Tensor:
-    """``tr Cov(g)`` of the fixed-``Q`` estimator with Gaussian noise (spec 6.5), ``rescaling`` = ``Q`` ``(T, Z, Z)``
-    (one ``Q_t`` per step) or ``(Z, Z)`` (the same every step). Returns a 0-d tensor."""
+    """``tr Cov(g)`` of the fixed-``Q`` estimator with Gaussian noise (Cooijmans & Martens 2019, eq. 6.5),
+    ``rescaling`` = ``Q`` ``(T, Z, Z)`` (one ``Q_t`` per step) or ``(Z, Z)`` (the same every step). Returns a 0-d
+    tensor."""
     b, jac = terms.b, terms.jacobians
     steps, _, size = b.shape
     q = rescaling.expand(steps, size, size) if rescaling.dim() == 2 else rescaling
@@ -146,7 +148,7 @@ def total_variance(terms: OracleTerms, rescaling: torch.Tensor) -> torch.Tensor:
 
 
 def preactivation_b_matrix(terms: OracleTerms, alpha: torch.Tensor | None = None) -> torch.Tensor:
-    """Section 7's ``B = sum_{q,r} (alpha_r^2 / alpha_q^2) ||a_q||^2 c_qr c_qr^T``, ``(Z, Z)``.
+    """Cooijmans & Martens 2019, Section 7: ``B = sum_{q,r} (alpha_r^2 / alpha_q^2) ||a_q||^2 c_qr c_qr^T``, ``(Z, Z)``.
 
     Raises:
         ValueError: the terms have no preactivation inputs (cut the cell at a preactivation ``z = W a``).
@@ -171,7 +173,8 @@ def _future_sums(b: torch.Tensor) -> torch.Tensor:
 
 
 def optimal_q0(b_matrix: torch.Tensor, ridge: float = 0.0) -> torch.Tensor:
-    """``Q0 = (B + ridge I)^{-1/4}`` (section 7), the minimiser of ``tr(B Q0 Q0^T) tr((Q0 Q0^T)^{-1})``.
+    """``Q0 = (B + ridge I)^{-1/4}`` (Cooijmans & Martens 2019, Section 7), the minimiser of
+    ``tr(B Q0 Q0^T) tr((Q0 Q0^T)^{-1})``.
 
     Raises:
         ValueError: ``B`` is not symmetric positive definite (add a ``ridge``).
@@ -184,7 +187,7 @@ def optimal_q0(b_matrix: torch.Tensor, ridge: float = 0.0) -> torch.Tensor:
 
 
 def optimal_alpha(terms: OracleTerms, q0: torch.Tensor | None = None, iterations: int = 200) -> torch.Tensor:
-    """The optimal ``alpha`` ``(T,)`` given ``Q0`` (section 7): ``x = alpha^2`` iterates
+    """The optimal ``alpha`` ``(T,)`` given ``Q0`` (Cooijmans & Martens 2019, Section 7): ``x = alpha^2`` iterates
     ``x_k^2 = (sum_r K_kr x_r) / (sum_q K_qk / x_q)`` with ``K_qr = ||a_q||^2 ||Q0^T c_qr||^2``; normalised to
     geometric mean 1 (``V`` does not depend on a common scale)."""
     if terms.inputs is None:

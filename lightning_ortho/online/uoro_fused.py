@@ -24,13 +24,14 @@ from lightning_ortho._native.uoro import commit, gir_rows, row_norms, uoro_tanh_
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
 
-#: Parameters from which :meth:`TanhUOROStep.commit` updates ``w_tilde`` stream by stream in one pass and takes its
-#: norms on the way (on the CPU): the step is even at H = 256 (P = 74K) and 0.8x at H = 320-384, while three calls
-#: per stream cost more than the two passes they save below (1.3x at H = 192; 8 streams, one thread).
+#: Parameters from which the PyTorch path of :meth:`TanhUOROStep.commit` (the C kernels always take one pass)
+#: updates ``w_tilde`` stream by stream in one pass and takes its norms on the way (on the CPU): from about this size
+#: the pass it saves over a memory-bound ``w_tilde`` outweighs the three calls per stream it costs, below it the
+#: calls cost more than the pass.
 ROW_UPDATE_MIN = 1 << 16
 #: Bytes of ``W_h`` from which :meth:`TanhUOROStep._forward` reads it once for ``h`` and ``h_tilde`` (one product
-#: of their stack) on the CPU: past a core's L2 cache the second read comes from memory (0.6x the time at H = 1024),
-#: below it the stack costs more than it saves (1.2x at H = 32 and 512, one thread).
+#: of their stack) on the CPU: past a core's L2 cache the second read would come from memory; below it the stack
+#: costs more than the read it saves.
 STACKED_FORWARD_MIN = 1 << 21
 
 
