@@ -37,8 +37,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from sybil import Document, Example, Sybil
 from sybil.example import SybilFailure
+from sybil.integration.pytest import SybilFile, SybilItem
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,15 +53,15 @@ SLOW_MARKER = re.compile(r"^[ \t]*<!--\s*slow\s*-->[ \t]*\n(?:[ \t]*\n)*\Z", re.
 PYTHON_FENCE = re.compile(r"^[ \t>]*(`{3,}|~{3,})[ \t]*(?:\{\s*\.?)?(py|python|python3|pycon)\b.*$", re.M)
 
 
-def is_page(path: Path) -> bool:
-    """Whether ``path`` is a page whose Python blocks are tests: ``README.md`` and ``docs/**/*.md``."""
-    path = Path(path).resolve()
-    return path == ROOT / "README.md" or (path.suffix == ".md" and (ROOT / "docs") in path.parents)
+def is_page(path: Path, root: Path = ROOT) -> bool:
+    """Whether ``path`` is a page whose Python blocks are tests: ``README.md`` and ``docs/**/*.md`` of ``root``."""
+    path, root = Path(path).resolve(), Path(root).resolve()
+    return path == root / "README.md" or (path.suffix == ".md" and (root / "docs") in path.parents)
 
 
-def pages() -> list[Path]:
+def pages(root: Path = ROOT) -> list[Path]:
     """Every page with examples to run, README first."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 def python_fence_lines(text: str) -> list[int]:
@@ -170,7 +172,7 @@ def evaluate_in_worker(example: Example) -> None:
 SYBIL = Sybil(
     parsers=[CodeBlockParser(language="python", evaluator=evaluate_in_worker), SkipParser()],
     patterns=["*.md"],
-    path=str(ROOT),
+    path="/",  # which files are pages is is_page's decision (pytest_collect_file)
     fixtures=[WORKER_NAME, "_docs_block"],
 )
 
@@ -206,3 +208,41 @@ def run_earlier_blocks(example: Example, done: set[int]) -> None:
         except SkipTest:
             pass
     done.add(example.region.start)
+
+
+# --- the pytest side: the root conftest.py imports these hooks and fixtures ---------------------------------------
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> SybilFile | None:
+    if is_page(file_path, parent.config.rootpath):
+        return SybilFile.from_parent(parent, path=file_path, sybils=[SYBIL])
+    return None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if isinstance(item, SybilItem) and is_slow(item.example):
+        item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def _docs_worker_process(tmp_path_factory):
+    worker = DocsWorker(tmp_path_factory.mktemp("docs-worker"))
+    yield worker
+    worker.close()
+
+
+@pytest.fixture(scope="module")
+def _docs_worker(request, _docs_worker_process, tmp_path_factory):
+    """The worker, at the start of a page (module scope: a Sybil file): a new namespace, a new temporary working
+    directory."""
+    path = Path(request.node.path)
+    _docs_worker_process.page(path, tmp_path_factory.mktemp(path.stem))
+    return _docs_worker_process
+
+
+@pytest.fixture
+def _docs_block(request, _docs_worker):
+    """Before a block: run the blocks of its page before it that have not run (deselected, or not selected)."""
+    example = request.node.example
+    example.namespace[WORKER_NAME] = _docs_worker
+    run_earlier_blocks(example, example.document.__dict__.setdefault("_blocks_done", set()))
