@@ -77,9 +77,7 @@ def python_fence_lines(text: str) -> list[int]:
                 open_fence = fence.group(1)
                 if PYTHON_FENCE.match(line):
                     lines.append(number)
-        elif stripped.rstrip() == open_fence[0] * len(stripped.rstrip()) and len(stripped.rstrip()) >= len(
-            open_fence
-        ):
+        elif stripped.rstrip() == open_fence[0] * len(stripped.rstrip()) and len(stripped.rstrip()) >= len(open_fence):
             open_fence = None
     return lines
 

@@ -10,8 +10,9 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from tests.docs_examples import (
     ROOT,
@@ -96,7 +97,7 @@ def test_no_block_follows_a_slow_block_on_a_page():
 
 
 PROJECT = {
-    "README.md": '''
+    "README.md": """
         # A page
 
         ```python
@@ -124,7 +125,7 @@ PROJECT = {
         assert x == 42
         print("the slow block ran")
         ```
-        ''',
+        """,
     "docs/fresh.md": """
         ```python
         assert "x" not in globals()
@@ -160,8 +161,7 @@ def _make_project(root: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip().format(root=str(root)))
     (root / "pytest.ini").write_text(
-        "[pytest]\ntestpaths = README.md docs\naddopts = -m 'not slow' -p no:cacheprovider\n"
-        "markers = slow: long\n"
+        "[pytest]\ntestpaths = README.md docs\naddopts = -m 'not slow' -p no:cacheprovider\nmarkers = slow: long\n"
     )
     (root / "conftest.py").write_text((ROOT / "conftest.py").read_text())
 
