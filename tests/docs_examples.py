@@ -1,6 +1,6 @@
 """The Python examples of ``README.md`` and ``docs/**/*.md`` as tests (collected by the root ``conftest.py``).
 
-Sybil (https://sybil.readthedocs.io) parses each page; every fenced block whose info string is ``python`` is one
+Sybil (the ``sybil`` package of the test extra) parses each page; every fenced block whose info string is ``python`` is one
 test item, ``README.md::line:N,column:1`` (``N``: the line of the opening fence). The blocks of one page run in
 order in one namespace, as a reader pastes them, and each page starts from a fresh one. They run in one process of
 their own (``tests/docs_worker.py``), not in the test session, so that
@@ -10,7 +10,8 @@ their own (``tests/docs_worker.py``), not in the test session, so that
   imports first, and the test session has already chosen ``lightning``, while the examples use
   ``pytorch_lightning``, the core install's. The worker runs with ``LIGHTNING_ORTHO_LIGHTNING=pytorch_lightning``
   (the choice a program that imports ``pytorch_lightning`` first gets; an example written for ``lightning`` fails
-  as it would on the core install) and without any other ``LIGHTNING_ORTHO_*`` variable;
+  here, as it does on the core install, which has no ``lightning``) and without any other ``LIGHTNING_ORTHO_*`` variable; on one thread unless
+  ``OMP_NUM_THREADS`` says otherwise;
 * the page's working directory is a fresh temporary directory: ``lightning_logs/`` and whatever else an example
   writes lands there, never in the repository.
 
@@ -98,6 +99,8 @@ class DocsWorker:
         for keep in ("LIGHTNING_ORTHO_CACHE_DIR", "LIGHTNING_ORTHO_NATIVE"):  # machine settings, not the examples'
             if keep in os.environ:
                 env[keep] = os.environ[keep]
+        # the examples' tensors are tiny: a thread pool only costs (about half the CPU time, more on a busy machine)
+        env.setdefault("OMP_NUM_THREADS", "1")
         handle, log = tempfile.mkstemp(prefix="worker-", suffix=".log", dir=self.log_dir)
         os.close(handle)
         self.log = Path(log)
