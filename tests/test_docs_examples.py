@@ -39,7 +39,8 @@ def _collected(root: Path, *args: str) -> set[tuple[str, int]]:
 
 
 def _pytest(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     return subprocess.run(
         [sys.executable, "-m", "pytest", *args], cwd=root, env=env, capture_output=True, text=True, timeout=600
     )
