@@ -2,7 +2,8 @@
 
 Sybil (the ``sybil`` package of the test extra) parses each page; every fenced block whose info string is ``python`` is one
 test item, ``README.md::line:N,column:1`` (``N``: the line of the opening fence). The blocks of one page run in
-order in one namespace, as a reader pastes them, and each page starts from a fresh one. They run in one process of
+order in one namespace, as a reader pastes them, and each page starts from a fresh one; each block of the README
+(``STANDALONE``) starts from a fresh one of its own. They run in one process of
 their own (``tests/docs_worker.py``), not in the test session, so that
 
 * a block sees what a reader's program sees: none of the test suite's imports, fixtures or warning filters, and
@@ -157,6 +158,9 @@ class DocsWorker:
 
 #: the name under which the pytest fixture puts the worker into a page's (test-side) namespace
 WORKER_NAME = "_docs_worker"
+#: pages (at the root) whose blocks each run on their own, from a fresh namespace: a reader copies one README block
+#: into a new script, so none may lean on another
+STANDALONE = {"README.md"}
 
 
 def evaluate_in_worker(example: Example) -> None:
@@ -242,8 +246,13 @@ def _docs_worker(request, _docs_worker_process, tmp_path_factory):
 
 
 @pytest.fixture
-def _docs_block(request, _docs_worker):
-    """Before a block: run the blocks of its page before it that have not run (deselected, or not selected)."""
+def _docs_block(request, _docs_worker, tmp_path_factory):
+    """Before a block: on a page of standalone blocks (``STANDALONE``), a fresh namespace and working directory;
+    elsewhere, run the blocks of its page before it that have not run (deselected, or not selected)."""
     example = request.node.example
     example.namespace[WORKER_NAME] = _docs_worker
+    path = Path(example.path)
+    if path.name in STANDALONE and path.parent == Path(request.config.rootpath):
+        _docs_worker.page(path, tmp_path_factory.mktemp(path.stem))
+        return
     run_earlier_blocks(example, example.document.__dict__.setdefault("_blocks_done", set()))

@@ -1,6 +1,7 @@
 """The collection of the documentation's Python examples (tests/docs_examples.py, wired in by the root
 conftest.py): the default test command collects every Python block of README.md and docs/, and the blocks run as
-the collector promises (one namespace per page, in order; a temporary working directory; slow and skipped blocks).
+the collector promises (one namespace per page, in order, and one per README block; a temporary working directory;
+slow and skipped blocks).
 """
 
 from __future__ import annotations
@@ -99,6 +100,17 @@ def test_no_block_follows_a_slow_block_on_a_page():
 
 PROJECT = {
     "README.md": """
+        # Standalone blocks
+
+        ```python
+        x = 1
+        ```
+
+        ```python
+        assert "x" not in globals()  # each README block starts from a fresh namespace
+        ```
+        """,
+    "docs/page.md": """
         # A page
 
         ```python
@@ -181,7 +193,9 @@ def test_blocks_run_in_order_per_page_in_a_temporary_directory(tmp_path):
     outcomes = _outcomes(result)
     assert outcomes == {
         "README.md::line:3,column:1": "PASSED",
-        "README.md::line:16,column:1": "PASSED",
+        "README.md::line:7,column:1": "PASSED",
+        "docs/page.md::line:3,column:1": "PASSED",
+        "docs/page.md::line:16,column:1": "PASSED",
         "docs/fresh.md::line:1,column:1": "PASSED",
         "docs/failing.md::line:3,column:1": "FAILED",
         "docs/failing.md::line:8,column:1": "FAILED",
@@ -199,6 +213,6 @@ def test_blocks_run_in_order_per_page_in_a_temporary_directory(tmp_path):
 def test_a_slow_block_runs_with_m_slow_after_the_blocks_before_it(tmp_path):
     project = tmp_path / "project"
     _make_project(project)
-    result = _pytest(project, "-v", "-rP", "-m", "slow", "README.md")
-    assert _outcomes(result) == {"README.md::line:24,column:1": "PASSED"}, result.stdout
+    result = _pytest(project, "-v", "-rP", "-m", "slow", "docs/page.md")
+    assert _outcomes(result) == {"docs/page.md::line:24,column:1": "PASSED"}, result.stdout
     assert "the slow block ran" in result.stdout
