@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from typing import Any, Literal
@@ -192,12 +193,13 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         mask = chunk.mask
         active, everywhere = torch.stack((mask.any(0), mask.all(0))).tolist()
         count = int(mask.sum())
+        inputs, targets = x.unbind(1), chunk.y.unbind(1)  # the steps' views, made at once
         for t in range(chunk.steps):
             with _no_autocast(x):
-                h, carry.state = self.estimator.step(x[:, t], carry.state)
+                h, carry.state = self.estimator.step(inputs[t], carry.state)
             if active[t]:
                 step_mask = None if everywhere[t] else mask[:, t]  # None: readout_step skips the masking
-                loss_sum = loss_sum + self._accumulate(h, chunk.y[:, t], step_mask, chunk.streams)
+                loss_sum = loss_sum + self._accumulate(h, targets[t], step_mask, chunk.streams)
             carry.window_steps += 1
             if carry.window_steps >= self.update_every:  # ">": resumed with a smaller update_every (warned)
                 self._update()
@@ -363,9 +365,15 @@ def _complex_state(cell: nn.Module) -> bool:
     return bool(getattr(cell, "complex_state", False))
 
 
-def _no_autocast(like: torch.Tensor) -> torch.autocast:
-    """Run the estimator and the cell outside autocast: their recursions stay in the parameters' dtype."""
-    return torch.autocast(like.device.type, enabled=False)
+def _no_autocast(like: torch.Tensor) -> torch.autocast | contextlib.nullcontext:
+    """Run the estimator and the cell outside autocast: their recursions stay in the parameters' dtype (a context
+    that does nothing where autocast is off, the common case: entering ``torch.autocast`` costs more than an online
+    step's small operations)."""
+    device = like.device.type
+    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else _NOTHING
+
+
+_NOTHING = contextlib.nullcontext()
 
 
 def _check_arguments(
