@@ -121,9 +121,25 @@ def hardware_name(device: torch.device) -> str:
 
 
 def hardware_description(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model (Linux's ``/proc/cpuinfo``), architecture and threads: ratios move from
+    one CPU to another (cache sizes, vector width), so a result says which one it was measured on."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads ({os.cpu_count()} cores visible)"
+    threads = torch.get_num_threads()
+    return f"{cpu_model()}, {threads} thread{'s' * (threads != 1)} ({os.cpu_count()} cores visible)"
+
+
+def cpu_model() -> str:
+    """``"AMD EPYC (x86_64)"``: the model name Linux reports, else what ``platform`` knows."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    machine = platform.machine()
+    if found:
+        return f"{found.group(1).strip()} ({machine})"
+    return platform.processor() or machine
 
 
 def synchronize(device: torch.device) -> None:
