@@ -1,10 +1,16 @@
-"""Griffe extension: the Sphinx roles of the docstrings as autorefs cross-references in the API reference.
+"""Griffe extensions for the API reference: the docstrings' Sphinx conventions, read the way mkdocstrings renders.
 
-The docstrings are Google style but name other objects with Sphinx roles (``:class:`~lightning_ortho.nn.SVDLinear```,
-``:meth:`step```, ``:mod:`lightning_ortho.online```, ``:func:``, ``:attr:``, ``:data:``, ``:exc:``, ``:obj:``),
-which mkdocstrings leaves as literal text. mkdocstrings-python loads this extension (``extensions:`` in
-``mkdocs.yml``); once griffe has loaded the package (``on_package``) it rewrites every docstring's roles, before
-mkdocstrings parses or renders any of them:
+The docstrings are Google style but keep two Sphinx habits that mkdocstrings does not interpret: roles naming other
+objects (``:class:`~lightning_ortho.nn.SVDLinear```, ``:meth:`step```, ``:mod:`lightning_ortho.online```,
+``:func:``, ``:attr:``, ``:data:``, ``:exc:``, ``:obj:``), shown as literal text, and ``#:`` comments documenting
+an attribute, which griffe does not read. mkdocstrings-python loads both extensions (``extensions:`` in
+``mkdocs.yml``, in this order); once griffe has loaded the package (``on_package``) they rewrite the docstrings,
+before mkdocstrings parses or renders any of them.
+
+:class:`SphinxComments` gives an attribute without a docstring the text of the ``#:`` comment lines right above
+its assignment (same indentation) or of a ``#:`` comment ending the assignment's line, as Sphinx's autodoc does.
+
+:class:`SphinxRoles` replaces each role by Markdown:
 
 * the text shown is inline code of the name, as Sphinx shows it: the last dotted component with a leading ``~``,
   the full text without (an explicit title, ``:class:`title <target>```, is shown as given);
@@ -12,18 +18,18 @@ mkdocstrings parses or renders any of them:
   path of the object (where it is defined: ``lightning_ortho.online.uoro.UORO`` for ``lightning_ortho.online.UORO``),
   which mkdocstrings registers for every object it renders, under its rendered path and its aliases. autorefs
   links it when the object is on the site and, being optional, leaves plain code without a warning when it is not
-  (a private module, a member that the reference does not show); the site decides, not a copy of its rules here;
+  (a private module, a member that the reference does not show): the site decides, not a copy of its rules here;
 * a target griffe does not find (``torch.Tensor``, a name not in scope), or one written ``!name`` (Sphinx's "do not
   link"), becomes plain inline code.
 
 A target is looked up as Sphinx's Python domain would: a dotted path from the package root, else its first
 component in the scope of the documented object (its members, inherited ones for a class, then each enclosing
-class and module, imports included) and the rest as members of that, else, for an absolute
-``lightning_ortho.`` path that static analysis cannot follow (the names ``lightning_ortho.callbacks`` exports
-lazily), the object Python imports at that path. A name written with a leading ``.`` (Sphinx's suffix search),
-and a bare name not in scope, is taken when exactly one object of the package has that dotted suffix.
+class and module, imports included) and the rest as members of that, else the object Python imports at that path
+(the names ``lightning_ortho.callbacks`` exports lazily, constants that griffe does not see), public paths only.
+A name written with a leading ``.`` (Sphinx's suffix search), and a bare name found none of these ways, is taken
+when exactly one object of the package has that dotted suffix.
 
-:func:`convert` is the text conversion (tests call it with their own resolver).
+:func:`convert` is the text conversion (the tests call it with their own resolver); :func:`find` the look-up.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from collections.abc import Callable, Iterator
 
 import griffe
 
-_log = logging.getLogger("mkdocs.plugins.griffe_roles")
+_log = logging.getLogger("mkdocs.plugins.griffe_sphinx")
 
 ROLES = ("class", "func", "meth", "mod", "attr", "data", "exc", "obj", "const")
 ROLE = re.compile(r":(?:py:)?(?P<role>" + "|".join(ROLES) + r"):`(?P<content>[^`]+)`")
@@ -87,7 +93,9 @@ def convert(text: str, resolve: Resolver) -> str:
 #: A ``Raises:`` section whose only entry names no exception but refers to another object (``as :meth:`setup```).
 #: With the role's colon gone griffe no longer splits the entry (at the role, which showed ``as `` as the
 #: exception) and warns, which fails the strict build; such a section is shown as the sentence ``Raises as
-#: `setup` does.`` instead. The docstring should name the exceptions (``ValueError: as :meth:`setup`.``).
+#: `setup` does.`` instead: a stopgap for one docstring (``ImagePatchesDataModule.all_patches``, listed as pending
+#: in tests/test_docstrings.py), which should name the exceptions (``ValueError: as :meth:`setup`.``); once no
+#: docstring has this form, this rewrite does nothing.
 _RAISES_AS = re.compile(
     r"^(?P<indent>[ \t]*)Raises:\n[ \t]+as (?P<ref>" + ROLE.pattern + r")\.?[ \t]*$(?!\n(?P=indent)[ \t]+\S)",
     re.M,
@@ -172,6 +180,59 @@ def _imported(path: str, top: griffe.Module) -> str | None:
     return None
 
 
+COMMENT = re.compile(r"^(?P<indent>[ \t]*)#:(?: (?P<text>.*)|$)")
+TRAILING = re.compile(r"[^#]*#:\s(?P<text>.*)$")
+
+
+def comment_docstring(lines: list[str], lineno: int) -> str | None:
+    """The text of the ``#:`` comment that documents the assignment on line ``lineno`` (1-based) of ``lines``: the
+    ``#:`` lines right above it with its indentation, else a ``#:`` comment ending the line; ``None`` if neither."""
+    line = lines[lineno - 1]
+    indent = line[: len(line) - len(line.lstrip())]
+    above: list[str] = []
+    index = lineno - 2
+    while index >= 0 and (match := COMMENT.match(lines[index])) and match["indent"] == indent:
+        above.append(match["text"] or "")
+        index -= 1
+    if above:
+        return "\n".join(reversed(above)).strip() or None
+    trailing = TRAILING.match(line)
+    return trailing["text"].strip() if trailing else None
+
+
+class SphinxComments(griffe.Extension):
+    """Gives each attribute without a docstring its ``#:`` comment (see the module docstring)."""
+
+    def __init__(self, packages: list[str] | None = None) -> None:
+        """``packages``: the top-level packages to read (default: every package loaded)."""
+        super().__init__()
+        self.packages = packages
+        self.documented: list[str] = []
+
+    def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs) -> None:
+        if self.packages is not None and pkg.name not in self.packages:
+            return
+        for obj in _objects(pkg):
+            if not obj.is_attribute or obj.docstring is not None or obj.lineno is None:
+                continue
+            try:
+                lines = loader.lines_collection[obj.filepath]
+            except (KeyError, TypeError):
+                continue
+            text = comment_docstring(lines, obj.lineno)
+            if text:
+                obj.docstring = griffe.Docstring(
+                    text,
+                    lineno=obj.lineno,
+                    endlineno=obj.lineno,
+                    parent=obj,
+                    parser=loader.docstring_parser,
+                    parser_options=loader.docstring_options,
+                )
+                self.documented.append(obj.path)
+        _log.debug("griffe_sphinx: %s: %d attributes documented by #: comments", pkg.name, len(self.documented))
+
+
 class SphinxRoles(griffe.Extension):
     """Rewrites the Sphinx roles of the docstrings of each loaded package (see the module docstring)."""
 
@@ -179,9 +240,6 @@ class SphinxRoles(griffe.Extension):
         """``packages``: the top-level packages whose docstrings are rewritten (default: every package loaded)."""
         super().__init__()
         self.packages = packages
-        self.referenced = 0
-        self.plain = 0
-        self.unresolved: list[tuple[str, str]] = []
         #: ``(object path, role as written, identifier or None)`` of every role rewritten
         self.roles: list[tuple[str, str, str | None]] = []
 
@@ -189,40 +247,26 @@ class SphinxRoles(griffe.Extension):
         if self.packages is not None and pkg.name not in self.packages:
             return
         objects = list(_objects(pkg))
-        suffixes: dict[str, list[str]] = {}
-        for obj in objects:
-            parts = obj.path.split(".")
-            for start in range(1, len(parts)):
-                suffixes.setdefault(".".join(parts[start:]), []).append(obj.path)
+        suffixes = suffix_index(objects)
         collection = loader.modules_collection
         for obj in objects:
             if obj.docstring is None or ":`" not in obj.docstring.value:
                 continue
-            text = raises_as(obj.docstring.value)
-            obj.docstring.value = convert(text, self._resolver(obj, collection, suffixes))
+
+            def resolve(target: str, role: str, obj: griffe.Object = obj) -> str | None:
+                found = find(obj, target, collection, suffixes, role)
+                self.roles.append((obj.path, f":{role}:`{target}`", found))
+                return found
+
+            obj.docstring.value = convert(raises_as(obj.docstring.value), resolve)
+        plain = [f"{where}: {role}" for where, role, found in self.roles if found is None]
         _log.debug(
-            "griffe_roles: %s: %d roles as cross-references, %d as plain code; not found: %s",
+            "griffe_sphinx: %s: %d roles as cross-references, %d as plain code (%s)",
             pkg.name,
-            self.referenced,
-            self.plain,
-            ", ".join(sorted({f"{where}: {target}" for where, target in self.unresolved})) or "none",
+            len(self.roles) - len(plain),
+            len(plain),
+            ", ".join(plain),
         )
-
-    def _resolver(
-        self, obj: griffe.Object, collection: griffe.ModulesCollection, suffixes: dict[str, list[str]]
-    ) -> Resolver:
-        def resolve(target: str, role: str) -> str | None:
-            found = find(obj, target, collection, suffixes, role)
-            self.roles.append((obj.path, f":{role}:`{target}`", found))
-            if found is None:
-                self.plain += 1
-                if target.lstrip(".").split(".")[0] not in ("torch", "lightning", "numpy", "typing", "collections"):
-                    self.unresolved.append((obj.path, f":{role}:`{target}`"))
-            else:
-                self.referenced += 1
-            return found
-
-        return resolve
 
 
 def _is_module(obj: griffe.Object | griffe.Alias) -> bool:
@@ -275,6 +319,16 @@ def find(
             return identifier
     matches = suffixes.get(target, [])
     return matches[0] if len(matches) == 1 else None
+
+
+def suffix_index(objects: list[griffe.Object]) -> dict[str, list[str]]:
+    """Each proper dotted suffix of the objects' paths (``UORO.step``, ``step``) -> the paths that end with it."""
+    suffixes: dict[str, list[str]] = {}
+    for obj in objects:
+        parts = obj.path.split(".")
+        for start in range(1, len(parts)):
+            suffixes.setdefault(".".join(parts[start:]), []).append(obj.path)
+    return suffixes
 
 
 def _objects(obj: griffe.Object) -> Iterator[griffe.Object]:
