@@ -72,24 +72,61 @@ def test_every_benchmark_with_results_has_a_results_section():
     assert not old, f"<!-- results:NAME --> is no longer expanded; use <!-- NAME:start --> / <!-- NAME:end -->: {old}"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason='mkdocs is not installed (".[docs]" extra)')
-def test_mkdocs_build_strict(tmp_path):
+needs_mkdocs = pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None, reason='mkdocs is not installed (".[docs]" extra)'
+)
+#: A Sphinx role left as text on a built page (``:class:`` and the like, then the name as code or text).
+LITERAL_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):(?:<code>|`|~?[A-Za-z_])")
+
+
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory):
+    """``mkdocs build --strict`` once for the tests of this module: (return code, output, site directory)."""
+    site = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    return result.returncode, result.stdout + result.stderr, site
+
+
+@needs_mkdocs
+def test_mkdocs_build_strict(built_site):
+    returncode, output, site = built_site
+    assert returncode == 0, output
     # every public name of every package is documented (a heading whose id ends with the name)
     for package in PACKAGES:
         module = importlib.import_module(f"lightning_ortho.{package}")
-        html = (tmp_path / "site" / "reference" / package / "index.html").read_text()
+        html = (site / "reference" / package / "index.html").read_text()
         ids = set(re.findall(r'id="(lightning_ortho\.[\w.]+)"', html))
         undocumented = [name for name in module.__all__ if not any(i.endswith(f".{name}") for i in ids)]
         assert not undocumented, f"lightning_ortho.{package}: {undocumented}"
     # the figures of the results pages were copied
-    assert list((tmp_path / "site" / "results" / "figures").glob("*.png"))
+    assert list((site / "results" / "figures").glob("*.png"))
+
+
+@needs_mkdocs
+def test_api_pages_show_no_sphinx_role(built_site):
+    """docs/griffe_sphinx.py rewrites the docstrings' roles: code, linked to the object where the site shows it."""
+    returncode, output, site = built_site
+    assert returncode == 0, output
+    links = 0
+    for package in PACKAGES:
+        html = (site / "reference" / package / "index.html").read_text()
+        literal = [html[max(0, m.start() - 60) : m.end() + 40] for m in LITERAL_ROLE.finditer(html)]
+        assert not literal, f"reference/{package}: Sphinx roles left as text: {literal[:5]}"
+        assert "<autoref" not in html, f"reference/{package}: a cross-reference autorefs did not process"
+        links += len(re.findall(r'<a class="autorefs autorefs-internal"[^>]*><code>', html))
+    assert links > 200, f"only {links} roles became links to the API reference"
+    # a role naming the public path links to the entry rendered under the defining module's path
+    online = (site / "reference" / "online" / "index.html").read_text()
+    assert re.search(
+        r'<a class="autorefs autorefs-internal"[^>]*href="#lightning_ortho\.online\.estimator\.'
+        r'OnlineGradientEstimator"[^>]*><code>OnlineGradientEstimator</code></a>',
+        online,
+    )
