@@ -90,23 +90,6 @@ def convert(text: str, resolve: Resolver) -> str:
     return ROLE.sub(replace, text)
 
 
-#: A ``Raises:`` section whose only entry names no exception but refers to another object (``as :meth:`setup```).
-#: With the role's colon gone griffe no longer splits the entry (at the role, which showed ``as `` as the
-#: exception) and warns, which fails the strict build; such a section is shown as the sentence ``Raises as
-#: `setup` does.`` instead: a stopgap for one docstring (``ImagePatchesDataModule.all_patches``, listed as pending
-#: in tests/test_docstrings.py), which should name the exceptions (``ValueError: as :meth:`setup`.``); once no
-#: docstring has this form, this rewrite does nothing.
-_RAISES_AS = re.compile(
-    r"^(?P<indent>[ \t]*)Raises:\n[ \t]+as (?P<ref>" + ROLE.pattern + r")\.?[ \t]*$(?!\n(?P=indent)[ \t]+\S)",
-    re.M,
-)
-
-
-def raises_as(text: str) -> str:
-    """``text`` with each ``Raises:`` section of one exception-less ``as <role>`` entry as a sentence."""
-    return _RAISES_AS.sub(lambda match: f"{match['indent']}Raises as {match['ref']} does.", text)
-
-
 def _canonical(obj: griffe.Object | griffe.Alias) -> str | None:
     try:
         return obj.canonical_path
@@ -258,7 +241,7 @@ class SphinxRoles(griffe.Extension):
                 self.roles.append((obj.path, f":{role}:`{target}`", found))
                 return found
 
-            obj.docstring.value = convert(raises_as(obj.docstring.value), resolve)
+            obj.docstring.value = convert(obj.docstring.value, resolve)
         plain = [f"{where}: {role}" for where, role, found in self.roles if found is None]
         _log.debug(
             "griffe_sphinx: %s: %d roles as cross-references, %d as plain code (%s)",

@@ -89,13 +89,6 @@ def test_parse_role():
     assert gs.parse_role("the title <a.b>") == ("the title", "a.b", True)
 
 
-def test_raises_section_without_an_exception_becomes_a_sentence():
-    text = "Runs :meth:`setup` if needed.\n\nRaises:\n    as :meth:`setup`.\n"
-    assert gs.raises_as(text) == "Runs :meth:`setup` if needed.\n\nRaises as :meth:`setup` does.\n"
-    named = "Raises:\n    ValueError: as :meth:`setup`.\n"
-    assert gs.raises_as(named) == named
-
-
 def test_comment_docstring():
     lines = textwrap.dedent(
         """\

@@ -34,10 +34,7 @@ UNDOCUMENTED = {"self", "cls"}
 #: Admonition titles that were meant as a section (singular forms, typos of the Google section names).
 NEAR_SECTIONS = {"arg", "argument", "param", "parameter", "return", "raise", "exception", "yield", "note that"}
 #: Findings in files whose code is being changed elsewhere, to fix there (remove the entry with the fix).
-PENDING: set[str] = {
-    # the entry names no exception ("as :meth:`setup`"); docs/griffe_sphinx.py shows it as a sentence meanwhile
-    "lightning_ortho.datamodules.ImagePatchesDataModule.all_patches: Raises: 'as ' is not an exception name",
-}
+PENDING: set[str] = set()
 #: An exception's name: a dotted path whose last part is a class name (capitalised: ``as`` is not one).
 EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*$")
 #: A second exception named inside a ``Raises:`` entry (``A: ... . B: ...``): one entry per exception.

@@ -173,7 +173,9 @@ class ImagePatchesDataModule(SplitDataModule):
         image, patch row, patch column order; runs :meth:`setup` if needed.
 
         Raises:
-            as :meth:`setup`.
+            ValueError: an image is smaller than ``patch_size``.
+            DatasetNotFoundError: ``root`` does not exist or holds no image file.
+            DatasetFormatError: a file is not a readable image or has an unsupported pixel format.
         """
         self.setup()
         assert self._patches is not None
