@@ -59,16 +59,10 @@
         return total;                                                                                                 \
     }                                                                                                                 \
                                                                                                                       \
-    /* sum_j v_j^2: the one reduction both the commit and the norms below use, so that norms taken afresh (after a    \
-     * checkpoint is loaded) equal the ones the commit took, bit for bit, and a resumed run goes on exactly. */       \
-    static inline T uoro_sum_of_squares_##SUFFIX(const T *restrict v, long n) {                                       \
-        T total = 0;                                                                                                  \
-        _Pragma("omp simd reduction(+ : total)") for (long j = 0; j < n; ++j) total += v[j] * v[j];                   \
-        return total;                                                                                                 \
-    }                                                                                                                 \
-                                                                                                                      \
     /* w_tilde (batch, P) with P = H H + H I + H laid out as [vec(W_h), vec(W_x), b]: w <- w / gamma + g a^T in       \
-     * one pass, and each stream's new norm into norms (each row's squares summed right after it is written). */      \
+     * one pass, and each stream's new norm into norms, summed on the way. uoro_tanh_norms below sums the norms of    \
+     * a given w_tilde with loops of the same shape, in the same order, so that norms taken afresh (after a           \
+     * checkpoint is loaded) equal the ones taken here bit for bit, and a resumed run steps on exactly. */            \
     VECTOR_CLONES                                                                                                     \
     void uoro_tanh_commit_##SUFFIX(T *restrict w_tilde, const T *restrict inverse_gamma, const T *restrict g,         \
                                    const T *restrict h, const T *restrict x, long batch, long hidden, long inputs,    \
@@ -86,11 +80,17 @@
             for (long i = 0; i < hidden; ++i) {                                                                       \
                 const T gi = gb[i];                                                                                   \
                 T *restrict w_row = w + i * hidden;                                                                   \
-                _Pragma("omp simd") for (long j = 0; j < hidden; ++j) w_row[j] = w_row[j] * scale + gi * hb[j];       \
-                norm2 += uoro_sum_of_squares_##SUFFIX(w_row, hidden);                                                 \
+                _Pragma("omp simd reduction(+ : norm2)") for (long j = 0; j < hidden; ++j) {                          \
+                    const T value = w_row[j] * scale + gi * hb[j];                                                    \
+                    w_row[j] = value;                                                                                 \
+                    norm2 += value * value;                                                                           \
+                }                                                                                                     \
                 T *restrict w_ih_row = w_ih + i * inputs;                                                             \
-                _Pragma("omp simd") for (long j = 0; j < inputs; ++j) w_ih_row[j] = w_ih_row[j] * scale + gi * xb[j]; \
-                norm2 += uoro_sum_of_squares_##SUFFIX(w_ih_row, inputs);                                              \
+                _Pragma("omp simd reduction(+ : norm2)") for (long j = 0; j < inputs; ++j) {                          \
+                    const T value = w_ih_row[j] * scale + gi * xb[j];                                                 \
+                    w_ih_row[j] = value;                                                                              \
+                    norm2 += value * value;                                                                           \
+                }                                                                                                     \
                 const T value = w_b[i] * scale + gi;                                                                  \
                 w_b[i] = value;                                                                                       \
                 norm2 += value * value;                                                                               \
@@ -109,9 +109,18 @@
             const T *restrict w_b = w_ih + hidden * inputs;                                                           \
             T norm2 = 0;                                                                                              \
             for (long i = 0; i < hidden; ++i) {                                                                       \
-                norm2 += uoro_sum_of_squares_##SUFFIX(w + i * hidden, hidden);                                        \
-                norm2 += uoro_sum_of_squares_##SUFFIX(w_ih + i * inputs, inputs);                                     \
-                norm2 += w_b[i] * w_b[i];                                                                             \
+                const T *restrict w_row = w + i * hidden;                                                             \
+                _Pragma("omp simd reduction(+ : norm2)") for (long j = 0; j < hidden; ++j) {                          \
+                    const T value = w_row[j];                                                                         \
+                    norm2 += value * value;                                                                           \
+                }                                                                                                     \
+                const T *restrict w_ih_row = w_ih + i * inputs;                                                       \
+                _Pragma("omp simd reduction(+ : norm2)") for (long j = 0; j < inputs; ++j) {                          \
+                    const T value = w_ih_row[j];                                                                      \
+                    norm2 += value * value;                                                                           \
+                }                                                                                                     \
+                const T value = w_b[i];                                                                               \
+                norm2 += value * value;                                                                               \
             }                                                                                                         \
             norms[b] = SQRT(norm2);                                                                                   \
         }                                                                                                             \
