@@ -325,6 +325,14 @@ class Monitor(Callback):
     # ---------------------------------------------------------------------------------------- checkpointing
     @property
     def state_key(self) -> str:
+        """The key of this monitor's state in a checkpoint: the class name and :meth:`state_key_fields`, e.g.
+        ``"InvertibilityMonitor{'modules': None, 'every_n_steps': 50}"``; ``"<Class>{'source': 'environment'}"``
+        for a monitor from the environment switch.
+
+        Two monitors of one class that differ in these fields keep separate states, and a checkpoint's state goes
+        back to the monitor of the same configuration. A subclass with settings of its own that tell two
+        instances apart adds them by overriding :meth:`state_key_fields`, not this property.
+        """
         # One key per configuration, so two monitors of one class (on different modules) keep separate states; a
         # monitor from the environment has its own (never the same as a user's of its class).
         if self.source == "environment":

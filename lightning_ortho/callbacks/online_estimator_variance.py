@@ -62,6 +62,7 @@ class EstimatorVariance:
 
     @property
     def draws(self) -> int:
+        """``R``, the number of estimates (rows of ``estimates``)."""
         return self.estimates.shape[0]
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:

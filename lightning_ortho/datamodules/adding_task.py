@@ -113,6 +113,17 @@ class AddingTaskDataModule(StreamDataModule):
         return bits * (time >= 0)
 
     def make_chunk(self, split: str, streams: torch.Tensor, chunk: int) -> dict[str, torch.Tensor]:
+        """Steps ``chunk * T .. (chunk + 1) T - 1`` of the given streams, as
+        :meth:`StreamDataModule.make_chunk <lightning_ortho.datamodules.StreamDataModule.make_chunk>`.
+
+        ``x`` float32 ``(b, T, 1)`` the bits; ``y`` float32 ``(b, T, 2)`` the distribution ``(y_t, 1 - y_t)``;
+        ``mask`` false on the first ``max(t1, t2)`` steps of each stream; ``reset`` true at chunk 0 only.
+
+        Args:
+            split: ``"train"``, ``"val"`` or ``"test"`` (each has bits of its own).
+            streams: int64 ``(b,)`` global stream indices.
+            chunk: the chunk index.
+        """
         T, first = self.chunk_length, chunk * self.chunk_length
         history = self.bits(split, streams, first - self.warmup, first + T)  # (b, warmup + T)
         w = self.warmup

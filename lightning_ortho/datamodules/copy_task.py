@@ -115,6 +115,18 @@ class CopyTaskDataModule(StreamDataModule):
         return math.log(self.symbols)
 
     def make_chunk(self, split: str, streams: torch.Tensor, chunk: int) -> dict[str, torch.Tensor]:
+        """Chunk ``chunk`` of the given streams' episodes, as
+        :meth:`StreamDataModule.make_chunk <lightning_ortho.datamodules.StreamDataModule.make_chunk>`.
+
+        ``x`` float32 one-hot ``(b, T, symbols + 2)``; ``y`` int64 ``(b, T)`` (the symbol to recall, blank
+        elsewhere); ``mask`` true in the recall phase; ``reset`` true at chunk 0, and at the first chunk of
+        every episode with ``reset_between_episodes``.
+
+        Args:
+            split: ``"train"``, ``"val"`` or ``"test"`` (each has symbols of its own).
+            streams: int64 ``(b,)`` global stream indices.
+            chunk: the chunk index.
+        """
         T, L = self.chunk_length, self.episode_length
         steps = torch.arange(T)
         if self.reset_between_episodes:

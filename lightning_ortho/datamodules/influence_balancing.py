@@ -55,6 +55,17 @@ class InfluenceBalancingDataModule(StreamDataModule):
         self.save_hyperparameters()
 
     def make_chunk(self, split: str, streams: torch.Tensor, chunk: int) -> dict[str, torch.Tensor]:
+        """The same chunk for every split, stream and index but ``reset``, as
+        :meth:`StreamDataModule.make_chunk <lightning_ortho.datamodules.StreamDataModule.make_chunk>`.
+
+        ``x`` float32 zeros ``(b, T, 1)``; ``y`` float32 ones ``(b, T, 1)``; ``mask`` all true; ``reset`` true at
+        chunk 0 only.
+
+        Args:
+            split: ``"train"``, ``"val"`` or ``"test"`` (the same data).
+            streams: int64 ``(b,)`` global stream indices (only their number matters).
+            chunk: the chunk index.
+        """
         b, T = len(streams), self.chunk_length
         return {
             "x": torch.zeros(b, T, 1),

@@ -133,10 +133,12 @@ class SequentialImageDataModule(SplitDataModule):
 
     @property
     def num_classes(self) -> int:
+        """The wrapped image module's number of classes."""
         return self.images.num_classes
 
     @property
     def sequence_length(self) -> int:
+        """``L``, time steps per sequence: ``H W`` for ``mode="pixel"``, ``H`` for ``mode="row"``."""
         c, h, w = self.images.image_shape
         return h * w if self.mode == "pixel" else h
 
@@ -153,6 +155,17 @@ class SequentialImageDataModule(SplitDataModule):
         self.images.setup(stage)
 
     def split(self, name: str) -> Dataset:
+        """The wrapped module's ``"train"``, ``"val"`` or ``"test"`` images as sequences (sets them up if needed).
+
+        Items are ``(sequence (L, F), label)``: ``L =`` :attr:`sequence_length` steps of ``F =``
+        :attr:`num_features` values (raster order, then the fixed permutation of the steps with ``permute``).
+
+        Args:
+            name: ``"train"``, ``"val"`` or ``"test"``.
+
+        Returns:
+            The dataset (a ``torch.utils.data.Dataset``) of ``(float tensor (L, F), label)`` items.
+        """
         return ImageSequences(self.images.split(name), self.images.image_shape, self.mode, self.permutation)
 
     def state_dict(self) -> dict:

@@ -250,8 +250,8 @@ class StreamDataModule(pl.LightningDataModule):
         """Chunk ``chunk`` of the given streams: ``{"x", "y", "mask", "reset"}`` as in the class docstring.
 
         ``streams`` is an int64 ``(b,)`` tensor of global stream indices (``0 .. streams - 1`` or
-        ``0 .. val_streams - 1``); ``split`` is ``"train"`` or ``"val"``. The result must depend on nothing but
-        ``(self.seed, split, stream, chunk)`` and the constructor arguments.
+        ``0 .. val_streams - 1``); ``split`` is ``"train"``, ``"val"`` or ``"test"``. The result must depend on
+        nothing but ``(self.seed, split, stream, chunk)`` and the constructor arguments.
 
         Raises:
             NotImplementedError: the subclass does not provide it.

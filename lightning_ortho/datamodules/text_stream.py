@@ -160,6 +160,19 @@ class CharacterStreamDataModule(StreamDataModule):
         return self._cycle[split]
 
     def make_chunk(self, split: str, streams: torch.Tensor, chunk: int) -> dict[str, torch.Tensor]:
+        """Chunk ``chunk`` of the given streams' pieces, as
+        :meth:`StreamDataModule.make_chunk <lightning_ortho.datamodules.StreamDataModule.make_chunk>`; a stream
+        reads its piece over and over, one pass every :meth:`chunks_per_cycle` chunks.
+
+        ``x`` float32 one-hot ``(b, T, len(vocab))`` characters; ``y`` int64 ``(b, T)`` the next characters;
+        ``mask`` false on the padding after a piece's last character (where ``x`` is zero and ``y`` is 0);
+        ``reset`` true at the first chunk of every pass.
+
+        Args:
+            split: ``"train"``, ``"val"`` or ``"test"`` (the validation pieces).
+            streams: int64 ``(b,)`` global stream indices.
+            chunk: the chunk index.
+        """
         pieces, T = self._pieces[split][streams], self.chunk_length
         within = chunk % self._cycle[split]
         position = within * T + torch.arange(T)

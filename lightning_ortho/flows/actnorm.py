@@ -88,6 +88,22 @@ class ActNorm(FlowLayer):
         self.initialized.fill_(True)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``y = (x + b) * exp(s)`` per channel, ``log_abs_det = H W sum_c s_c`` (the same for every sample).
+
+        In training mode, the first call on an uninitialised layer first sets ``b`` and ``s`` from the batch (see
+        the class docstring).
+
+        Args:
+            x: ``(N, C, H, W)``.
+
+        Returns:
+            ``y`` ``(N, C, H, W)`` and ``log_abs_det`` ``(N,)``.
+
+        Raises:
+            TypeError: ``x`` is not floating point.
+            ValueError: ``x`` is not ``(N, C, H, W)`` with this layer's ``C``, or the initialisation batch holds
+                NaN/inf.
+        """
         check_images(x, self.channels, "ActNorm")
         if self.training and not bool(self.initialized):
             self._initialize(x)
@@ -96,5 +112,17 @@ class ActNorm(FlowLayer):
         return y, log_abs_det
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        """``x = y * exp(-s) - b``: ``(N, C, H, W) -> (N, C, H, W)`` (never initialises the layer).
+
+        Args:
+            y: ``(N, C, H, W)``.
+
+        Returns:
+            ``x`` ``(N, C, H, W)``.
+
+        Raises:
+            TypeError: ``y`` is not floating point.
+            ValueError: ``y`` is not ``(N, C, H, W)`` with this layer's ``C``.
+        """
         check_images(y, self.channels, "ActNorm.inverse")
         return y * torch.exp(-self.log_scale) - self.bias

@@ -16,9 +16,32 @@ class FlowLayer(nn.Module):
     """
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - interface
+        """``(y, log_abs_det)``: the map ``y = f(x)`` and ``log|det dy/dx|`` of each sample.
+
+        What every flow layer implements. The monitors recognise a flow layer by this output: ``y`` with as many
+        entries per sample as ``x`` and one log-determinant per sample.
+
+        Args:
+            x: ``(N, C, H, W)`` inputs.
+
+        Returns:
+            ``y`` (``(N, C', H', W')`` with ``C' H' W' = C H W``; most layers keep the shape) and
+                ``log_abs_det`` ``(N,)``.
+        """
         raise NotImplementedError
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
+        """``x`` with ``forward(x)[0] == y``: the inverse map, of the shape of the input that gave ``y``.
+
+        What every flow layer implements (:class:`~lightning_ortho.callbacks.InvertibilityMonitor` checks
+        ``inverse(forward(x)[0]) == x``).
+
+        Args:
+            y: an output of :meth:`forward`.
+
+        Returns:
+            The preimage ``x``.
+        """
         raise NotImplementedError
 
 
@@ -34,6 +57,14 @@ class FlowSequence(FlowLayer):
         self.layers = nn.ModuleList(layers)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer in order: ``y = f_k(... f_1(x))``, ``log_abs_det = sum_i log|det J_{f_i}|``.
+
+        Args:
+            x: ``(N, C, H, W)`` inputs of the first layer.
+
+        Returns:
+            ``y``, the last layer's output, and the summed ``log_abs_det`` ``(N,)`` (zeros for no layers).
+        """
         total = x.new_zeros(x.shape[0])
         for layer in self.layers:
             x, log_abs_det = layer(x)
@@ -41,6 +72,18 @@ class FlowSequence(FlowLayer):
         return x, total
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        """Every layer's inverse in reverse order: ``x = f_1^{-1}(... f_k^{-1}(y))``.
+
+        Args:
+            y: an output of :meth:`forward`.
+
+        Returns:
+            ``x``, of the shape of the first layer's input.
+
+        Raises:
+            NewtonInverseError: from a layer whose iterative inverse did not converge (the auxiliary 1x1
+                convolutions).
+        """
         for layer in reversed(self.layers):
             y = layer.inverse(y)
         return y

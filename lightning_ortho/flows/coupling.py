@@ -25,6 +25,15 @@ class ZeroConv2d(nn.Module):
         self.log_scale = nn.Parameter(torch.zeros(1, out_channels, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``conv3x3(x) * exp(3 s)`` per output channel (padding 1): ``(N, in, H, W) -> (N, out, H, W)``; zero
+        at init.
+
+        Args:
+            x: ``(N, in_channels, H, W)``.
+
+        Returns:
+            ``(N, out_channels, H, W)``.
+        """
         return self.conv(x) * torch.exp(3.0 * self.log_scale)
 
 
@@ -65,6 +74,22 @@ class AffineCoupling(FlowLayer):
         return shift, torch.sigmoid(raw + 2.0)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``y = (x_a, (x_b + t(x_a)) * sigmoid(r(x_a) + 2))``, ``log_abs_det = sum log sigmoid(r(x_a) + 2)``.
+
+        ``x_a`` is the first ``C - C // 2`` channels and passes unchanged; the network's output channels
+        alternate shift ``t`` (even) and raw scale ``r`` (odd). The scale is below 1, so ``log_abs_det < 0``.
+
+        Args:
+            x: ``(N, C, H, W)``.
+
+        Returns:
+            ``y`` ``(N, C, H, W)`` and ``log_abs_det`` ``(N,)``, summed over the ``C // 2`` scaled channels and
+                the pixels.
+
+        Raises:
+            TypeError: ``x`` is not floating point.
+            ValueError: ``x`` is not ``(N, C, H, W)`` with this layer's ``C``.
+        """
         check_images(x, self.channels, "AffineCoupling")
         x_a, x_b = x[:, : self.split], x[:, self.split :]
         shift, scale = self._shift_scale(x_a)
@@ -72,6 +97,19 @@ class AffineCoupling(FlowLayer):
         return torch.cat([x_a, y_b], dim=1), torch.log(scale).flatten(1).sum(1)
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        """``x = (y_a, y_b / sigmoid(r(y_a) + 2) - t(y_a))``, exact: ``y_a = x_a`` gives back the same ``t``
+        and ``r``.
+
+        Args:
+            y: ``(N, C, H, W)``.
+
+        Returns:
+            ``x`` ``(N, C, H, W)``.
+
+        Raises:
+            TypeError: ``y`` is not floating point.
+            ValueError: ``y`` is not ``(N, C, H, W)`` with this layer's ``C``.
+        """
         check_images(y, self.channels, "AffineCoupling.inverse")
         y_a, y_b = y[:, : self.split], y[:, self.split :]
         shift, scale = self._shift_scale(y_a)

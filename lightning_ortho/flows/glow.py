@@ -28,6 +28,8 @@ class Encoding:
 
     @property
     def log_prob(self) -> torch.Tensor:
+        """``(N,)``: the exact log-density of the encoded images, ``log_det + log_prior`` (nats; change of
+        variables)."""
         return self.log_det + self.log_prior
 
 
@@ -85,6 +87,7 @@ class Glow(nn.Module):
 
     @property
     def dims(self) -> int:
+        """``C S^2``: the values per image, by which :meth:`bits_per_dim` divides."""
         return self.in_channels * self.image_size**2
 
     def encode(self, y: torch.Tensor) -> Encoding:

@@ -52,6 +52,23 @@ class Split(nn.Module):
         return h[:, 0::2], h[:, 1::2]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(z_keep, z_out, log_prob)``: the channels split in two and ``log p(z_out | z_keep)`` per sample.
+
+        ``z_keep`` is the first ``channels - channels // 2`` channels; ``log_prob`` is the log-density of
+        ``z_out`` under the diagonal Gaussian whose mean and log standard deviation the prior network computes
+        from ``z_keep`` (its output channels alternate mean (even) and log standard deviation (odd)). Not a
+        :class:`~lightning_ortho.flows.FlowLayer`: it returns three values (the split itself has ``log|det| = 0``).
+
+        Args:
+            x: ``(N, C, H, W)``.
+
+        Returns:
+            ``z_keep`` ``(N, C - C // 2, H, W)``, ``z_out`` ``(N, C // 2, H, W)`` and ``log_prob`` ``(N,)`` (nats).
+
+        Raises:
+            TypeError: ``x`` is not floating point.
+            ValueError: ``x`` is not ``(N, C, H, W)`` with this layer's ``C``.
+        """
         check_images(x, self.channels, "Split")
         z_keep, z_out = x[:, : self.keep], x[:, self.keep :]
         mean, log_std = self._prior(z_keep)
@@ -60,6 +77,18 @@ class Split(nn.Module):
     def inverse(
         self, z_keep: torch.Tensor, z_out: torch.Tensor | None = None, temperature: float = 1.0
     ) -> torch.Tensor:
+        """``x = cat(z_keep, z_out)`` along the channels; without ``z_out``, ``z_out`` is drawn from the prior.
+
+        Args:
+            z_keep: ``(N, C - C // 2, H, W)``, the kept channels.
+            z_out: ``(N, C // 2, H, W)``, the factored-out channels; ``None`` samples them as
+                ``mean + exp(log_std) * temperature * eps`` with ``eps ~ N(0, I)`` (``torch.randn_like``, the
+                global generator) and the prior's ``mean`` and ``log_std`` at ``z_keep``.
+            temperature: scale of the prior's standard deviation when sampling (``0``: its mean).
+
+        Returns:
+            ``x`` ``(N, C, H, W)``.
+        """
         if z_out is None:
             mean, log_std = self._prior(z_keep)
             z_out = mean + torch.exp(log_std) * temperature * torch.randn_like(mean)

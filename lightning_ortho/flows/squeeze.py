@@ -17,6 +17,18 @@ class Squeeze(FlowLayer):
     log_abs_det_is_zero = True  # a permutation of the entries
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Space-to-depth: ``y[n, 4 c + 2 i + j, h, w] = x[n, c, 2 h + i, 2 w + j]`` for ``i, j`` in ``{0, 1}``.
+
+        Args:
+            x: ``(N, C, H, W)`` with even ``H`` and ``W``.
+
+        Returns:
+            ``y`` ``(N, 4 C, H / 2, W / 2)`` and ``log_abs_det`` ``(N,)`` zeros (a permutation of the entries).
+
+        Raises:
+            TypeError: ``x`` is not floating point.
+            ValueError: ``x`` is not 4-dimensional, or ``H`` or ``W`` is odd.
+        """
         check_images(x, None, "Squeeze")
         n, c, h, w = x.shape
         if h % 2 or w % 2:
@@ -25,6 +37,18 @@ class Squeeze(FlowLayer):
         return y, x.new_zeros(n)
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        """Depth-to-space, the inverse of :meth:`forward`: ``(N, 4 C, H, W) -> (N, C, 2 H, 2 W)``.
+
+        Args:
+            y: ``(N, 4 C, H, W)``; its channels must be a multiple of 4.
+
+        Returns:
+            ``x`` ``(N, C, 2 H, 2 W)``.
+
+        Raises:
+            TypeError: ``y`` is not floating point.
+            ValueError: ``y`` is not 4-dimensional.
+        """
         check_images(y, None, "Squeeze.inverse")
         n, c4, h, w = y.shape
         c = c4 // 4

@@ -27,6 +27,8 @@ class OrthogonalMap(nn.Module):
 
     @property
     def represents_every_orthogonal(self) -> bool:
+        """Whether :meth:`reset_orthogonal_` can set the map to any ``(d, d)`` orthogonal matrix. ``False`` here;
+        a subclass that can says so."""
         return False
 
     def reset_orthogonal_(self, orthogonal: torch.Tensor) -> OrthogonalMap:

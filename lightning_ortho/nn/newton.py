@@ -47,6 +47,7 @@ class NewtonResult:
 
     @property
     def all_converged(self) -> bool:
+        """Whether every sample converged (``converged.all()``): ``x`` is then a preimage of every row of ``y``."""
         return bool(self.converged.all())
 
     def with_solution(self, x: torch.Tensor, batch_shape: tuple[int, ...] | None = None) -> NewtonResult:

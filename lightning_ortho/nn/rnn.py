@@ -126,6 +126,15 @@ class OrthogonalRNNCell(nn.Module):
         return torch.tanh(z + self.bias)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """One step ``h' = sigma(U h + V x; b)``: ``activation(preactivation(x, h))``.
+
+        Args:
+            x: ``(B, input_size)`` inputs of the step.
+            h: ``(B, hidden_size)`` previous states.
+
+        Returns:
+            ``(B, hidden_size)``, the new states.
+        """
         return self.activation(self.preactivation(x, h))
 
     def extra_repr(self) -> str:
@@ -201,9 +210,25 @@ class OrthogonalRNN(nn.Module):
 
     @property
     def hidden_size(self) -> int:
+        """``H``, the size of the state (the cell's ``hidden_size``)."""
         return self.cell.hidden_size
 
     def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the cell over the sequence: ``h_t = sigma(U h_{t-1} + V x_t; b)`` for ``t = 1 .. T``.
+
+        Args:
+            x: ``(B, T, input_size)`` inputs, batch-first.
+            h0: ``(B, H)`` initial states; ``None`` starts every sequence from the learned ``initial_state``
+                ``(H,)``.
+
+        Returns:
+            ``(outputs, h_T)``: the states of every step ``(B, T, H)`` and the last one ``(B, H)``. For ``T = 0``,
+                ``(B, 0, H)`` and the initial state.
+
+        Raises:
+            ValueError: ``x`` is not ``(B, T, input_size)`` or holds NaN/inf, or a parameter holds NaN/inf.
+            TypeError: ``x`` is not a floating-point tensor.
+        """
         if x.dim() != 3:
             raise ValueError(
                 f"OrthogonalRNN: x must be (batch, time, {self.cell.input_size}), got shape {tuple(x.shape)}."

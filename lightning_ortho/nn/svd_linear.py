@@ -46,6 +46,21 @@ class SVDLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``y = U Sigma V^T x + b`` for every row: ``(..., in_features) -> (..., out_features)``.
+
+        ``V^T x`` keeps its first ``rank = min(in, out)`` entries, scaled by the singular values and zero-padded
+        to ``out_features``, then ``U`` acts and the bias is added.
+
+        Args:
+            x: ``(..., in_features)`` inputs.
+
+        Returns:
+            ``(..., out_features)``.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor.
+            ValueError: the trailing dimension of ``x`` is not ``in_features``.
+        """
         check_features(x, self.in_features, name="x", layer="SVDLinear")
         z = self.right(x)[..., : self.rank] * self.singular_values.to(x.dtype)
         if self.out_features > self.rank:

@@ -62,15 +62,41 @@ class TanhRNNCell(nn.Module):
         self.bias = nn.Parameter(torch.empty(hidden_size).uniform_(-bound, bound))
 
     def preactivation(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``z = W_h h + W_x x + b``: ``(B, I), (B, H) -> (B, H)`` (the bias is inside the preactivation).
+
+        Args:
+            x: ``(B, input_size)`` inputs.
+            h: ``(B, hidden_size)`` previous states.
+        """
         return torch.addmm(self.bias, h, self.weight_hh.T) + x @ self.weight_ih.T
 
     def activation(self, z: torch.Tensor) -> torch.Tensor:
+        """``h' = tanh(z)``, elementwise (no parameters).
+
+        Args:
+            z: ``(B, H)`` preactivations.
+        """
         return torch.tanh(z)
 
     def preactivation_input(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``a = [h; x; 1]``, ``(B, H + I + 1)``, so that ``z = [W_h W_x b] a`` (the factor ``J^z_W = I (x) a^T``).
+
+        Args:
+            x: ``(B, input_size)`` inputs.
+            h: ``(B, hidden_size)`` previous states.
+        """
         return torch.cat([h, x, h.new_ones(h.shape[0], 1)], dim=1)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """One step ``h' = tanh(W_h h + W_x x + b)``: ``activation(preactivation(x, h))``.
+
+        Args:
+            x: ``(B, input_size)`` inputs.
+            h: ``(B, hidden_size)`` previous states.
+
+        Returns:
+            ``(B, hidden_size)``, the new states.
+        """
         return self.activation(self.preactivation(x, h))
 
     def linearize(self, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None) -> StepLinearization:
@@ -125,6 +151,15 @@ class GRUCell(nn.Module):
         self.bias_hh = nn.Parameter(torch.empty(3 * hidden_size).uniform_(-bound, bound))
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """One step ``h' = (1 - u) * n + u * h`` with the gates of the class docstring (as ``torch.nn.GRUCell``).
+
+        Args:
+            x: ``(B, input_size)`` inputs.
+            h: ``(B, hidden_size)`` previous states.
+
+        Returns:
+            ``(B, hidden_size)``, the new states.
+        """
         gates_x = torch.addmm(self.bias_ih, x, self.weight_ih.T)
         gates_h = torch.addmm(self.bias_hh, h, self.weight_hh.T)
         rx, ux, nx = gates_x.chunk(3, dim=1)
@@ -173,6 +208,15 @@ class InfluenceBalancingCell(nn.Module):
         self.register_buffer("signs", signs)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """One step ``h' = A h + theta c``; ``x`` is not read.
+
+        Args:
+            x: ``(B, input_size)`` inputs (ignored).
+            h: ``(B, units)`` previous states.
+
+        Returns:
+            ``(B, units)``, the new states.
+        """
         return h @ self.transition.T + self.theta * self.signs
 
     def linearize(self, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None) -> StepLinearization:

@@ -273,6 +273,21 @@ class DiagonalRTRL(OnlineGradientEstimator):
 
     # -- complex states ------------------------------------------------------------------------------------------
     def initial_state(self, h0: torch.Tensor) -> OnlineState:
+        """As :meth:`OnlineGradientEstimator.initial_state`, with zero traces; for a cell with
+        ``complex_state = True``, ``h0`` may be complex (of the complex dtype of the parameters: ``complex64`` for
+        float32, ``complex128`` for float64) or real of the parameters' dtype (converted), and the state is a
+        complex ``(B, H)`` one that saves and loads bit-exactly.
+
+        Args:
+            h0: ``(B, H)`` initial states of the ``B`` streams.
+
+        Returns:
+            The state before the first step.
+
+        Raises:
+            ValueError: ``h0`` is not ``(B, H)`` with ``B >= 1`` and the cell's ``H``, is not of the state's dtype,
+                or holds NaN/inf.
+        """
         if not self.complex_state:
             return super().initial_state(h0)
         h0 = self._complex_h0(h0)
@@ -293,6 +308,20 @@ class DiagonalRTRL(OnlineGradientEstimator):
         return ComplexOnlineState(h0, self._initial_tensors(h0), None, kind=self.name)
 
     def reset(self, state: OnlineState, mask: torch.Tensor, h0: torch.Tensor | None = None) -> OnlineState:
+        """As :meth:`OnlineGradientEstimator.reset`: the streams where ``mask`` is true restart from ``h0`` with
+        zero traces. For a complex state ``h0`` may also be complex (a real one is converted).
+
+        Args:
+            state: the current state.
+            mask: ``(B,)`` bool, the streams to restart.
+            h0: ``(B, H)``, ``(1, H)`` or ``(H,)`` restart states; zeros when ``None``.
+
+        Returns:
+            The new state (the other streams are untouched).
+
+        Raises:
+            ValueError: ``mask`` is not a bool ``(B,)`` tensor, or ``h0`` has the wrong shape or holds NaN/inf.
+        """
         if not (self.complex_state and isinstance(h0, torch.Tensor) and h0.is_complex()):
             return super().reset(state, mask, h0)  # a real h0 is converted to the complex state there
         self._check_finite(h0, "h0", where="DiagonalRTRL.reset")

@@ -65,6 +65,8 @@ class OnlineGradientEstimator:
 
     @property
     def num_threads(self) -> ThreadSetting:
+        """CPU threads for each :meth:`step` and :meth:`gradient` call: ``"auto"``, a positive ``int`` or ``None``
+        (see the class docstring's Attributes). Setting another value raises ``ValueError``."""
         return self._num_threads
 
     @num_threads.setter

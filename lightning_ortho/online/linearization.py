@@ -51,10 +51,38 @@ class ParameterLayout:
         return flat[:, start : start + self.numels[index]].view(flat.shape[0], *self.shapes[index])
 
     def flatten(self, tensors: dict[str, torch.Tensor], lead: int) -> torch.Tensor:
+        """Concatenate one tensor per parameter into a flat vector in layout order: ``{name: (*lead, *shape)}``
+        -> ``(*lead, P)``.
+
+        Args:
+            tensors: a tensor for every name of :attr:`names`, each with the same ``lead`` leading dims followed
+                by the parameter's shape (extra entries are ignored).
+            lead: how many leading dims to keep (``1`` for per-stream ``(B, *shape)``, ``2`` for ``(B, H, *shape)``
+                Jacobians).
+
+        Returns:
+            ``(*lead, P)`` with ``P = size``; parameter ``name`` at ``offsets[name]``.
+
+        Raises:
+            KeyError: a parameter's name is missing from ``tensors``.
+        """
         parts = [tensors[n].reshape(tuple(tensors[n].shape[:lead]) + (-1,)) for n in self.names]
         return torch.cat(parts, dim=-1)
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Split a flat vector back into the parameters: ``(..., P)`` -> ``{name: (..., *shape)}``, in layout
+        order (the inverse of :meth:`flatten`).
+
+        Args:
+            flat: ``(..., P)`` with ``P = size``.
+
+        Returns:
+            One tensor per parameter, shaped ``(*flat.shape[:-1], *shape)`` (views of ``flat`` where the
+                reshape allows).
+
+        Raises:
+            RuntimeError: the last dim of ``flat`` is not ``size``.
+        """
         lead = tuple(flat.shape[:-1])
         chunks = flat.split_with_sizes(self.numels, -1)
         return {n: c.reshape(lead + s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
@@ -168,6 +196,12 @@ class StepLinearization:
 
     # -- preactivation cut vertex ---------------------------------------------------------------------------
     def require_preactivation(self) -> None:
+        """Check that the cell offers the preactivation cut vertex (UORO's ``projection="preactivation"``).
+
+        Raises:
+            ValueError: the cell lacks ``preactivation(x, h)`` or ``activation(z)`` (it needs both, with
+                ``forward = activation(preactivation(x, h))``).
+        """
         if not (hasattr(self.cell, "preactivation") and hasattr(self.cell, "activation")):
             raise ValueError(
                 f"{type(self.cell).__name__} has no preactivation(x, h) and activation(z): projection='preactivation'"

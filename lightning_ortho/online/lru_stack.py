@@ -259,6 +259,8 @@ class OnlineLRUStack:
 
     @property
     def num_threads(self) -> ThreadSetting:
+        """CPU threads for each ``step``, ``gradient`` and ``backward`` call: ``"auto"``, a positive ``int`` or
+        ``None`` (see the class docstring's Attributes). Setting another value raises ``ValueError``."""
         return self._num_threads
 
     @num_threads.setter

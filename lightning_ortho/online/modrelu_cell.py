@@ -42,15 +42,48 @@ class ModReLURNNCell(nn.Module):
         self.bias = nn.Parameter(torch.empty(hidden_size).uniform_(-0.01, 0.01))
 
     def preactivation(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``z = W_h h + W_x x``: ``(B, I), (B, H) -> (B, H)`` (no bias: the threshold acts in :meth:`activation`).
+
+        Args:
+            x: ``(B, input_size)`` inputs.
+            h: ``(B, hidden_size)`` previous states.
+        """
         return h @ self.weight_hh.T + x @ self.weight_ih.T
 
     def activation(self, z: torch.Tensor) -> torch.Tensor:
+        """``h' = sign(z) relu(|z| + b)`` elementwise, with the parameter ``bias`` as ``b``.
+
+        Args:
+            z: ``(B, H)`` preactivations.
+        """
         return modrelu(z, self.bias)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """One step ``h' = modReLU(W_h h + W_x x; b)``: ``activation(preactivation(x, h))``.
+
+        Args:
+            x: ``(B, input_size)`` inputs.
+            h: ``(B, hidden_size)`` previous states.
+
+        Returns:
+            ``(B, hidden_size)``, the new states.
+        """
         return self.activation(self.preactivation(x, h))
 
     def linearize(self, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None) -> StepLinearization:
+        """The step at ``(x, h)`` with its closed-form Jacobian products (see the class docstring), for the
+        estimators.
+
+        Args:
+            x: ``(B, input_size)`` inputs.
+            h: ``(B, hidden_size)`` previous states.
+            layout: the cell's :class:`~lightning_ortho.online.ParameterLayout` (built here when ``None``).
+
+        Returns:
+            The step, a :class:`~lightning_ortho.online.StepLinearization` whose products (state, parameter,
+                activation, preactivation) are closed forms in ``on = 1[|z| + b > 0]``, with ``h_new`` the new
+                states.
+        """
         return ModReLUStepLinearization(self, x, h, layout)
 
     def extra_repr(self) -> str:

@@ -52,6 +52,7 @@ class OnlineState:
 
     @property
     def batch_size(self) -> int:
+        """``B``, the number of streams (rows of :attr:`h`)."""
         return self.h.shape[0]
 
     def replace(self, **changes: Any) -> OnlineState:
@@ -61,6 +62,14 @@ class OnlineState:
         return OnlineState(**fields, kind=self.kind, varying_dims=self.varying_dims, windows=self.windows)
 
     def state_dict(self) -> dict[str, Any]:
+        """A detached copy of the state, for ``torch.save`` and checkpoints (restore it with :meth:`load_state_dict`).
+
+        Returns:
+            ``{"h", "tensors", "generator", "step", "kind"}``: clones of ``h`` and of every ``tensors`` entry, the
+                generator's ``get_state()`` (``None`` without one), ``step`` as a 0-d int64 tensor and ``kind``.
+                ``varying_dims`` and ``windows`` are not saved: they come from the estimator that makes the state to
+                load into.
+        """
         return {
             "h": self.h.detach().clone(),
             "tensors": {k: v.detach().clone() for k, v in self.tensors.items()},

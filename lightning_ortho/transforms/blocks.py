@@ -373,6 +373,8 @@ class BinaryBlockProduct(BlockProduct):
         return BinaryBlockProduct(self.n, pairs, index, dtype=self.blocks.dtype)
 
     def transpose(self) -> BinaryBlockProduct:
+        """``R^T`` as a binary product: the blocks in reverse order, each core replaced by its transpose (through
+        the inverse table, as the cores are orthonormal), so it stays multiplication-free like ``R``."""
         return self._rebuilt_binary(
             self.pairs.flip(0), CORE_INVERSE.to(self.core_index.device)[self.core_index.flip(0)]
         )

@@ -82,6 +82,10 @@ class TransformFamilySpec:
     streaming: Callable[..., Any]
     defaults: Callable[[int, int], dict[str, int]]
     plan: Callable[[int | None, int | None, int | None], WorkPlan]
+    #: ``as_block_product(transform)``: the learned transform of this family as the same matrix in 2x2 blocks,
+    #: a :class:`~lightning_ortho.transforms.BlockProduct` such as a
+    #: :class:`~lightning_ortho.transforms.FactorizedLinear` holds (the transform itself for the 2x2 families;
+    #: ``"b4x4"`` rewrites each 4x4 block as 4 to 6 2x2 blocks).
     as_block_product: Callable[[Any], BlockProduct] = lambda transform: transform
     counts_learned_transform: bool = False
     max_features: int | None = None

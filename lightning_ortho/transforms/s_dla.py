@@ -369,6 +369,9 @@ class ShearTransformLearner(PassLearner):
         return self.transform().op_count(self.bits)
 
     def encode(self, data: torch.Tensor) -> torch.Tensor | None:
+        """Codes of a batch ``(B, n)`` for this pass (float64): ``T_s(Y)`` (no transform yet), ``T_s(Y V)`` in
+        the principal basis (for the greedy init), then the OMP codes of :meth:`code` under the current ``D``
+        (the shears are not orthogonal, so the ``s`` largest entries of ``Y D`` are not the best codes)."""
         if self.basis is None:
             return self.code(data)  # T_s(Y): no transform yet
         if self.pairs is None:

@@ -62,6 +62,7 @@ class TransformStatistics:
 
     @property
     def n(self) -> int:
+        """The number of features ``n`` (the side of the ``(n, n)`` sums)."""
         return int(self.gram.shape[0])
 
     def add(self, data: torch.Tensor, codes: torch.Tensor | None, *, with_gram: bool = False) -> None:
@@ -166,23 +167,77 @@ class TransformLearner(Protocol):
     finished: bool
 
     @property
-    def needs_gram(self) -> bool: ...
+    def needs_gram(self) -> bool:
+        """Whether this pass must accumulate ``gram = Y^T Y`` (``TransformStatistics.add(..., with_gram=True)``):
+        true until a pass has given the principal basis, the SVD initialisation."""
 
-    def encode(self, data: torch.Tensor) -> torch.Tensor | None: ...
+    def encode(self, data: torch.Tensor) -> torch.Tensor | None:
+        """The codes of one batch for this pass, to accumulate with it in :class:`TransformStatistics`.
 
-    def code(self, data: torch.Tensor) -> torch.Tensor: ...
+        Which codes depends on the pass: ``T_s(Y)`` (the ``s`` entries of largest magnitude of each row) before
+        any transform, ``T_s(Y V)`` in the principal basis ``V`` for the greedy initialisation, then the codes
+        under the current transform ``D``. Unlike :meth:`code`, these are the codes the next :meth:`update`
+        needs, not necessarily the best ones under ``D``.
 
-    def dictionary(self) -> torch.Tensor: ...
+        Args:
+            data: ``(B, n)`` a batch of samples, batch-first.
 
-    def transform(self, dtype: torch.dtype = torch.float64) -> Any: ...
+        Returns:
+            ``(B, n)`` float64 codes, or ``None`` when this pass needs none (then only ``data`` is added).
+        """
 
-    def op_count(self) -> Any: ...
+    def code(self, data: torch.Tensor) -> torch.Tensor:
+        """The best ``s``-sparse codes of a batch under the current transform ``D`` (for validation and
+        prediction): ``X`` with ``Y ~ X D^T``.
 
-    def update(self, statistics: TransformStatistics) -> float | None: ...
+        Args:
+            data: ``(B, n)`` samples.
 
-    def state_dict(self) -> dict[str, Any]: ...
+        Returns:
+            ``(B, n)`` float64 codes, ``s`` nonzeros per row.
+        """
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def dictionary(self) -> torch.Tensor:
+        """The dense float64 ``(n, n)`` matrix ``D`` of :meth:`transform` (the identity before the first
+        transform), with which ``Y ~ X D^T``."""
+
+    def transform(self, dtype: torch.dtype = torch.float64) -> Any:
+        """The current transform as a fast product of blocks (a :class:`~lightning_ortho.transforms.BlockProduct`
+        or one of its binary / 4x4 forms), the identity before the first transform.
+
+        Args:
+            dtype: dtype of the product's blocks.
+        """
+
+    def op_count(self) -> Any:
+        """The operations of one product ``D x`` with the current transform, as the paper counts them for the
+        family: an :class:`~lightning_ortho.transforms.OpCount` (additions, multiplications, shifts)."""
+
+    def update(self, statistics: TransformStatistics) -> float | None:
+        """End of a pass: the algorithm's next step from the pass's sums (all-reduced across processes first).
+
+        Args:
+            statistics: the sums of every batch of the pass with the codes of :meth:`encode` (and ``gram`` when
+                :attr:`needs_gram` was true).
+
+        Returns:
+            The relative error ``100 ||Y - X D^T||_F^2 / ||Y||_F^2`` (percent) of the pass's codes under the
+                transform that produced them, or ``None`` when the pass had no codes. Sets ``finished`` when the
+                algorithm has stopped.
+
+        Raises:
+            RuntimeError: the learner has already finished (ours).
+        """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume the learner (plain Python values and tensors), for checkpoints."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` of a learner of the same family and settings, in place.
+
+        Args:
+            state: what :meth:`state_dict` returned.
+        """
 
 
 class PassLearner:

@@ -33,16 +33,33 @@ class AuxiliaryReflectionConv1x1(Invertible1x1Conv):
         return None
 
     def forward_columns(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g(x), sum_p log|det J_f(R x_p)|)`` for pixel columns: ``(N, C, P) -> ((N, C, P), (N,))``.
+
+        One call of the reflection's ``forward_and_log_abs_det_columns`` with ``R`` folded in (``R`` orthogonal,
+        so ``log|det R| = 0``).
+        """
         y, log_abs_det = self.reflection.forward_and_log_abs_det_columns(x, rotation=self.rotation(x.dtype))
         return y, log_abs_det.sum(-1)
 
     def inverse_columns(
         self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50
     ) -> tuple[torch.Tensor, NewtonResult | None]:
+        """``(x, result)``: batched Newton, one solve of ``f(R x_p) = y_p`` per pixel column.
+
+        ``x`` is ``(N, C, P)``; ``result`` the per-pixel :class:`~lightning_ortho.nn.NewtonResult`
+        (``iterations``, ``residual``, ``converged`` ``(N, P)``). Does not raise on non-convergence.
+
+        Args:
+            y: ``(N, C, P)`` pixel columns.
+            tol: relative residual to reach (default: per dtype, 1e-5 in float32, 1e-11 in float64).
+            max_iter: Newton iterations at most.
+        """
         result = self.reflection.newton_inverse_columns(y, rotation=self.rotation(y.dtype), tol=tol, max_iter=max_iter)
         return result.x, result
 
     def pixel_jacobian_signs(self, x: torch.Tensor) -> torch.Tensor:
+        """``(P, C) -> (P,)``: ``sign det J_f(R x_p) * sign det R`` per pixel row, from Theorem 3's dense
+        Jacobian (one ``(C, C)`` determinant per pixel, in full precision)."""
         x = x.float() if x.dtype in LOW_PRECISION else x  # determinants in full precision (and det has no bf16)
         rotation = self.rotation(x.dtype)
         if rotation is None:
@@ -67,6 +84,14 @@ class AuxConv1x1(AuxiliaryReflectionConv1x1, kind="aux"):
     def inverse_columns(
         self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50
     ) -> tuple[torch.Tensor, NewtonResult | None]:
+        """As :meth:`AuxiliaryReflectionConv1x1.inverse_columns`, after a ``UserWarning``, once per layer, that
+        the answer is *a* preimage that Newton converged to, not necessarily the input (``W`` is unconstrained).
+
+        Args:
+            y: ``(N, C, P)`` pixel columns.
+            tol: relative residual to reach (default: per dtype).
+            max_iter: Newton iterations at most.
+        """
         if not self._warned_not_unique:  # once per layer: sampling calls this every step
             self._warned_not_unique = True
             warnings.warn(
@@ -96,6 +121,8 @@ class InvertibleAuxConv1x1(AuxiliaryReflectionConv1x1, kind="aux_invertible"):
         self._fixed_orthogonal_cache: tuple[tuple, torch.Tensor] | None = None
 
     def rotation(self, dtype: torch.dtype) -> torch.Tensor:
+        """``(C, C)``: ``R = Q``, the fixed symmetric orthogonal :meth:`fixed_orthogonal` in ``dtype`` (float32 for
+        half precision)."""
         return self.fixed_orthogonal(dtype)
 
     def fixed_orthogonal(self, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -37,6 +37,11 @@ class LinearConv1x1(Invertible1x1Conv):
         return torch.linalg.inv(self.matrix())
 
     def forward_columns(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(M x, P log|det M|)`` for ``P = H W`` pixel columns: ``(N, C, P) -> ((N, C, P), (N,))``.
+
+        The product runs in the promoted dtype of ``M`` and ``x`` (float32 for half-precision inputs) and is
+        returned in ``x``'s dtype.
+        """
         # A batched (C, C) x (C, H W) product: faster on CPU than einsum or conv2d here.
         matrix = self.matrix()
         dtype = torch.promote_types(matrix.dtype, x.dtype)
@@ -46,11 +51,14 @@ class LinearConv1x1(Invertible1x1Conv):
     def inverse_columns(
         self, y: torch.Tensor, *, tol: float | None = None, max_iter: int = 50
     ) -> tuple[torch.Tensor, NewtonResult | None]:
+        """``(M^{-1} y, None)`` for pixel columns ``(N, C, P)``: exact, so there is no Newton result and ``tol``
+        and ``max_iter`` are ignored."""
         inverse = self.inverse_matrix()
         dtype = torch.promote_types(inverse.dtype, y.dtype)
         return (inverse.to(dtype) @ y.to(dtype)).to(y.dtype), None
 
     def pixel_jacobian_signs(self, x: torch.Tensor) -> torch.Tensor:
+        """``(P, C) -> (P,)``: ``sign det M`` at every pixel (the Jacobian of a linear map is ``M`` everywhere)."""
         return torch.sign(torch.linalg.det(self.matrix().detach())).to(x.dtype).expand(x.shape[0])
 
 
@@ -65,9 +73,11 @@ class PlainConv1x1(LinearConv1x1, kind="plain"):
         self.weight = nn.Parameter(random_orthogonal(channels))
 
     def matrix(self) -> torch.Tensor:
+        """``(C, C)``: ``M = W``, the parameter itself (a float32 copy for half-precision ``weight``)."""
         return full_precision_copy(self.weight)
 
     def log_abs_det_matrix(self) -> torch.Tensor:
+        """``()``: ``log|det W|`` by ``torch.linalg.slogdet`` (O(C^3))."""
         return torch.linalg.slogdet(self.matrix())[1]
 
 
@@ -92,6 +102,8 @@ class LUConv1x1(LinearConv1x1, kind="lu"):
         self.log_s = nn.Parameter(torch.log(torch.abs(s)))
 
     def matrix(self) -> torch.Tensor:
+        """``(C, C)``: ``M = P (L + I) (U + diag(sign_s * exp(log_s)))`` with ``L`` the strictly lower part of
+        ``lower`` and ``U`` the strictly upper part of ``upper`` (float32 for half-precision parameters)."""
         lower_, upper_, log_s = (full_precision_copy(t) for t in (self.lower, self.upper, self.log_s))
         eye = torch.eye(self.channels, device=log_s.device, dtype=log_s.dtype)
         lower = lower_ * self.lower_mask.to(log_s.dtype) + eye
@@ -99,6 +111,7 @@ class LUConv1x1(LinearConv1x1, kind="lu"):
         return self.permutation.to(log_s.dtype) @ lower @ upper
 
     def log_abs_det_matrix(self) -> torch.Tensor:
+        """``()``: ``log|det M| = sum log_s`` in O(C) (``|det P| = det(L + I) = 1``)."""
         return full_precision_copy(self.log_s).sum()
 
 
@@ -116,10 +129,13 @@ class HouseholderConv1x1(LinearConv1x1, kind="householder"):
         self.householder = HouseholderProduct.from_orthogonal(random_orthogonal(channels))
 
     def matrix(self) -> torch.Tensor:
+        """``(C, C)``: ``Q = H(v_1) ... H(v_C)``, the dense product of the ``householder`` submodule."""
         return self.householder.matrix()
 
     def log_abs_det_matrix(self) -> torch.Tensor:
+        """``()``: ``0`` (``Q`` is orthogonal), in the dtype of the reflection vectors."""
         return self.householder.vectors.new_zeros(())
 
     def inverse_matrix(self) -> torch.Tensor:
+        """``(C, C)``: ``Q^{-1} = Q^T``, without a solve."""
         return self.matrix().mT
