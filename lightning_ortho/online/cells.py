@@ -26,6 +26,7 @@ from lightning_ortho.online.linearization import (
     ParameterLayout,
     StepLinearization,
     TanhStepLinearization,
+    steps_as,
 )
 
 
@@ -115,10 +116,7 @@ def plain_tanh_step(cell: nn.Module, layout: ParameterLayout) -> bool:
     """Whether ``cell`` steps exactly as :class:`TanhRNNCell` does, ``tanh(W_h h + W_x x + b)`` on its three plain
     parameters: the class or a subclass that overrides none of ``forward``, ``preactivation``, ``activation``
     (and no parametrisation renames the parameters), so its closed forms apply."""
-    if not isinstance(cell, TanhRNNCell) or layout.names != ("weight_hh", "weight_ih", "bias"):
-        return False
-    kind = type(cell)
-    return all(getattr(kind, name) is getattr(TanhRNNCell, name) for name in ("forward", "preactivation", "activation"))
+    return steps_as(cell, TanhRNNCell, layout)
 
 
 class GRUCell(nn.Module):

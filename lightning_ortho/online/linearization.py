@@ -122,6 +122,23 @@ def activation_reads_parameters(cell: nn.Module, z: torch.Tensor) -> bool:
     return any(g is not None for g in grads)
 
 
+def steps_as(
+    cell: nn.Module,
+    base: type,
+    layout: ParameterLayout,
+    names: tuple[str, ...] = ("weight_hh", "weight_ih", "bias"),
+    methods: tuple[str, ...] = ("forward", "preactivation", "activation"),
+) -> bool:
+    """Whether ``cell`` steps exactly as ``base`` does, so that ``base``'s closed-form Jacobian products apply: an
+    instance of ``base`` or of a subclass that overrides none of ``methods``, whose parameters are the plain
+    ``names`` (a parametrisation renames them, e.g. ``parametrizations.weight_hh.original``). A subclass that
+    changes the step gets the generic ``torch.func`` products instead of closed forms that would be wrong."""
+    if not isinstance(cell, base) or layout.names != names:
+        return False
+    kind = type(cell)
+    return all(getattr(kind, name) is getattr(base, name) for name in methods)
+
+
 def _cell_parameters(cell: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in cell.named_parameters()}
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lightning_ortho.nn.activations import modrelu
-from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, _cell_parameters
+from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, _cell_parameters, steps_as
 
 
 class ModReLURNNCell(nn.Module):
@@ -82,8 +82,12 @@ class ModReLURNNCell(nn.Module):
         Returns:
             The step, a :class:`~lightning_ortho.online.StepLinearization` whose products (state, parameter,
                 activation, preactivation) are closed forms in ``on = 1[|z| + b > 0]``, with ``h_new`` the new
-                states.
+                states; the generic ``torch.func`` products for a subclass that overrides ``forward``,
+                ``preactivation`` or ``activation``, or a parametrised cell (the closed forms would not be its).
         """
+        layout = layout if layout is not None else ParameterLayout(self)
+        if not steps_as(self, ModReLURNNCell, layout):
+            return StepLinearization(self, x, h, layout)
         return ModReLUStepLinearization(self, x, h, layout)
 
     def extra_repr(self) -> str:

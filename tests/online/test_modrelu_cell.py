@@ -81,3 +81,26 @@ def test_none_projection_refuses_the_bias_after_the_preactivation():
 def test_bad_sizes():
     with pytest.raises(ValueError, match="hidden_size"):
         ModReLURNNCell(2, 0)
+
+
+class DoubledModReLU(ModReLURNNCell):
+    """A subclass whose step is not modReLU's: the closed forms would be wrong for it."""
+
+    def forward(self, x, h):
+        return 2 * super().forward(x, h)
+
+
+def test_a_subclass_that_changes_the_step_or_a_parametrised_cell_gets_the_generic_products():
+    torch.manual_seed(3)
+    doubled = DoubledModReLU(INPUTS, HIDDEN).double()
+    parametrised = ModReLURNNCell(INPUTS, HIDDEN).double()
+    torch.nn.utils.parametrize.register_parametrization(parametrised, "weight_hh", torch.nn.Identity())
+    for cell in (doubled, parametrised):
+        layout = ParameterLayout(cell)
+        x, h = torch.randn(B, INPUTS, dtype=torch.float64), torch.randn(B, HIDDEN, dtype=torch.float64)
+        fast = linearize(cell, x, h, layout)
+        assert type(fast) is StepLinearization
+        torch.testing.assert_close(fast.h_new, cell(x, h), **TIGHT)
+        v = torch.randn(B, HIDDEN, dtype=torch.float64)
+        reference = torch.func.jvp(lambda s: cell(x, s), (h,), (v,))[1]
+        torch.testing.assert_close(fast.state_jvp(v), reference, **TIGHT)
