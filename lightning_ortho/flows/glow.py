@@ -111,6 +111,7 @@ class Glow(nn.Module):
         """``(N,)`` log-density of dequantised images (nats), the training objective."""
         return self.encode(y).log_prob
 
+    #: ``log_prob(y)``: :meth:`forward` under the name flow libraries use, the ``(N,)`` log-density in nats.
     log_prob = forward
 
     def decode(self, zs: list[torch.Tensor | None], temperature: float = 1.0) -> torch.Tensor:

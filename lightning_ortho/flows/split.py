@@ -88,7 +88,20 @@ class Split(nn.Module):
 
         Returns:
             ``x`` ``(N, C, H, W)``.
+
+        Raises:
+            TypeError: ``z_keep`` or ``z_out`` is not floating point.
+            ValueError: ``z_keep`` is not ``(N, C - C // 2, H, W)``, or ``z_out`` not ``(N, C // 2, H, W)`` of the
+                same ``N``, ``H``, ``W``.
         """
+        check_images(z_keep, self.keep, "Split.inverse (z_keep)")
+        if z_out is not None:
+            check_images(z_out, self.channels // 2, "Split.inverse (z_out)")
+            if z_out.shape[0] != z_keep.shape[0] or z_out.shape[2:] != z_keep.shape[2:]:
+                raise ValueError(
+                    f"Split.inverse: z_keep {tuple(z_keep.shape)} and z_out {tuple(z_out.shape)} must share the batch"
+                    " and the image size; pass the pair Split.forward returned."
+                )
         if z_out is None:
             mean, log_std = self._prior(z_keep)
             z_out = mean + torch.exp(log_std) * temperature * torch.randn_like(mean)

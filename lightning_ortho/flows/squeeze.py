@@ -47,9 +47,14 @@ class Squeeze(FlowLayer):
 
         Raises:
             TypeError: ``y`` is not floating point.
-            ValueError: ``y`` is not 4-dimensional.
+            ValueError: ``y`` is not 4-dimensional, or its channels are not a multiple of 4.
         """
         check_images(y, None, "Squeeze.inverse")
         n, c4, h, w = y.shape
+        if c4 % 4:
+            raise ValueError(
+                f"Squeeze.inverse: the channels must be a multiple of 4 (each pixel's 2x2 block), got {c4} in shape "
+                f"{tuple(y.shape)}; pass the output of Squeeze.forward."
+            )
         c = c4 // 4
         return y.reshape(n, c, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3).reshape(n, c, 2 * h, 2 * w)

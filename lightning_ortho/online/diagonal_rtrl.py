@@ -293,7 +293,7 @@ class DiagonalRTRL(OnlineGradientEstimator):
         h0 = self._complex_h0(h0)
         self._check(h0, "h0", dims=2)
         streams, hidden = h0.shape
-        if streams < 1 or hidden != self.hidden_size:
+        if streams < 1 or (self.hidden_size is not None and hidden != self.hidden_size):
             raise ValueError(
                 f"DiagonalRTRL.initial_state: h0 must have shape (streams >= 1, {self.hidden_size}), got"
                 f" {tuple(h0.shape)}; e.g. h0 = torch.zeros(streams, cell.hidden_size, dtype=cell.state_dtype())."

@@ -126,3 +126,17 @@ def test_actnorm_init_is_not_ruined_by_empty_nan_single_or_constant_batches():
     torch.testing.assert_close(
         layer.log_scale[0, [0, 2], 0, 0], -torch.log(reference.std(dim=(0, 2, 3), unbiased=False) + 1e-6)
     )
+
+
+def test_the_inverses_of_squeeze_and_split_refuse_shapes_their_forward_cannot_make():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        Squeeze().inverse(torch.randn(1, 6, 2, 2))
+    split = Split(5)
+    z_keep, z_out = torch.randn(2, 3, 4, 4), torch.randn(2, 2, 4, 4)
+    assert split.inverse(z_keep, z_out).shape == (2, 5, 4, 4)
+    with pytest.raises(ValueError, match=r"expected shape \(N, 3, H, W\)"):
+        split.inverse(torch.randn(2, 2, 4, 4), z_out)
+    with pytest.raises(ValueError, match=r"expected shape \(N, 2, H, W\)"):
+        split.inverse(z_keep, torch.randn(2, 3, 4, 4))
+    with pytest.raises(ValueError, match="share the batch and the image size"):
+        split.inverse(z_keep, torch.randn(2, 2, 2, 2))

@@ -322,3 +322,15 @@ def test_complex_inputs_are_checked():
     with pytest.raises(FloatingPointError, match="NaN/inf"):
         for _ in range(100):
             _, state = est.step(torch.full_like(xs[0], 1.7e308), state)
+
+
+def test_a_complex_cell_that_declares_no_hidden_size_starts_from_any_width():
+    """``hidden_size`` is optional for a cell (the base class checks only what a cell declares): a complex-state
+    cell without it takes an ``h0`` of its own width."""
+    torch.manual_seed(0)
+    cell = LinearRecurrentUnit(2, 3).double()
+    estimator = DiagonalRTRL(cell)
+    estimator.hidden_size = None  # as for a cell that declares no hidden_size
+    state = estimator.initial_state(torch.zeros(4, 3, dtype=torch.complex128))
+    h, state = estimator.step(torch.randn(4, 2, dtype=torch.float64), state)
+    assert h.shape == (4, 3) and h.is_complex()
