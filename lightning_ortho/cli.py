@@ -18,7 +18,7 @@ from typing import Any
 import lightning_ortho.callbacks
 import lightning_ortho.datamodules  # noqa: F401
 import lightning_ortho.models  # noqa: F401
-from lightning_ortho._lightning import every_package, pl, rank_zero_only
+from lightning_ortho._lightning import every_package, pl, rank_zero_only, rank_zero_warn
 from lightning_ortho.callbacks.prediction_writer import PredictionWriter
 
 lightning_ortho.callbacks.import_all()
@@ -43,6 +43,38 @@ class LightningOrthoCLI(LightningCLI):
         # Stream data modules (online training) state their sizes; a link whose source or target is missing is skipped.
         parser.link_arguments("data.input_size", "model.init_args.cell.init_args.input_size", apply_on="instantiate")
         parser.link_arguments("data.output_size", "model.init_args.output_size", apply_on="instantiate")
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI applies a checkpoint's saved hyperparameters over the command line and the config: say which
+        # model options given there the checkpoint replaced, rather than train silently with other values.
+        given = self._model_options()
+        super()._parse_ckpt_path()
+        replaced = {
+            key: (value, self._model_options().get(key))
+            for key, value in given.items()
+            # None: not given (link targets such as the data's sizes are filled in later)
+            if value is not None and key in self._model_options() and self._model_options()[key] != value
+        }
+        if replaced:
+            changes = ", ".join(f"{key}={old!r} -> {new!r}" for key, (old, new) in sorted(replaced.items()))
+            rank_zero_warn(
+                f"lightning-ortho: --ckpt_path restores the model's options saved in the checkpoint, which replace "
+                f"the ones given on the command line or in the config: {changes}. To train the checkpoint's weights "
+                "with other options, build the model with them and load only the weights (torch.load(path)"
+                "['state_dict'] into model.load_state_dict), then fit without --ckpt_path.",
+                category=UserWarning,
+            )
+
+    def _model_options(self) -> dict[str, Any]:
+        """The model's plain options (numbers, strings, booleans, None) in the parsed config, by name."""
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        model = config.get("model")
+        init_args = model.get("init_args") if model is not None and hasattr(model, "get") else None
+        if init_args is None:
+            return {}
+        plain = (int, float, str, bool, type(None))
+        return {key: value for key, value in dict(init_args).items() if isinstance(value, plain)}
 
     def before_instantiate_classes(self) -> None:
         # With --ckpt_path, LightningCLI feeds the checkpoint's saved hyperparameters back as the model's

@@ -3,6 +3,7 @@ with ``--ckpt_path`` (LightningCLI feeds the checkpoint's hyperparameters back, 
 command links into models that do not take them), and ``predict`` writes its file under ``fast_dev_run``."""
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,20 @@ def test_test_predict_and_a_resumed_fit_start_from_the_checkpoint(recipe, tmp_pa
 def test_predict_under_fast_dev_run_writes_to_the_root_folder(recipe, tmp_path):
     command("predict", recipe, tmp_path, "--trainer.fast_dev_run=1")
     assert (tmp_path / "predictions.pt").is_file()
+
+
+def test_a_resumed_fit_says_which_given_model_options_the_checkpoint_replaces(tmp_path):
+    """LightningCLI applies the checkpoint's hyperparameters over the command line: an option given there that the
+    checkpoint replaces is named in a warning, not dropped in silence; an unchanged resume warns nothing."""
+    command("fit", "fcnn_digits", tmp_path, "--trainer.max_epochs=1", *SHORT)
+    (checkpoint,) = (tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt")
+    ckpt = f"--ckpt_path={checkpoint}"
+    with pytest.warns(UserWarning, match=r"replace the ones given on the command line or in the config: lr=0\.5 ->"):
+        resumed = command(
+            "fit", "fcnn_digits", tmp_path, ckpt, "--model.init_args.lr=0.5", "--trainer.max_epochs=2", *SHORT
+        )
+    assert resumed.model.hparams.lr != 0.5  # the checkpoint's, as the warning says
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        command("fit", "fcnn_digits", tmp_path, ckpt, "--trainer.max_epochs=2", *SHORT)
+    assert not [w for w in caught if "restores the model's options" in str(w.message)]
