@@ -6,7 +6,13 @@ Pure PyTorch; nothing here imports Lightning.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+#: Channels past which a 3-d ``(C, H, W)`` input is more likely a stack of single-channel images ``(B, H, W)``
+#: given by mistake (photographs have 1, 3 or 4 channels): :func:`image_patches` then warns.
+MOST_CHANNELS = 4
 
 
 def image_patches(
@@ -39,6 +45,10 @@ def image_patches(
         stride: step between patch starts; ``None``: ``size`` (non-overlapping patches).
         remove_mean: subtract each row's own mean.
 
+    Warns:
+        UserWarning: a 3-d ``images`` with more than ``MOST_CHANNELS`` channels (likely ``(B, H, W)`` single-channel
+            images, which ``images.unsqueeze(1)`` makes ``(B, 1, H, W)``).
+
     Raises:
         TypeError: ``images`` is not a floating-point tensor, or ``size``/``stride`` is not an int.
         ValueError: ``images`` is not 2-, 3- or 4-d, holds NaN or inf, ``size`` or ``stride`` is below 1, or
@@ -63,6 +73,15 @@ def image_patches(
     if images.dim() == 2:
         batch = images.reshape(1, 1, *images.shape)
     elif images.dim() == 3:
+        if images.shape[0] > MOST_CHANNELS:
+            warnings.warn(
+                f"image_patches: images of shape {tuple(images.shape)} are read as ONE image with "
+                f"{images.shape[0]} channels (a 3-d tensor is (C, H, W)), so each patch row has "
+                f"{images.shape[0] * size * size} entries. For {images.shape[0]} single-channel images pass "
+                "images.unsqueeze(1), shape (B, 1, H, W).",
+                UserWarning,
+                stacklevel=2,
+            )
         batch = images.unsqueeze(0)
     else:
         batch = images

@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 
@@ -122,3 +124,14 @@ def test_gradient_counts_how_many_patches_cover_each_pixel():
 def test_errors(images, size, stride, error, match):
     with pytest.raises(error, match=match):
         image_patches(images, size, stride=stride)
+
+
+def test_a_stack_of_single_channel_images_given_as_one_image_is_warned_about():
+    images = torch.rand(9, 8, 8)  # 9 digits, (B, H, W): read as one 9-channel image
+    with pytest.warns(UserWarning, match=r"ONE image with 9 channels.*images\.unsqueeze\(1\)"):
+        rows = image_patches(images, 4)
+    assert rows.shape == (4, 9 * 16)
+    assert image_patches(images.unsqueeze(1), 4).shape == (36, 16)  # what the user meant
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        image_patches(torch.rand(3, 8, 8), 4)  # an RGB image: no warning
