@@ -21,6 +21,12 @@ from lightning_ortho.flows.conv1x1 import (
     invertible_1x1_conv,
 )
 from lightning_ortho.flows.coupling import AffineCoupling, ZeroConv2d
+from lightning_ortho.flows.diagnostics import (
+    Reconstruction,
+    jacobian_sign_flips,
+    min_invertibility_margin,
+    reconstruction,
+)
 from lightning_ortho.flows.glow import Encoding, Glow
 from lightning_ortho.flows.split import Split, gaussian_log_prob
 from lightning_ortho.flows.squeeze import Squeeze
@@ -42,6 +48,7 @@ __all__ = [
     "LUConv1x1",
     "LinearConv1x1",
     "PlainConv1x1",
+    "Reconstruction",
     "Split",
     "Squeeze",
     "ZeroConv2d",
@@ -49,6 +56,9 @@ __all__ = [
     "dequantize",
     "gaussian_log_prob",
     "invertible_1x1_conv",
+    "jacobian_sign_flips",
+    "min_invertibility_margin",
+    "reconstruction",
 ]
 
 #: Deprecated names (one release): the base of the auxiliary kinds was called AuxiliaryConv1x1, too close to AuxConv1x1.

@@ -31,6 +31,7 @@ class Reconstruction:
 
     @property
     def ok(self) -> bool:
+        """The inverse succeeded: no Newton failure and a finite error."""
         return self.newton_failures == 0 and math.isfinite(self.max_error)
 
 
