@@ -89,6 +89,12 @@ def refit_warning(refit: Refit, rows: int, s: int, out: int, output_error: float
     few rows and says little about other inputs, which the message says with the figure."""
     advice = "Pass more distinct inputs (hundreds) or data=None."
     if refit.undetermined_rows:
+        if rows > refit.data_rank + 1:  # the rows are not what limits the rank: the inputs vary in few directions
+            advice = (
+                f"The {rows} rows vary in only {refit.data_rank} directions (inputs that are constant, such as "
+                "features a ReLU always zeroes, add none), so more rows like them will not help; where those "
+                "directions never vary in use, the refit is exact on the data the layer sees."
+            )
         return (
             f"compress_linear: data has {rows} row{'s' * (rows != 1)} of centred rank {refit.data_rank} (as low as "
             f"{refit.support_rank} on an output row's support), which do not determine the s={s} code values of "
