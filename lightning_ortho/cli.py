@@ -66,14 +66,15 @@ class LightningOrthoCLI(LightningCLI):
             )
 
     def _model_options(self) -> dict[str, Any]:
-        """The model's plain options (numbers, strings, booleans, None) in the parsed config, by name."""
+        """The model's options in the parsed config, by name (nested ones, such as a cell's, by dotted name):
+        numbers, strings, booleans, None and dicts or lists of them (``estimator_options``)."""
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         model = config.get("model")
         init_args = model.get("init_args") if model is not None and hasattr(model, "get") else None
         if init_args is None:
             return {}
-        plain = (int, float, str, bool, type(None))
+        plain = (int, float, str, bool, type(None), dict, list, tuple)
         return {key: value for key, value in dict(init_args).items() if isinstance(value, plain)}
 
     def before_instantiate_classes(self) -> None:
