@@ -45,15 +45,18 @@ class LightningOrthoCLI(LightningCLI):
         parser.link_arguments("data.output_size", "model.init_args.output_size", apply_on="instantiate")
 
     def _parse_ckpt_path(self) -> None:
-        # LightningCLI applies a checkpoint's saved hyperparameters over the command line and the config: say which
-        # model options given there the checkpoint replaced, rather than train silently with other values.
+        # LightningCLI (its private _parse_ckpt_path, in both Lightning packages) applies a checkpoint's saved
+        # hyperparameters over the command line and the config: say which model options given there the checkpoint
+        # replaced, rather than train silently with other values. Where a Lightning release renames the method,
+        # this override is simply not called.
         given = self._model_options()
         super()._parse_ckpt_path()
+        restored = self._model_options()
         replaced = {
-            key: (value, self._model_options().get(key))
+            key: (value, restored[key])
             for key, value in given.items()
             # None: not given (link targets such as the data's sizes are filled in later)
-            if value is not None and key in self._model_options() and self._model_options()[key] != value
+            if value is not None and key in restored and restored[key] != value
         }
         if replaced:
             changes = ", ".join(f"{key}={old!r} -> {new!r}" for key, (old, new) in sorted(replaced.items()))

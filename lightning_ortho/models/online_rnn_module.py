@@ -97,7 +97,8 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             test, predict; given back at the end, also after an error): ``"auto"`` runs on one thread for cells
             with ``hidden_size <= 256`` on the CPU, whose tiny per-step operations a thread pool slows down (many
             times over on a busy machine, where the pool's threads wait for cores;
-            :mod:`~lightning_ortho.models.online_threads`) and leaves torch's count otherwise; an ``int`` sets that many; ``None`` leaves torch's count.
+            :mod:`~lightning_ortho.models.online_threads`) and leaves torch's count otherwise; an ``int`` sets
+            that many; ``None`` leaves torch's count.
 
     Raises:
         ValueError: an argument is invalid (the message says what to set); when fitting, the data module's
@@ -238,7 +239,8 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             if name in pending:  # frozen parameters have no buffer
                 buffers.append(pending[name])
                 grads.append(g if g.dtype == pending[name].dtype else g.to(pending[name].dtype))
-        torch._foreach_add_(buffers, grads)  # one call for all of them: each add_ costs more than its arithmetic
+        if buffers:  # one call for all of them: each add_ costs more than its arithmetic
+            torch._foreach_add_(buffers, grads)
         return loss_sum
 
     def _pending_buffer(self) -> dict[str, torch.Tensor]:

@@ -127,8 +127,9 @@ class TanhUOROStep:
         tau: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | float]:
         """The step with greedy iterative rescaling, up to its update of ``w_tilde``: ``(h', h_tilde', 1 / gamma,
-        (tau / beta) g, the sum of h_tilde')`` (the sum a float64 0-d tensor or a float) from ``x`` ``(B, I)``, ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only),
-        the noise ``nu`` ``(B, H)`` and signs ``tau`` ``(B, 1)``; :meth:`commit` then updates ``w_tilde``::
+        (tau / beta) g, the sum of h_tilde')`` (the sum a float64 0-d tensor or a float) from ``x`` ``(B, I)``,
+        ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only), the noise ``nu`` ``(B, H)`` and signs
+        ``tau`` ``(B, 1)``; :meth:`commit` then updates ``w_tilde``::
 
             gamma = sqrt((||w_tilde|| + eps) / (||J h_tilde|| + eps))
             beta = sqrt((||g|| ||a|| + eps) / (||psi|| + eps))
