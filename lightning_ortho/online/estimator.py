@@ -295,8 +295,13 @@ class OnlineGradientEstimator:
             if not torch.isfinite(value).all():
                 raise FloatingPointError(
                     f"{type(self).__name__}.step: its influence approximation {name!r} overflowed at step {step}"
-                    f"{_overflow_cause(inputs or {}, step)}"
+                    f"{self._overflow_cause(inputs or {}, step)}"
                 )
+
+    def _overflow_cause(self, inputs: dict[str, torch.Tensor], step: int) -> str:
+        """The end of the message of an overflowed influence approximation (:func:`_overflow_cause`; a subclass may
+        name causes of its own first). Error path only."""
+        return _overflow_cause(inputs, step)
 
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         """``(P,)``: the estimate summed over streams (subclasses may skip the per-stream ``(B, P)`` temporary)."""

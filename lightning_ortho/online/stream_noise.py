@@ -76,6 +76,20 @@ class StreamNoise:
         state.tensors["total_streams"] = torch.tensor(total, device=h0.device)
         return state
 
+    def _overflow_cause(self, inputs: dict[str, torch.Tensor], step: int) -> str:
+        """The cause of an overflowed influence approximation (error path only): an ``eps`` that rounds to zero in
+        the dtype of the step (every rescaling ratio is then ``0 / 0`` at the first step), else the base class's."""
+        x, eps = inputs.get("x"), getattr(self, "eps", None)
+        rescaled = getattr(self, "gir", True)  # UORO's fixed rescaling has no ratios of norms
+        if rescaled and isinstance(x, torch.Tensor) and isinstance(eps, float) and not torch.tensor(eps, dtype=x.dtype):
+            dtype = str(x.dtype).removeprefix("torch.")
+            return (
+                f": eps={eps!r} rounds to zero in {dtype}, so the rescaling ratios sqrt((n + eps) / (d + eps)) are"
+                f" 0 / 0 where the norms are zero (the first step); give an eps that {dtype} holds (at least"
+                f" {torch.finfo(x.dtype).tiny:.3g}, e.g. the default 1e-7)."
+            )
+        return super()._overflow_cause(inputs, step)  # type: ignore[misc]
+
     def _new_generator(self, h0: torch.Tensor) -> torch.Generator:
         """The generator a new state starts with: the one given, or a new one from the seed (a seed drawn from
         torch's global generator when ``None``, so ``seed_everything`` fixes it). The meta device has no generator

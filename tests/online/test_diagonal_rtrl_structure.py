@@ -107,7 +107,8 @@ def test_a_declared_diagonal_cell_stays_exact_through_training():
     for update in range(3):
         xs, cots = sequence(10 + update)
         got, expected = online(est, xs, cots), bptt(cell, xs, cots)
-        torch.testing.assert_close(ref.flatten_dict(got, cell), expected, rtol=1e-10, atol=1e-12, msg=f"{update}")
+        after = f"after {update} updates"
+        torch.testing.assert_close(ref.flatten_dict(got, cell), expected, rtol=1e-10, atol=1e-12, msg=after)
         if update > 0:  # w's gradient is zero before v moves, nonzero after
             assert expected[:HIDDEN].abs().min() > 1e-6
         with torch.no_grad():

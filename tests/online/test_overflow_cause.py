@@ -11,12 +11,12 @@ from lightning_ortho.online import KFRTRL, UORO, TanhRNNCell
 B, INPUT, HIDDEN = 3, 4, 5
 
 NORMED = {  # the estimators whose rescaling divides by norms of the step's inputs
-    "uoro-state-fused": lambda cell: UORO(cell, generator=0),
-    "uoro-state": lambda cell: UORO(cell, generator=0, fused=False),
-    "uoro-preactivation-fused": lambda cell: UORO(cell, projection="preactivation", generator=0),
-    "uoro-preactivation": lambda cell: UORO(cell, projection="preactivation", generator=0, fused=False),
-    "uoro-none": lambda cell: UORO(cell, projection="none", generator=0),
-    "kf_rtrl": lambda cell: KFRTRL(cell, generator=0),
+    "uoro-state-fused": lambda cell, **kw: UORO(cell, generator=0, **kw),
+    "uoro-state": lambda cell, **kw: UORO(cell, generator=0, fused=False, **kw),
+    "uoro-preactivation-fused": lambda cell, **kw: UORO(cell, projection="preactivation", generator=0, **kw),
+    "uoro-preactivation": lambda cell, **kw: UORO(cell, projection="preactivation", generator=0, fused=False, **kw),
+    "uoro-none": lambda cell, **kw: UORO(cell, projection="none", generator=0, **kw),
+    "kf_rtrl": lambda cell, **kw: KFRTRL(cell, generator=0, **kw),
 }
 
 
@@ -75,4 +75,13 @@ def test_eps_must_be_positive_and_finite(owner, eps):
 @pytest.mark.parametrize("owner", [UORO, KFRTRL])
 def test_a_positive_finite_eps_is_taken(owner):
     assert owner(cell32(), eps=1).eps == 1.0 and isinstance(owner(cell32(), eps=1).eps, float)
-    assert owner(cell32(), eps=1e-300).eps == 1e-300
+    est = owner(cell32().double(), eps=1e-300)  # float64 holds it: the first step's ratios are eps / eps = 1
+    h, _ = est.step(torch.randn(B, INPUT, dtype=torch.float64), est.initial_state(torch.zeros(B, HIDDEN).double()))
+    assert torch.isfinite(h).all()
+
+
+@pytest.mark.parametrize("kind", list(NORMED))
+def test_an_eps_that_rounds_to_zero_in_the_dtype_is_named(kind):
+    est = NORMED[kind](cell32(), eps=1e-300)  # positive and finite, but 0 in float32: the first ratios are 0 / 0
+    with pytest.raises(FloatingPointError, match=r"at step 1: eps=1e-300 rounds to zero in float32.*1.18e-38"):
+        est.step(torch.randn(B, INPUT), est.initial_state(torch.zeros(B, HIDDEN)))
