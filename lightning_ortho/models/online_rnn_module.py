@@ -84,8 +84,9 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             of ``h``, no parameters).
         estimator: ``"uoro"``, ``"rtrl"`` (exact, ``O(H^4)`` per step), ``"tbptt"``, ``"kf_rtrl"`` (Kronecker-factored,
             unbiased, cells with ``z = W a`` such as ``TanhRNNCell``), ``"snap"`` (sparse RTRL, ``order`` 1 or 2) or
-            ``"diagonal_rtrl"`` (exact RTRL for diagonal recurrences: ``LinearRecurrentUnit``, element-wise cells)
-            or ``"rflo"`` (leaky traces of the immediate Jacobian, biased by design; Murray 2019).
+            ``"diagonal_rtrl"`` (exact RTRL for recurrences diagonal by construction: ``LinearRecurrentUnit``,
+            element-wise cells that declare ``diagonal_recurrence = True``) or ``"rflo"`` (leaky traces of the
+            immediate Jacobian, biased by design; Murray 2019).
         estimator_options: keyword arguments of the estimator: ``k`` for ``tbptt``; ``projection``,
             ``rescaling``, ``eps`` for ``uoro``; ``order`` for ``snap``; ``eps`` for ``kf_rtrl``; ``tau`` for ``rflo``.
         update_every: steps per parameter update (1: fully online).

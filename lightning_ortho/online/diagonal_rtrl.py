@@ -10,6 +10,9 @@ When ``dh'/dh = diag(a)`` and each parameter entry enters one unit ``k(p)``, the
 ``O(P)`` memory and time per stream and step instead of RTRL's ``O(H P)`` and ``O(H^2 P)``. A complex state
 (``cell.complex_state``) must be complex-linear in ``h`` (then ``a`` is a complex multiplier), and ``g`` is
 PyTorch's gradient of a real loss with respect to a complex tensor, ``dL/dRe h + i dL/dIm h``.
+
+The traces are exact only while ``dh'/dh`` stays diagonal, through every optimizer step: a cell declares that it
+does with the class attribute ``diagonal_recurrence = True`` (:data:`DIAGONAL_RECURRENCE`; see :class:`DiagonalRTRL`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ from lightning_ortho.online.linearization import ParameterLayout, StepLinearizat
 from lightning_ortho.online.state import OnlineState
 
 _COMPLEX_DTYPES = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+#: The class attribute (``True``) with which a cell declares that its state Jacobian ``dh'/dh`` is diagonal for
+#: every value of its parameters (an element-wise recurrence by construction, as ``LinearRecurrentUnit``'s).
+DIAGONAL_RECURRENCE = "diagonal_recurrence"
+
+#: The size of the random move of the parameters at which the structure is probed again, relative to each
+#: parameter's root mean square (1 for a zero parameter): of the order of a large optimizer step.
+_MOVE = 0.1
 
 
 def complex_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -92,53 +103,133 @@ def _parameters(cell: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in cell.named_parameters()}
 
 
+def declares_diagonal_recurrence(cell: nn.Module) -> bool:
+    """Whether ``cell`` declares (``diagonal_recurrence = True``) that ``dh'/dh`` is diagonal for every value of its
+    parameters."""
+    return getattr(cell, DIAGONAL_RECURRENCE, False) is True
+
+
+def moved_parameters(cell: nn.Module) -> dict[str, torch.Tensor]:
+    """The detached parameters after a random move (a fixed generator), ``p + 0.1 rms(p) n`` with ``n ~ N(0, 1)``
+    (``rms(p)`` taken as 1 for a zero ``p``): a point that training may reach, where an entry that is zero now
+    (an off-diagonal weight, say) is not. Floating and complex parameters move; others are kept."""
+    generator = torch.Generator().manual_seed(1)
+    moved = {}
+    for name, p in _parameters(cell).items():
+        if not (p.is_floating_point() or p.is_complex()) or not p.numel():
+            moved[name] = p
+            continue
+        wide = p.to(torch.complex128 if p.is_complex() else torch.float64)
+        scale = float(torch.linalg.vector_norm(wide)) / p.numel() ** 0.5
+        noise = torch.randn(p.shape, generator=generator, dtype=torch.float64)
+        moved[name] = p + (_MOVE * (scale or 1.0) * noise).to(p.device, p.real.dtype)
+    return moved
+
+
+def _has_values(cell: nn.Module) -> bool:
+    """False for a cell on the meta device (shape inference, deferred initialisation): nothing to probe."""
+    return not any(p.is_meta for p in cell.parameters())
+
+
 def _as_real(y: torch.Tensor) -> torch.Tensor:
     """``y`` ``(..., H)`` real, or ``[Re y, Im y]`` stacked on a last dim of 2 when complex."""
     return torch.stack([y.real, y.imag], dim=-1) if y.is_complex() else y
 
 
+def check_declared_diagonal_recurrence(cell: nn.Module) -> None:
+    """Raise ``ValueError`` unless ``cell`` declares ``diagonal_recurrence = True`` (:data:`DIAGONAL_RECURRENCE`)."""
+    if declares_diagonal_recurrence(cell):
+        return
+    name = type(cell).__name__
+    raise ValueError(
+        f"DiagonalRTRL: {name} does not declare a diagonal recurrence. DiagonalRTRL is exact only while dh'/dh"
+        " stays diagonal through training, which a cell promises with the class attribute diagonal_recurrence ="
+        " True (LinearRecurrentUnit does); a recurrence that is diagonal only at the current weights (a TanhRNNCell"
+        " whose weight_hh is diagonal) becomes dense at the first optimizer step, and every later estimate would be"
+        f" wrong. Train {name} with RTRL (exact), UORO or TruncatedBPTT; if its recurrence is element-wise for"
+        " every value of its parameters (e.g. h' = tanh(w * h + U x) with a vector w), set diagonal_recurrence ="
+        f" True on the class {name}."
+    )
+
+
+def _state_jacobian_blocks(
+    cell: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, h: torch.Tensor, complex_state: bool
+) -> list[torch.Tensor]:
+    """``dh'/dh`` ``(H, H)`` at ``(x (1, I), h (1, H))`` with ``params`` (``torch.func.jacfwd``); for a complex state
+    the four real blocks ``[dRe h'/dRe h, dIm h'/dRe h, dRe h'/dIm h, dIm h'/dIm h]``."""
+    if complex_state:
+
+        def step(re: torch.Tensor, im: torch.Tensor) -> torch.Tensor:
+            return _as_real(functional_call(cell, params, (x, torch.complex(re, im)[None]))[0])
+
+        by_re, by_im = jacfwd(step, argnums=(0, 1))(h[0].real, h[0].imag)  # (H, 2, H) each
+        return [by_re[:, 0], by_re[:, 1], by_im[:, 0], by_im[:, 1]]
+    return [jacfwd(lambda hh: functional_call(cell, params, (x, hh[None]))[0])(h[0])]
+
+
 def check_diagonal_state_jacobian(cell: nn.Module, complex_state: bool) -> None:
     """Raise ``ValueError`` unless ``dh'/dh`` of ``cell`` is diagonal at two random points (``torch.func.jacfwd``;
     off-diagonal entries must be exactly zero) and, for a complex state, complex-linear (the Cauchy-Riemann
-    equations ``dRe h'/dRe h = dIm h'/dIm h``, ``dIm h'/dRe h = -dRe h'/dIm h`` on the diagonal)."""
-    params = _parameters(cell)
-    for x, h in _probe_points(cell, complex_state):
-        if complex_state:
+    equations ``dRe h'/dRe h = dIm h'/dIm h``, ``dIm h'/dRe h = -dRe h'/dIm h`` on the diagonal), at the current
+    parameters and at a random move of them (:func:`moved_parameters`, where a Jacobian with NaN/inf entries says
+    nothing and is skipped): a declared diagonal recurrence must stay one under training. Nothing is read on the
+    meta device (no values)."""
+    if not _has_values(cell):
+        return
+    name = type(cell).__name__
+    for moved, params in ((False, _parameters(cell)), (True, moved_parameters(cell))):
+        for x, h in _probe_points(cell, complex_state):
+            blocks = _state_jacobian_blocks(cell, params, x, h, complex_state)
+            if moved and not all(bool(torch.isfinite(block).all()) for block in blocks):
+                continue
+            _check_diagonal_blocks(blocks, h, name, complex_state, moved)
 
-            def step(re: torch.Tensor, im: torch.Tensor, x: torch.Tensor = x) -> torch.Tensor:
-                return _as_real(functional_call(cell, params, (x, torch.complex(re, im)[None]))[0])
 
-            by_re, by_im = jacfwd(step, argnums=(0, 1))(h[0].real, h[0].imag)  # (H, 2, H) each
-            blocks = [by_re[:, 0], by_re[:, 1], by_im[:, 0], by_im[:, 1]]
-        else:
-            blocks = [jacfwd(lambda hh, x=x: functional_call(cell, params, (x, hh[None]))[0])(h[0])]
-        for block in blocks:
-            off = block - torch.diag_embed(torch.diagonal(block))
-            if bool((off != 0).any()):
-                raise ValueError(
-                    f"DiagonalRTRL: the state Jacobian dh'/dh of {type(cell).__name__} is not diagonal (unit i reads"
-                    " other units j != i): its influence does not stay on one unit. Use RTRL (exact, O(H^2 P) per"
-                    " step), UORO or TruncatedBPTT for such cells."
-                )
-        if complex_state:
-            tol = dict(rtol=100 * torch.finfo(h.real.dtype).eps, atol=100 * torch.finfo(h.real.dtype).eps)
-            rr, ir, ri, ii = (torch.diagonal(b) for b in blocks)
-            if not (torch.allclose(rr, ii, **tol) and torch.allclose(ir, -ri, **tol)):
-                raise ValueError(
-                    f"DiagonalRTRL: {type(cell).__name__}'s step is not complex-linear in its complex state h (each"
-                    " unit's 2x2 real Jacobian is no complex multiplier), so one complex trace per entry cannot hold"
-                    " the influence. Use a real state (real and imaginary parts as units) with RTRL instead."
-                )
+def _check_diagonal_blocks(
+    blocks: list[torch.Tensor], h: torch.Tensor, name: str, complex_state: bool, moved: bool
+) -> None:
+    """The diagonality (and complex linearity) of the blocks of :func:`_state_jacobian_blocks`; the message says
+    whether they failed at the current parameters or only after a move (``moved``)."""
+    for block in blocks:
+        off = block - torch.diag_embed(torch.diagonal(block))
+        if not bool((off != 0).any()):
+            continue
+        if moved:
+            raise ValueError(
+                f"DiagonalRTRL: the state Jacobian dh'/dh of {name} is diagonal at its current parameters but not"
+                f" after a small random move of them (as an optimizer step makes): {name} declares"
+                " diagonal_recurrence = True, but its recurrence is diagonal only at these values (e.g. a matrix"
+                " weight whose off-diagonal entries are zero now), so training would make it dense and every later"
+                " estimate wrong. Use RTRL (exact), UORO or TruncatedBPTT, or build the recurrence so that every"
+                " value of the parameters keeps it diagonal (e.g. a vector w in w * h instead of a matrix)."
+            )
+        raise ValueError(
+            f"DiagonalRTRL: the state Jacobian dh'/dh of {name} is not diagonal (unit i reads other units j != i):"
+            " its influence does not stay on one unit. Use RTRL (exact, O(H^2 P) per step), UORO or TruncatedBPTT"
+            " for such cells."
+        )
+    if complex_state:
+        tol = dict(rtol=100 * torch.finfo(h.real.dtype).eps, atol=100 * torch.finfo(h.real.dtype).eps)
+        rr, ir, ri, ii = (torch.diagonal(b) for b in blocks)
+        if not (torch.allclose(rr, ii, **tol) and torch.allclose(ir, -ri, **tol)):
+            where = " after a small random move of its parameters" if moved else ""
+            raise ValueError(
+                f"DiagonalRTRL: {name}'s step is not complex-linear in its complex state h{where} (each unit's 2x2"
+                " real Jacobian is no complex multiplier), so one complex trace per entry cannot hold the influence."
+                " Use a real state (real and imaginary parts as units) with RTRL instead."
+            )
 
 
 class ElementwiseTraces(DiagonalTraces):
     """The ``torch.func`` path: one trace per parameter entry, ``e`` ``(B, P)`` (complex for a complex state).
 
     The unit ``k(p)`` that entry ``p`` enters is read once from the immediate Jacobian ``dh'/dtheta`` (``jacrev``)
-    at two random points; an entry that touches no unit there (a parameter outside the recurrence, like an output
-    layer) keeps a zero trace. Each step costs one ``jvp`` (``h'`` and ``a = diag(dh'/dh)`` as ``J 1``) and one
-    per-stream ``vjp`` with cotangent ones (two for a complex state: real and imaginary parts), which is
-    ``dh'[k(p)]/dtheta_p`` because each column has one nonzero.
+    at two random points, at the current parameters and at a random move of them (:func:`moved_parameters`: an
+    entry whose derivative is zero only at the current values, behind a zero weight say, is found too); an entry
+    that touches no unit there (a parameter outside the recurrence, like an output layer) keeps a zero trace. Each
+    step costs one ``jvp`` (``h'`` and ``a = diag(dh'/dh)`` as ``J 1``) and one per-stream ``vjp`` with cotangent
+    ones (two for a complex state: real and imaginary parts), which is ``dh'[k(p)]/dtheta_p`` because each column
+    has one nonzero.
 
     Raises:
         ValueError: a parameter entry enters more than one unit (a shared scalar, say): DiagonalRTRL keeps one
@@ -147,15 +238,19 @@ class ElementwiseTraces(DiagonalTraces):
 
     def __init__(self, cell: nn.Module, layout: ParameterLayout, complex_state: bool) -> None:
         self.cell, self.layout, self.complex_state = cell, layout, complex_state
-        params = _parameters(cell)
+        readable = _has_values(cell)  # on the meta device only the shapes are made (nothing to read)
         touched = None
-        for x, h in _probe_points(cell, complex_state):
-            jac = jacrev(lambda p, x=x, h=h: _as_real(functional_call(cell, p, (x, h))[0]))(params)
-            flat = layout.flatten(jac, lead=2 if complex_state else 1)  # (H, [2,] P)
-            nonzero = (flat != 0).any(dim=1) if complex_state else flat != 0
-            touched = nonzero if touched is None else touched | nonzero
+        points = [(False, _parameters(cell))] + ([(True, moved_parameters(cell))] if readable else [])
+        for moved, params in points:
+            for x, h in _probe_points(cell, complex_state):
+                jac = jacrev(lambda p, x=x, h=h: _as_real(functional_call(cell, p, (x, h))[0]))(params)
+                flat = layout.flatten(jac, lead=2 if complex_state else 1)  # (H, [2,] P)
+                if moved and not bool(torch.isfinite(flat).all()):
+                    continue  # a move out of the cell's domain says nothing
+                nonzero = (flat != 0).any(dim=1) if complex_state else flat != 0
+                touched = nonzero if touched is None else touched | nonzero
         counts = touched.sum(0)
-        if bool((counts > 1).any()):
+        if readable and bool((counts > 1).any()):
             index = int(torch.nonzero(counts > 1)[0])
             name = next(n for n in reversed(layout.names) if layout.offsets[n] <= index)
             raise ValueError(
@@ -249,15 +344,30 @@ class DiagonalRTRL(OnlineGradientEstimator):
     in PyTorch's convention (``dL/dRe h + i dL/dIm h``, what autograd returns for a real loss) and returns real
     gradients of the (real) parameters; parameters that do not enter ``h`` (the LRU's ``C`` and ``D``) get zeros.
 
+    Only cells whose recurrence is diagonal *by construction* are accepted: the cell's class declares it with
+    ``diagonal_recurrence = True`` (:class:`~lightning_ortho.online.LinearRecurrentUnit` does; so can an
+    element-wise cell ``h' = tanh(w * h + U x)`` with a vector ``w``). The structure must be a property of the
+    model, which every optimizer step keeps, not of today's weights: a ``TanhRNNCell`` whose ``weight_hh`` happens
+    to be diagonal gets off-diagonal gradients, is dense after one step, and the traces (which drop the off-diagonal
+    influence) would then be silently wrong. The alternatives serve users worse: masking the off-diagonal gradients
+    would train another model than the one given (its optimizer, weight decay or other losses still move those
+    entries), and checking the weights before each use costs a Jacobian and a host synchronisation per step. The
+    declaration is verified here, once: ``dh'/dh`` must be diagonal at random inputs at the current parameters and
+    after a random move of them (:func:`moved_parameters`), which catches a declaration on a cell that is diagonal
+    only at its current values. On the meta device (shape inference) nothing is probed: build the estimator again
+    for the materialised cell (:meth:`initial_state` refuses states with values otherwise).
+
     Args:
-        cell: a cell ``cell(x, h) -> h_new`` whose state Jacobian ``dh'/dh`` is diagonal and whose parameters all
-            live in it (see :class:`~lightning_ortho.online.OnlineGradientEstimator`).
+        cell: a cell ``cell(x, h) -> h_new`` that declares ``diagonal_recurrence = True`` (its state Jacobian
+            ``dh'/dh`` is diagonal for every value of its parameters) and whose parameters all live in it (see
+            :class:`~lightning_ortho.online.OnlineGradientEstimator`).
         closed_form: take the traces from the cell's closed form (``cell.diagonal_traces``) when it has one;
             ``False`` forces the generic ``torch.func`` path.
 
     Raises:
-        ValueError: the state Jacobian of ``cell`` is not diagonal at random points (checked once here with
-            ``torch.func``), a complex step is not complex-linear in ``h``, or (``torch.func`` path) a parameter
+        ValueError: ``cell`` does not declare ``diagonal_recurrence = True``; its state Jacobian is not diagonal at
+            random points at its current parameters or after a random move of them (checked once here with
+            ``torch.func``); a complex step is not complex-linear in ``h``; or (``torch.func`` path) a parameter
             entry enters more than one unit.
     """
 
@@ -266,7 +376,9 @@ class DiagonalRTRL(OnlineGradientEstimator):
     def __init__(self, cell: nn.Module, *, closed_form: bool = True) -> None:
         super().__init__(cell, closed_form=closed_form)
         self.complex_state = bool(getattr(cell, "complex_state", False))
+        check_declared_diagonal_recurrence(cell)
         check_diagonal_state_jacobian(cell, self.complex_state)
+        self._probed = _has_values(cell)  # False: built on the meta device, where nothing was read
         fast = getattr(cell, "diagonal_traces", None) if closed_form else None
         traces = fast(self.layout) if fast is not None else None
         self.traces = traces if traces is not None else ElementwiseTraces(cell, self.layout, self.complex_state)
@@ -286,8 +398,16 @@ class DiagonalRTRL(OnlineGradientEstimator):
 
         Raises:
             ValueError: ``h0`` is not ``(B, H)`` with ``B >= 1`` and the cell's ``H``, is not of the state's dtype,
-                or holds NaN/inf.
+                or holds NaN/inf; ``h0`` has values but the estimator was built on the meta device (nothing about
+                the cell was checked there).
         """
+        if not self._probed and isinstance(h0, torch.Tensor) and not h0.is_meta:
+            raise ValueError(
+                f"DiagonalRTRL: this estimator was built for {type(self.cell).__name__} on the meta device, where"
+                " the structure of its recurrence could not be read (no values), and h0 is on"
+                f" {h0.device}; build DiagonalRTRL again from the materialised cell (after cell.to_empty(device=...)"
+                " and its initialisation)."
+            )
         if not self.complex_state:
             return super().initial_state(h0)
         h0 = self._complex_h0(h0)
@@ -367,7 +487,8 @@ class DiagonalRTRL(OnlineGradientEstimator):
     def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
         """:meth:`OnlineGradientEstimator.step` with one host synchronisation for the NaN/inf checks of ``x``, the
         new state and the traces (one sum of them all; on NaN/inf the base checks say which, entry by entry, so a
-        sum that overflowed from finite entries raises nothing). Nothing is written before the checks."""
+        sum that overflowed from finite entries raises nothing; none on the meta device). Nothing is written
+        before the checks."""
         self._check_step_input(x, state)
         with torch.no_grad():
             h_new, tensors = self.traces.advance(x, state.h, state.tensors)
@@ -381,9 +502,9 @@ class DiagonalRTRL(OnlineGradientEstimator):
         total = x.sum(dtype=dtype) + _real_view(h_new).sum(dtype=dtype)
         for value in tensors.values():
             total = total + _real_view(value).sum(dtype=dtype)
-        if not bool(torch.isfinite(total)):
+        if not (total.is_meta or bool(torch.isfinite(total))):  # a meta tensor has no value to check
             self._check_finite(x, "x")
-            self._check_finite_step(h_new, tensors, state.step + 1)
+            self._check_finite_step(h_new, tensors, state.step + 1, inputs={"x": x, "h": state.h})
         return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
 
     def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:

@@ -139,7 +139,7 @@ class OnlineGradientEstimator:
                 )
             tensors = self._advance(lin, x, state)
         h_new = lin.h_new.detach()
-        self._check_finite_step(h_new, tensors, state.step + 1)
+        self._check_finite_step(h_new, tensors, state.step + 1, inputs={"x": x, "h": state.h})
         return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
 
     def gradient(
@@ -170,7 +170,8 @@ class OnlineGradientEstimator:
         with torch.no_grad():
             flat = self._gradient_flat(state, grad_h) if per_stream else self._gradient_summed(state, grad_h)
         # One host synchronisation for both the input and the result; the diagnosis runs only when one fails.
-        if not self._finite_estimate(grad_h, flat):
+        # A meta tensor has no values to check (shape inference): its shapes are all there is.
+        if not flat.is_meta and not self._finite_estimate(grad_h, flat):
             self._check_finite(grad_h, "grad_h")
             if not bool(torch.isfinite(flat).all()):  # else finite entries whose sum overflowed: no error
                 raise FloatingPointError(
@@ -251,8 +252,20 @@ class OnlineGradientEstimator:
         """The state entries whose overflow :meth:`step` checks (all of them; a subclass may skip redundant ones)."""
         return tensors
 
-    def _check_finite_step(self, h_new: torch.Tensor, tensors: dict[str, torch.Tensor], step: int) -> None:
+    def _check_finite_step(
+        self,
+        h_new: torch.Tensor,
+        tensors: dict[str, torch.Tensor],
+        step: int,
+        inputs: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         """Raise ``FloatingPointError`` if the new state ``h_new`` or a watched influence tensor holds NaN/inf.
+
+        ``inputs`` (``{"x": x, "h": h}``, the step's input and previous state) serve the diagnosis only: when an
+        influence tensor is not finite, the message says whether a row of one of them has a norm that overflows its
+        dtype (the randomised estimators divide by such norms), or, at step 1, that the immediate derivatives
+        alone overflowed (the influence before them is zero, so the recurrence is not the cause). Nothing is
+        checked on meta tensors (no values; shape inference).
 
         One host synchronisation for all of them. ``h_new`` is checked entry by entry; each influence tensor by
         one sum (a single pass where ``isfinite`` takes several: an inf or NaN entry makes the sum inf or NaN).
@@ -260,6 +273,8 @@ class OnlineGradientEstimator:
         past float16's 65504; a sum that still overflows its dtype (finite entries near the top of the range)
         is confirmed entry by entry before anything is raised, so finite entries never raise.
         """
+        if h_new.is_meta:
+            return
         watched = {
             name: value
             for name, value in self._watched_tensors(tensors).items()
@@ -280,9 +295,13 @@ class OnlineGradientEstimator:
             if not torch.isfinite(value).all():
                 raise FloatingPointError(
                     f"{type(self).__name__}.step: its influence approximation {name!r} overflowed at step {step}"
-                    " (the recurrent Jacobian has been expansive for a long time); lower the learning rate, clip"
-                    " gradients, or reset the streams more often."
+                    f"{self._overflow_cause(inputs or {}, step)}"
                 )
+
+    def _overflow_cause(self, inputs: dict[str, torch.Tensor], step: int) -> str:
+        """The end of the message of an overflowed influence approximation (:func:`_overflow_cause`; a subclass may
+        name causes of its own first). Error path only."""
+        return _overflow_cause(inputs, step)
 
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         """``(P,)``: the estimate summed over streams (subclasses may skip the per-stream ``(B, P)`` temporary)."""
@@ -309,6 +328,8 @@ class OnlineGradientEstimator:
         )
 
     def _check_finite(self, tensor: torch.Tensor, name: str, where: str | None = None) -> None:
+        if tensor.is_meta:  # no values to check (shape inference)
+            return
         if not torch.isfinite(tensor).all():
             raise ValueError(
                 f"{where or type(self).__name__}: {name} holds NaN or inf values; check the data and the loss."
@@ -352,6 +373,38 @@ def _sum_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 _SUM_DTYPES: dict[torch.dtype, torch.dtype] = {}
+
+
+def _overflow_cause(inputs: dict[str, torch.Tensor], step: int) -> str:
+    """The end of the message of an overflowed influence approximation: what overflowed and what to do (error path
+    only). ``inputs`` ``{"x": x, "h": h}`` are the step's input and previous state ``(B, ...)``."""
+    for name, value in inputs.items():
+        if value.dim() < 1 or not value.numel() or not torch.isfinite(value).all():
+            continue  # NaN/inf entries are refused apart, before the step
+        real = torch.view_as_real(value) if value.is_complex() else value
+        norms = torch.linalg.vector_norm(real.reshape(real.shape[0], -1), dim=1)  # in the dtype, as the estimators
+        if torch.isfinite(norms).all():
+            continue
+        row = int(torch.nonzero(~torch.isfinite(norms))[0])
+        what = "input x" if name == "x" else "state h entering the step"
+        dtype = str(real.dtype).removeprefix("torch.")
+        return (
+            f": the {what} of stream {row} (row {row} of {name}) is too large for {dtype}: its norm overflows (its"
+            f" largest entry is {float(real[row].abs().max()):.3g}; the sum of squares passes {dtype}'s largest"
+            f" value, {torch.finfo(real.dtype).max:.3g}), and the influence approximation with it. The recurrence is"
+            " not the cause: rescale the inputs (e.g. standardise the features to entries of order 1) or run in"
+            " float64 (cell.double(), float64 x and h0)."
+        )
+    if step == 1:
+        return (
+            ", where it holds only the immediate derivatives dh_1/dtheta (the influence before them is zero, so the"
+            " recurrence is not the cause): the inputs x, h0 or the parameters are too large for the dtype. Rescale"
+            " the inputs or run in float64 (cell.double(), float64 x and h0)."
+        )
+    return (
+        " (the recurrent Jacobian has been expansive for a long time); lower the learning rate, clip gradients, or"
+        " reset the streams more often."
+    )
 
 
 def _declared_size(cell: nn.Module, name: str) -> int | None:

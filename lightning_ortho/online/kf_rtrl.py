@@ -10,7 +10,7 @@ from torch import nn
 from lightning_ortho.online.estimator import OnlineGradientEstimator
 from lightning_ortho.online.linearization import StepLinearization
 from lightning_ortho.online.state import OnlineState
-from lightning_ortho.online.stream_noise import StreamNoise, check_generator
+from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
 
 __all__ = ["KFRTRL"]
 
@@ -56,14 +56,15 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         generator: the source of the signs: a seed (each :meth:`initial_state` starts a generator from it), a
             ``torch.Generator`` (used as is), or ``None`` (a seed drawn from torch's global generator). The
             generator lives in the state and its ``state_dict``.
-        eps: added to the norms in ``p1`` and ``p2`` (non-negative; needed at the first step).
+        eps: added to the norms in ``p1`` and ``p2``: positive and finite (at the first step ``p1`` is
+            ``sqrt(eps / eps)``; ``eps = 0`` would make it ``0 / 0``).
         closed_form: use the cell's closed-form Jacobian products when it has them.
 
     Raises:
         ValueError: a cell without ``preactivation_input``, ``preactivation``, ``activation`` and
-            ``preactivation_weights``, with
-            parameters outside ``W``, or whose weights do not have ``Z`` rows; a negative ``eps``; a generator that
-            is neither a seed nor a ``torch.Generator``. At a step: ``preactivation_input`` not of ``n_a`` entries.
+            ``preactivation_weights``, with parameters outside ``W``, or whose weights do not have ``Z`` rows; an
+            ``eps`` that is not a positive finite number; a generator that is neither a seed nor a
+            ``torch.Generator``. At a step: ``preactivation_input`` not of ``n_a`` entries.
     """
 
     name = "kf_rtrl"
@@ -77,9 +78,7 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         closed_form: bool = True,
     ) -> None:
         super().__init__(cell, closed_form=closed_form)
-        if isinstance(eps, bool) or not (isinstance(eps, (int, float)) and eps >= 0):
-            raise ValueError(f"KFRTRL: eps must be a non-negative number, got {eps!r}.")
-        self.eps, self.generator = float(eps), check_generator(generator, "KFRTRL")
+        self.eps, self.generator = check_eps(eps, "KFRTRL"), check_generator(generator, "KFRTRL")
         self.weight_columns = _weight_columns(cell)
         self.inputs = sum(columns for _, columns, _ in self.weight_columns)  # n_a
         self.preactivations = _weight_rows(cell, self.weight_columns)  # Z

@@ -53,6 +53,8 @@ class LinearRecurrentUnit(nn.Module):
 
     #: The state ``h`` is complex (the estimators that support it read this).
     complex_state = True
+    #: ``dh'/dh = diag(lambda)`` for every value of the parameters, so DiagonalRTRL stays exact through training.
+    diagonal_recurrence = True
 
     def __init__(
         self,

@@ -17,7 +17,7 @@ from lightning_ortho._native.uoro import summed_estimate, uoro_gradient_kernel
 from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.linearization import StepLinearization
 from lightning_ortho.online.state import OnlineState
-from lightning_ortho.online.stream_noise import StreamNoise, check_generator
+from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
 from lightning_ortho.online.uoro_fused import TanhUOROStep, fusable_tanh_cell
 from lightning_ortho.online.uoro_rescaling import Alpha, FixedRescaling, alpha_at, check_alpha, prepare_q0
 
@@ -66,7 +66,8 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         generator: the noise source: a seed (each :meth:`initial_state` starts a generator from it), a
             ``torch.Generator`` (used as is), or ``None`` (a seed drawn from torch's global generator, so
             ``seed_everything`` fixes it). The generator lives in the state and its ``state_dict``.
-        eps: added to the norms in gamma and beta (needed at ``t = 1`` where ``w_tilde = 0``).
+        eps: added to the norms in gamma and beta: positive and finite (at ``t = 1``, where ``w_tilde = 0``,
+            gamma is ``sqrt(eps / eps)``; ``eps = 0`` would make it ``0 / 0``).
         closed_form: use the cell's closed-form Jacobian products when it has them.
         fused: on a :class:`~lightning_ortho.online.TanhRNNCell` with projection ``"state"`` or
             ``"preactivation"``, or a :class:`~lightning_ortho.nn.OrthogonalRNNCell` with ``"state"`` (and
@@ -82,7 +83,8 @@ class UORO(StreamNoise, OnlineGradientEstimator):
 
     Raises:
         ValueError: an unknown projection, a cell that lacks what the projection needs, a ``Q0`` of the
-            wrong shape, not finite or not invertible, a non-positive ``alpha``.
+            wrong shape, not finite or not invertible, a non-positive ``alpha``, an ``eps`` that is not a positive
+            finite number.
     """
 
     #: Use the C kernels where they apply (see above).
@@ -104,9 +106,8 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         super().__init__(cell, closed_form=closed_form)
         if projection not in PROJECTIONS:
             raise ValueError(f"UORO: projection must be one of {PROJECTIONS}, got {projection!r}.")
-        if not (isinstance(eps, (int, float)) and eps >= 0):
-            raise ValueError(f"UORO: eps must be a non-negative number, got {eps!r}.")
-        self.projection, self.eps, self.generator = projection, float(eps), check_generator(generator, "UORO")
+        self.projection, self.eps = projection, check_eps(eps, "UORO")
+        self.generator = check_generator(generator, "UORO")
         if projection == "preactivation" and not (hasattr(cell, "preactivation") and hasattr(cell, "activation")):
             raise ValueError(
                 f"UORO: projection='preactivation' needs a cell with preactivation(x, h) and activation(z);"
@@ -214,9 +215,10 @@ class UORO(StreamNoise, OnlineGradientEstimator):
                 h_new, h_tilde, w_tilde = fused.fixed(x, h, t["h_tilde"], w_tilde, scaled, dual, alpha)
                 total = x.sum(dtype=dtype) + h_tilde.sum(dtype=dtype) + w_tilde.sum(dtype=dtype)
             tensors = {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}
-            if not math.isfinite(total if isinstance(total, float) else total.item()):  # or a sum that overflowed
-                self._check_finite(x, "x")
-                self._check_finite_step(h_new, tensors, state.step + 1)
+            # (a meta tensor has no value to read: shape inference skips the check, as the base step does)
+            if not (h_new.is_meta or math.isfinite(total if isinstance(total, float) else total.item())):
+                self._check_finite(x, "x")  # or a sum that overflowed: the checks below look entry by entry
+                self._check_finite_step(h_new, tensors, state.step + 1, inputs={"x": x, "h": h})
             if self.gir:  # checked first: an error leaves the state passed in as it was
                 fused.commit(w_tilde, inverse_gamma, g, h, x)
         return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)

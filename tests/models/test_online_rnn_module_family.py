@@ -17,6 +17,8 @@ from tests.models.test_online_rnn_module import TinyStreams, assert_same_tree, c
 class ElementwiseTanhCell(nn.Module):
     """``h' = tanh(w * h + U x + b)`` with a vector ``w``: a diagonal recurrence, for which SnAp-1 is exact."""
 
+    diagonal_recurrence = True  # for every w, so DiagonalRTRL takes it
+
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
         self.input_size, self.hidden_size = input_size, hidden_size

@@ -25,6 +25,8 @@ TOL = dict(rtol=1e-10, atol=1e-10)
 class ElementwiseTanhCell(nn.Module):
     """``h' = tanh(w * h + U x + b)`` with ``w`` a vector: the state Jacobian is ``diag((1 - h'^2) w)``."""
 
+    diagonal_recurrence = True  # for every w, so DiagonalRTRL takes it
+
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
         self.input_size, self.hidden_size = input_size, hidden_size
@@ -38,6 +40,8 @@ class ElementwiseTanhCell(nn.Module):
 
 class SharedDecayCell(nn.Module):
     """``h' = tanh(a h + U x)`` with one scalar ``a`` for all units: diagonal, but ``a`` enters every unit."""
+
+    diagonal_recurrence = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -292,8 +296,15 @@ def test_load_refuses_nan_and_another_estimator():
 # -- refusals ------------------------------------------------------------------------------------------------------
 def test_non_diagonal_cell_is_refused():
     torch.manual_seed(0)
-    with pytest.raises(ValueError, match="not diagonal.*Use RTRL"):
+    with pytest.raises(ValueError, match="does not declare a diagonal recurrence.*Train TanhRNNCell with RTRL"):
         DiagonalRTRL(TanhRNNCell(INPUT, HIDDEN).to(DTYPE))
+
+    class DeclaredDense(ElementwiseTanhCell):  # declares a diagonal recurrence but reads other units
+        def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.w * h.roll(1, dims=1) + x @ self.U.T + self.b)
+
+    with pytest.raises(ValueError, match="not diagonal.*Use RTRL"):
+        DiagonalRTRL(DeclaredDense(INPUT, HIDDEN).to(DTYPE))
 
 
 def test_shared_parameter_and_non_complex_linear_step_are_refused():
