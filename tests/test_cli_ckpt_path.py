@@ -97,5 +97,6 @@ def test_a_checkpoint_of_another_model_is_refused_up_front_naming_both_classes(
 
 def test_a_checkpoint_of_the_same_model_is_accepted(checkpoints, tmp_path):
     ckpt = f"--ckpt_path={checkpoints['online_copy']}"
-    cli = run_cli(args("test", "online_copy", tmp_path, ckpt, "--trainer.logger=false", "--trainer.limit_test_batches=1"))
+    quick = ["--trainer.logger=false", "--trainer.limit_test_batches=1"]
+    cli = run_cli(args("test", "online_copy", tmp_path, ckpt, *quick))
     assert type(cli.model).__name__ == "OnlineRNNModule" and cli.trainer.ckpt_path == str(checkpoints["online_copy"])
