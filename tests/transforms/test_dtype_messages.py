@@ -63,5 +63,6 @@ def test_complex_and_non_tensor_inputs_are_named_as_such():
 
 
 def test_a_tensor_data_energy_of_many_entries_is_named_by_its_shape():
-    with pytest.raises(ValueError, match=r"data_energy must be the number .*got a torch\.float32 tensor of shape \(2,\)"):
+    match = r"data_energy must be the number .*got a torch\.float32 tensor of shape \(2,\)"
+    with pytest.raises(ValueError, match=match):
         shear_error(torch.eye(8), torch.eye(8), torch.ones(2), torch.eye(8))
