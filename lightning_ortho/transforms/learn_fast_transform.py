@@ -281,7 +281,7 @@ def _check(
 
 
 def _default_budget(n: int, max_ops: int | None) -> int:
-    """``max_ops``, or the fast DCT's count at ``n`` (:func:`_check` has refused ``None`` where there is none)."""
+    """``max_ops``, or the fast DCT's count at ``n`` (the argument check has refused ``None`` where there is none)."""
     return max_ops if max_ops is not None else fast_dct_op_count(n).total  # type: ignore[union-attr]
 
 
