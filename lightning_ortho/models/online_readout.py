@@ -57,7 +57,7 @@ def real_features(h: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Chunk:
-    """One chunk of ``b >= 1`` parallel streams, checked: ``x`` ``(b, T, I)``, ``y`` ``(b, T)`` or ``(b, T, O)``,
+    """One chunk of ``b >= 1`` parallel streams, checked: ``x`` ``(b, T, I)``, ``y`` ``(b, T)`` int64 or ``(b, T, O)``,
     ``mask`` ``(b, T)`` bool (false also where a class target is ``IGNORE_INDEX``), ``reset`` ``(b,)`` bool,
     ``index`` the chunk's position in its stream."""
 
@@ -80,12 +80,14 @@ def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss:
     """Check a batch of the stream contract (``lightning_ortho.datamodules.StreamDataModule``) and unpack it.
 
     ``mask`` (all true) and ``reset`` (none) may be left out; ``x``, ``y`` and ``chunk`` are required. Class
+    indices of any integer dtype (int32, uint8, ...) are returned as int64, as cross-entropy takes them. Class
     targets of ``IGNORE_INDEX`` (-100, as ``torch.nn.functional.cross_entropy`` ignores) are not scored: they
     leave the returned mask, so they count neither in the loss nor in the number of scored entries.
 
     Raises:
         ValueError: the batch is not such a dict, has no streams, or a shape, dtype or size disagrees with the
-            model, or a scored class target is outside ``[0, output_size)`` (and not -100); the message names the
+            model (a ``y`` that is neither integer nor floating, or float class indices: the message names the
+            conversion), or a scored class target is outside ``[0, output_size)`` (and not -100); the message names the
             option to change. The class check is one host synchronisation per chunk.
     """
     where = "OnlineRNNModule"
@@ -112,16 +114,30 @@ def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss:
             f"{where}: the data has {x.shape[2]} input features per step but the cell's input_size is {input_size};"
             f" set --model.init_args.cell.init_args.input_size={x.shape[2]}."
         )
+    if is_integer(y):
+        y = y.long()  # class indices of any integer dtype; cross_entropy takes int64
     hard = y.dtype == torch.long
     if hard and (loss != "cross_entropy" or tuple(y.shape) != (b, steps)):
         raise ValueError(
             f"{where}: integer targets must be (streams, steps) class indices for loss='cross_entropy', got"
             f" {tuple(y.shape)} with loss={loss!r}; use float (streams, steps, outputs) targets for 'mse'."
         )
-    if not hard and (not y.is_floating_point() or tuple(y.shape) != (b, steps, output_size)):
+    if not hard and not y.is_floating_point():
         raise ValueError(
-            f"{where}: batch['y'] must be int64 ({b}, {steps}) or float ({b}, {steps}, output_size={output_size}),"
-            f" got {y.dtype} {tuple(y.shape)}; if the data has {y.shape[-1]} outputs, set"
+            f"{where}: batch['y'] must hold integer class indices ({b}, {steps}) or float targets ({b}, {steps},"
+            f" output_size={output_size}), got a {y.dtype} tensor {tuple(y.shape)}; convert it with .long() (class"
+            " indices) or .float() (a target per output)."
+        )
+    if not hard and tuple(y.shape) == (b, steps):
+        raise ValueError(
+            f"{where}: batch['y'] is a float ({b}, {steps}) tensor: float targets are ({b}, {steps},"
+            f" output_size={output_size}) (probabilities, or real targets for 'mse'); if it holds class indices,"
+            " convert it with .long()."
+        )
+    if not hard and tuple(y.shape) != (b, steps, output_size):
+        raise ValueError(
+            f"{where}: batch['y'] must be integer ({b}, {steps}) class indices or float ({b}, {steps},"
+            f" output_size={output_size}), got {y.dtype} {tuple(y.shape)}; if the data has {y.shape[-1]} outputs, set"
             f" --model.init_args.output_size={y.shape[-1]}."
         )
     mask = batch.get("mask")
@@ -141,6 +157,11 @@ def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss:
             f"{where}: batch['chunk'] must be the chunk's non-negative index in its stream, got {index!r}."
         )
     return Chunk(x, y, mask, reset, index)
+
+
+def is_integer(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` has an integer dtype (signed or unsigned; not bool, floating or complex)."""
+    return not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)
 
 
 def _check_classes(y: torch.Tensor, mask: torch.Tensor, output_size: int) -> torch.Tensor:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from lightning_ortho.nn._checks import check_features, check_finite, compute_dtype
+from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms.binary_cores import (
     BINARY_CORE_COSTS,
     CORE_INVERSE,
@@ -149,7 +150,9 @@ class BlockProduct(nn.Module):
         if blocks is None:
             blocks = torch.eye(2, dtype=dtype or torch.get_default_dtype()).expand(m, 2, 2).clone()
         elif not isinstance(blocks, torch.Tensor) or not blocks.is_floating_point():
-            raise TypeError(f"{name}: blocks must be a floating-point tensor of shape ({m}, 2, 2).")
+            raise TypeError(
+                f"{name}: blocks must be a floating-point tensor of shape ({m}, 2, 2), got {not_floating(blocks)}."
+            )
         else:
             blocks = blocks.detach().clone()
             if dtype is not None:

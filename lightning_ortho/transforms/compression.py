@@ -32,6 +32,7 @@ from rich.console import Console
 from torch import nn
 
 from lightning_ortho.nn.eval_mode import eval_mode
+from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.data_refit import refit_on_data, refit_warning, relative_square_error
 from lightning_ortho.transforms.factorized_linear import (  # noqa: F401 - restore_factorized: its old home
@@ -275,9 +276,11 @@ def compress_linear(
         UserWarning: ``data`` does not determine the code values of some rows (centred rank below ``s`` on their
             support); those rows keep the no-data codes in the undetermined directions. ``data`` has fewer than
             ``2 (s + 1)`` rows (two per unknown of an output row): ``output_error`` is in-sample on too few rows
-            (:data:`~lightning_ortho.transforms.data_refit.ROWS_PER_UNKNOWN`). Also, once, when the final
-            time estimate exceeds ``SLOW_SECONDS`` (a minute), or earlier when the work that cannot be skipped (the
-            rest of the current greedy init or sweep) already does.
+            (:data:`~lightning_ortho.transforms.data_refit.ROWS_PER_UNKNOWN`). The compressed layer costs more
+            operations per sample than the dense one (``report.factorized_ops`` against ``report.dense_ops``, all
+            operations counted: typical of a layer with one or a few outputs); it is returned all the same. Also,
+            once, when the final time estimate exceeds ``SLOW_SECONDS`` (a minute), or earlier when the work that
+            cannot be skipped (the rest of the current greedy init or sweep) already does.
     """
     start = time.perf_counter()
     spec = family_spec(family, "compress_linear")
@@ -316,8 +319,15 @@ def compress_linear(
     if iterations is not None:
         _check_int(iterations, "iterations", 1)
     if data is not None:
-        if not isinstance(data, torch.Tensor) or not data.is_floating_point() or data.dim() != 2 or data.shape[1] != n:
-            raise ValueError(f"compress_linear: data must be a floating (N, {n}) tensor of layer inputs.")
+        if not isinstance(data, torch.Tensor) or not data.is_floating_point():
+            raise ValueError(
+                f"compress_linear: data must be a floating (N, {n}) tensor of layer inputs, got {not_floating(data)}."
+            )
+        if data.dim() != 2 or data.shape[1] != n:
+            raise ValueError(
+                f"compress_linear: data must be a floating (N, {n}) tensor of layer inputs, got shape "
+                f"{tuple(data.shape)}."
+            )
         if data.shape[0] < 1 or not bool(torch.isfinite(data).all()):
             raise ValueError("compress_linear: data must hold at least one row and no NaN/inf.")
 
@@ -383,4 +393,21 @@ def compress_linear(
         support_rank=support_rank,
         data_rows=None if data is None else data.shape[0],
     )
+    _warn_if_dearer(factorized.report, shape, family)
     return factorized
+
+
+def _warn_if_dearer(report: CompressionReport, shape: str, family: str) -> None:
+    """Warn when the compressed layer costs more operations per sample than the dense one it replaces."""
+    dense, factorized = report.dense_ops, report.factorized_ops
+    if factorized.total <= dense.total:
+        return
+    warnings.warn(
+        f"compress_linear: the compressed {shape} layer (family {family!r}) costs {factorized.total} operations per "
+        f"sample ({report.transform_ops.total} for the transform + {report.code_ops.total} for the codes), more "
+        f"than the {dense.total} of the dense layer ({dense.multiplications} multiplications + {dense.additions} "
+        f"additions): the transform is paid once per sample and shared by the outputs, of which this layer has "
+        f"{report.out_features}. Keep it dense (leave it out of the layers to compress), or lower m, q or s.",
+        UserWarning,
+        stacklevel=3,
+    )

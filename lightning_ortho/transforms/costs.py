@@ -33,6 +33,11 @@ class OpCount:
     multiplications: int = 0
     shifts: int = 0
 
+    @property
+    def total(self) -> int:
+        """All operations: additions + multiplications + shifts."""
+        return self.additions + self.multiplications + self.shifts
+
     def __add__(self, other: OpCount) -> OpCount:
         if not isinstance(other, OpCount):
             return NotImplemented

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms.blocks import BinaryBlockProduct, BlockProduct
 from lightning_ortho.transforms.costs import OpCount, row_cost
 
@@ -77,7 +78,9 @@ class FactorizedLinear(nn.Module):
         self.transform = _frozen(transform)
         n = self.transform.n
         if not isinstance(codes, torch.Tensor) or not codes.is_floating_point():
-            raise TypeError("FactorizedLinear: codes must be a floating-point (out, n) tensor.")
+            raise TypeError(
+                f"FactorizedLinear: codes must be a floating-point (out, n) tensor, got {not_floating(codes)}."
+            )
         if codes.dim() != 2 or codes.shape[1] != n:
             raise ValueError(f"FactorizedLinear: codes must have shape (out, {n}), got {tuple(codes.shape)}.")
         codes = codes.detach().clone()

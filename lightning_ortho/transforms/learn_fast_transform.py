@@ -58,9 +58,37 @@ from lightning_ortho.transforms.sparse_codes import check_training_data, keep_la
 from lightning_ortho.transforms.statistics import principal_basis
 
 INITS = ("dct", "wht", "identity", "pca")
-#: The op budget of the DCT it is compared with (16 8-point LLM DCTs: 464 additions + 176 multiplications + 64
-#: shifts; Loeffler, Ligtenberg & Moschytz 1989).
-DCT_OPS = 704
+#: One 8-point DCT-II by Loeffler, Ligtenberg & Moschytz (ICASSP 1989, "Practical fast 1-D DCT algorithms with 11
+#: multiplications"); its outputs are ``sqrt(8)`` times the orthonormal DCT's.
+LLM_8_POINT = OpCount(additions=29, multiplications=11)
+
+
+def fast_dct_op_count(n: int) -> OpCount | None:
+    """Operations of the fast orthonormal DCT-II of ``n`` features, the transform a learned one is compared with
+    (and the default budget of :func:`learn_fast_transform`); ``None`` where none is counted here.
+
+    * ``n = 8`` (a line of 8 samples): one 8-point LLM DCT (29 additions + 11 multiplications) and its
+      normalisation by ``1 / sqrt(8)``, not a power of two (8 multiplications): 48 operations.
+    * ``n = 64`` (an 8x8 patch, row-major): the separable 2-D DCT, row-column, 16 LLM DCTs (464 additions + 176
+      multiplications) and the normalisation of their ``8x`` scale, one 3-bit shift per coefficient (64): 704.
+
+    Both are the count of :data:`LLM_8_POINT` times the number of 1-D transforms, plus one operation per
+    coefficient for the normalisation; other ``n`` have no such count (the LLM algorithm is 8-point).
+    """
+    if n == 8:
+        return LLM_8_POINT + OpCount(multiplications=8)
+    if n == 64:
+        return 16 * LLM_8_POINT + OpCount(shifts=64)
+    return None
+
+
+def dense_op_count(n: int) -> OpCount:
+    """Operations of the dense ``(n, n)`` matrix-vector product: ``n^2`` multiplications + ``n (n - 1)`` additions."""
+    return OpCount(additions=n * (n - 1), multiplications=n * n)
+
+
+#: The op budget at n = 64: the 8x8 DCT's count (:func:`fast_dct_op_count`), 464 + 176 + 64.
+DCT_OPS = fast_dct_op_count(64).total  # type: ignore[union-attr]
 #: A re-pick must beat the old factor by more than this fraction of ``||Y||^2`` (else rounding noise decides).
 TIE_RTOL = 1e-12
 
@@ -241,7 +269,20 @@ def _check(
             raise ValueError(f"{where}: {name} must be an int >= {low}, got {value!r}.")
     if max_ops is not None and (not isinstance(max_ops, int) or isinstance(max_ops, bool) or max_ops < 1):
         raise ValueError(f"{where}: max_ops must be None or an int >= 1 (operations per transform), got {max_ops!r}.")
+    if max_ops is None and fast_dct_op_count(n) is None:
+        dense = dense_op_count(n)
+        raise ValueError(
+            f"{where}: max_ops=None takes the budget from the fast DCT of n features, counted for n = 8 "
+            f"({fast_dct_op_count(8).total}) and n = 64 ({DCT_OPS}) only, got n = {n}: give max_ops, the operations "
+            f"(additions + shifts) the transform may cost, below the {dense.total} of the dense {n}x{n} matrix "
+            f"({dense.multiplications} multiplications + {dense.additions} additions) for it to be worth having."
+        )
     return n
+
+
+def _default_budget(n: int, max_ops: int | None) -> int:
+    """``max_ops``, or the fast DCT's count at ``n`` (the argument check has refused ``None`` where there is none)."""
+    return max_ops if max_ops is not None else fast_dct_op_count(n).total  # type: ignore[union-attr]
 
 
 def _initial_factors(
@@ -249,10 +290,10 @@ def _initial_factors(
 ) -> list[Factor]:
     n = y.shape[1]
     if init == "dct":
-        return transposed(dct_2d_factors(min(init_bits, bits), DCT_OPS if max_ops is None else max_ops, tied=tied))
+        return transposed(dct_2d_factors(min(init_bits, bits), _default_budget(n, max_ops), tied=tied))
     if init == "wht":
         return wht_factors(n)
-    budget = DCT_OPS if max_ops is None else max_ops
+    budget = _default_budget(n, max_ops)
     codes = keep_largest(y if init == "identity" else y @ principal_basis(y.T @ y), s)
     pairs, cores = shear_greedy_init(y.T @ codes, codes.T @ codes, max(1, budget // (2 * bits)), bits)
     return [("shear", a, b, v) for a, b, v in su.entries_of_blocks(pairs, cores, n, "learn_fast_transform")]
@@ -290,8 +331,10 @@ def learn_fast_transform(
         bits: SOPOT terms per shear coefficient (``>= 1``).
         iterations: update sweeps (``>= 0``; the name the family table, :func:`compress_linear` and the other
             learners use).
-        max_ops: operation budget (additions + shifts). ``None``: the DCT's 704, or the init's own count when
-            that is larger (the WHT's butterflies). The sweeps never exceed ``max(budget, the init's count)``.
+        max_ops: operation budget (additions + shifts). ``None``: the fast DCT's count at this ``n``
+            (:func:`fast_dct_op_count`: 48 at ``n = 8``, 704 at ``n = 64``; any other ``n`` must give it), or the
+            init's own count when that is larger (the WHT's butterflies). The sweeps never exceed
+            ``max(budget, the init's count)``.
         free_slots: empty shears inserted evenly into the start for the sweeps to fill (:func:`with_free_slots`);
             ``None``: as many as the budget left by the start pays for at one term each, ``(budget - count) // 2``.
         init_bits: SOPOT terms of the DCT start's lifting coefficients (at most ``bits``; terms beyond one are
@@ -310,7 +353,11 @@ def learn_fast_transform(
     Raises:
         ValueError: bad ``Y`` or ``s``; unknown ``init``; ``init="dct"`` with ``n != 64`` or ``"wht"`` with ``n``
             not a power of two; ``bits``, ``iterations``, ``max_ops``, ``free_slots`` or ``init_bits`` out of range
-            (``max_ops`` below 576 for ``init="dct"``).
+            (``max_ops`` below 576 for ``init="dct"``); ``max_ops=None`` at an ``n`` without a fast DCT count.
+
+    Warns:
+        UserWarning: the learned transform costs more operations (additions + shifts) than the dense ``n x n``
+            matrix product (:func:`dense_op_count`, ``2 n^2 - n``); the message names both counts.
     """
     if sweeps is not None:
         warnings.warn(
@@ -324,7 +371,7 @@ def learn_fast_transform(
     y = Y.detach().to(torch.float64)
     factors = _initial_factors(y, s, init, bits, max_ops, init_bits, bool(tied))
     start_cost = sum(factor_cost(f) for f in factors)
-    budget = max(DCT_OPS if max_ops is None else max_ops, start_cost)
+    budget = max(_default_budget(n, max_ops), start_cost)
     factors = with_free_slots(factors, (budget - start_cost) // 2 if free_slots is None else free_slots)
     energy = float(y.square().sum())
     d = factors_to_blocks(factors, n).matrix()
@@ -336,4 +383,16 @@ def learn_fast_transform(
         d = factors_to_blocks(factors, n).matrix()
         codes = _better_codes(y, d, codes, s)
         errors.append(float(100 * (y - codes @ d.T).square().sum() / energy))
-    return FastTransformResult(factors_to_blocks(factors, n, Y.dtype), codes.to(Y.dtype), errors, initial, bits, budget)
+    transform = factors_to_blocks(factors, n, Y.dtype)
+    result = FastTransformResult(transform, codes.to(Y.dtype), errors, initial, bits, budget)
+    ops, dense = result.op_count(), dense_op_count(n)
+    if ops.total > dense.total:
+        warnings.warn(
+            f"learn_fast_transform: the learned transform costs {ops.total} operations ({ops.additions} additions + "
+            f"{ops.shifts} shifts) per vector, more than the {dense.total} of the dense {n}x{n} matrix "
+            f"({dense.multiplications} multiplications + {dense.additions} additions): it is not a fast transform "
+            f"at this n. Give max_ops below {dense.total} (the budget was {budget}), or use the dense matrix.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return result

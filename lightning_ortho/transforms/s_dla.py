@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms import shear_updates as su
 from lightning_ortho.transforms.blocks import BlockProduct
 from lightning_ortho.transforms.costs import OpCount
@@ -66,7 +67,7 @@ def _check_bits(bits: object, where: str) -> int | None:
 def _check_statistics(z: object, w: object, where: str, *, rescale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     for name, value in (("z", z), ("w", w)):
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-            raise ValueError(f"{where}: {name} must be a floating-point (n, n) tensor, got {type(value).__name__}.")
+            raise ValueError(f"{where}: {name} must be a floating-point (n, n) tensor, got {not_floating(value)}.")
         if value.dim() != 2 or value.shape[0] != value.shape[1] or value.shape[0] < 2:
             raise ValueError(f"{where}: {name} must be square (n, n) with n >= 2, got {tuple(value.shape)}.")
         if not bool(torch.isfinite(value).all()):
@@ -92,7 +93,12 @@ def _check_energy(data_energy: object, where: str) -> float:
     if isinstance(data_energy, torch.Tensor) and data_energy.numel() == 1:
         data_energy = float(data_energy)
     if not isinstance(data_energy, (int, float)) or isinstance(data_energy, bool):
-        raise ValueError(f"{where}: data_energy must be the number ||Y||_F^2, got {type(data_energy).__name__}.")
+        kind = (
+            f"a {data_energy.dtype} tensor of shape {tuple(data_energy.shape)}"
+            if isinstance(data_energy, torch.Tensor)
+            else type(data_energy).__name__
+        )
+        raise ValueError(f"{where}: data_energy must be the number ||Y||_F^2, got {kind}.")
     if not math.isfinite(data_energy) or data_energy <= 0:
         raise ValueError(f"{where}: data_energy = ||Y||_F^2 must be finite and > 0, got {data_energy!r}.")
     return float(data_energy)

@@ -185,7 +185,11 @@ def entries_of_blocks(pairs: object, cores: object, n: int, where: str) -> list[
         or not isinstance(cores, torch.Tensor)
         or not cores.is_floating_point()
     ):
-        raise ValueError(f"{where}: pairs must be an (m, 2) int tensor and cores an (m, 2, 2) float tensor.")
+        got = [f"a {v.dtype} tensor" if isinstance(v, torch.Tensor) else type(v).__name__ for v in (pairs, cores)]
+        raise ValueError(
+            f"{where}: pairs must be an (m, 2) int tensor and cores an (m, 2, 2) float tensor, got {got[0]} and "
+            f"{got[1]}."
+        )
     if pairs.dim() != 2 or pairs.shape[1] != 2 or cores.shape != (pairs.shape[0], 2, 2) or pairs.shape[0] < 1:
         raise ValueError(
             f"{where}: pairs must be (m, 2) and cores (m, 2, 2) with m >= 1, got {tuple(pairs.shape)}, "

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import torch
 
+from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms.batch_omp import batch_omp
 
 
@@ -51,7 +52,7 @@ def check_training_data(data: object, s: object, where: str, *, even: bool = Fal
             columns, holds NaN/inf or only zeros (the relative error is undefined), or ``s`` is not in ``[1, n]``.
     """
     if not isinstance(data, torch.Tensor) or not data.is_floating_point():
-        raise ValueError(f"{where}: Y must be a floating-point tensor (N, n), got {type(data).__name__}.")
+        raise ValueError(f"{where}: Y must be a floating-point tensor (N, n), got {not_floating(data)}.")
     if data.dim() != 2:
         raise ValueError(f"{where}: Y must be 2-d (N, n) batch-first, got shape {tuple(data.shape)}.")
     n = data.shape[1]
@@ -91,8 +92,10 @@ def omp_codes(y: torch.Tensor, dictionary: torch.Tensor, s: int) -> torch.Tensor
             without zero columns, or ``s`` not an int in ``[1, n]``.
     """
     where = "omp_codes"
-    if not isinstance(y, torch.Tensor) or not y.is_floating_point() or y.dim() != 2:
-        raise ValueError(f"{where}: y must be a floating-point (N, n) tensor.")
+    if not isinstance(y, torch.Tensor) or not y.is_floating_point():
+        raise ValueError(f"{where}: y must be a floating-point (N, n) tensor, got {not_floating(y)}.")
+    if y.dim() != 2:
+        raise ValueError(f"{where}: y must be a floating-point (N, n) tensor, got shape {tuple(y.shape)}.")
     n = y.shape[1]
     if not isinstance(dictionary, torch.Tensor) or dictionary.shape != (n, n):
         raise ValueError(f"{where}: dictionary must be an ({n}, {n}) tensor for y of shape {tuple(y.shape)}.")
