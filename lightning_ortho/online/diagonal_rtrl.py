@@ -262,6 +262,19 @@ class DiagonalRTRL(OnlineGradientEstimator):
     """
 
     name = "diagonal_rtrl"
+    complex_states = True
+
+    @classmethod
+    def cell_problem(cls, cell: nn.Module, **options: Any) -> str | None:
+        """As :meth:`OnlineGradientEstimator.cell_problem` (a complex state is taken), and the state Jacobian must
+        be diagonal (:func:`check_diagonal_state_jacobian`)."""
+        problem = super().cell_problem(cell, **options)
+        if problem is None:
+            try:
+                check_diagonal_state_jacobian(cell, bool(getattr(cell, "complex_state", False)))
+            except ValueError as error:
+                problem = str(error)
+        return problem
 
     def __init__(self, cell: nn.Module, *, closed_form: bool = True) -> None:
         super().__init__(cell, closed_form=closed_form)
