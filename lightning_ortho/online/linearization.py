@@ -178,7 +178,8 @@ def factorisation_problem(
     The equalities are tested at two random points (inputs ``N(0, 1)``, states ``N(0, 1/4)``, a fixed generator) with
     the parameters moved by ``N(0, (0.1 s)^2)`` (``s`` their RMS, ``1`` for an all-zero or meta tensor), so that a
     parameter that happens to be zero now (a zero-initialised gain) hides nothing; in float64 on the CPU when the
-    cell runs there, else in its own dtype and device, to ``1e4`` rounding steps of the dtype. The verdict of each
+    cell runs there, else in its own dtype and device, to ``1e4`` rounding steps of the dtype; a cell that declares
+    no ``input_size``/``hidden_size`` (and no ``sizes``) cannot be probed and is reported so. The verdict of each
     part is cached for the cell while its class and parameter names stay (a parametrisation changes both): later
     calls cost a dictionary lookup, so paths may call this at every step.
 
@@ -268,7 +269,7 @@ def _probe_points(cell: nn.Module, sizes: tuple[int, int] | None, count: int = 2
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (inputs, hidden)):
         return None
     generator = torch.Generator().manual_seed(0)
-    draw = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
+    draw = lambda *shape: torch.randn(shape, generator=generator, dtype=torch.float64)  # noqa: E731  (0-d too)
     points = []
     for _ in range(count):
         values = {}
@@ -307,7 +308,7 @@ def _evaluate(cell: nn.Module, sizes, compute) -> list | str:
     if points is None:
         return (
             f"{type(cell).__name__} declares no input_size/hidden_size, so its factorisation cannot be checked at"
-            " random points"
+            " random points (give the cell int attributes input_size and hidden_size)"
         )
     results = []
     for values, x, h in points:
@@ -363,11 +364,11 @@ def _check_step(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | N
 def _check_linear(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | None:
     kind = type(cell).__name__
     names = getattr(cell, "preactivation_weights", None)
-    missing = [m for m in ("preactivation_input",) if not callable(getattr(cell, m, None))]
+    missing = [f"{m}()" for m in ("preactivation", "activation", "preactivation_input") if not callable(getattr(cell, m, None))]
     if names is None:
         missing.append("preactivation_weights")
     if missing:
-        return f"{kind} has no z = W a factorisation: it lacks {' and '.join(missing)}"
+        return f"{kind} has no z = W a factorisation: it lacks {', '.join(missing)}"
     names = tuple(names)
     params = dict(cell.named_parameters())
     unknown = [n for n in names if n not in params]

@@ -47,7 +47,7 @@ def jacobian_pattern(
     first = next(iter(params.values()))
     state = torch.zeros(hidden_size, hidden_size, dtype=torch.bool)
     parameter = torch.zeros(hidden_size, layout.size, dtype=torch.bool)
-    draw = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
+    draw = lambda *shape: torch.randn(shape, generator=generator, dtype=torch.float64)  # noqa: E731  (0-d too)
     for _ in range(probes):
         moved = {}
         for name, p in params.items():
