@@ -114,7 +114,9 @@ class OnlineGradientEstimator:
         if not any(True for _ in cell.parameters()):
             return f"{where}: {kind} has no parameters: there is no gradient to estimate."
         if getattr(cell, "complex_state", False) and not cls.complex_states:
-            return f"{where}: the state of {kind} is complex (complex_state = True), and {where} steps real states only."
+            return (
+                f"{where}: the state of {kind} is complex (complex_state = True), and {where} steps real states only."
+            )
         return None
 
     def _require_cell(self, **options: Any) -> None:
@@ -189,9 +191,9 @@ class OnlineGradientEstimator:
                 )
             if lin.h_new.dtype != state.h.dtype:
                 raise ValueError(
-                    f"{type(self).__name__}.step: {type(self.cell).__name__} returned {lin.h_new.dtype} states from h of"
-                    f" {state.h.dtype}; {type(self).__name__} steps a state of one real dtype. A cell whose state is"
-                    f" complex declares complex_state = True; {_complex_estimators()} such cells."
+                    f"{type(self).__name__}.step: {type(self.cell).__name__} returned {lin.h_new.dtype} states from h"
+                    f" of {state.h.dtype}; {type(self).__name__} steps a state of one real dtype. A cell whose state"
+                    f" is complex declares complex_state = True; {_complex_estimators()} such cells."
                 )
             tensors = self._advance(lin, x, state)
         h_new = lin.h_new.detach()
@@ -418,7 +420,7 @@ def estimators_for(cell: nn.Module) -> tuple[type[OnlineGradientEstimator], ...]
     for cls in sorted(_ESTIMATORS.values(), key=lambda c: c.__name__):
         try:
             takes = cls.cell_problem(cell) is None
-        except Exception:  # noqa: BLE001 - advice only: an estimator whose check cannot run is not named
+        except Exception:  # advice only: an estimator whose check cannot run on the cell is not named
             takes = False
         if takes:
             found.append(cls)

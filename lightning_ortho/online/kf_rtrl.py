@@ -48,7 +48,8 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     only when its ``forward`` is checked to be it (``activation(preactivation(x, h))`` with ``preactivation = W a``,
     at random points: :func:`~lightning_ortho.online.linearization.factorisation_problem`): a subclass that
     overrides ``forward`` (or ``preactivation`` without ``preactivation_input``), or a parametrised cell (``W`` is then
-    no parameter), is refused with the reason, and the refusal names the estimators that can train it. Cost per stream and step: memory ``n_a + H Z``; time ``O(H^2 Z)`` for ``J_t A_{t-1}`` (``O(H^3)`` for a
+    no parameter), is refused with the reason, and the refusal names the estimators that can train it. Cost per
+    stream and step: memory ``n_a + H Z``; time ``O(H^2 Z)`` for ``J_t A_{t-1}`` (``O(H^3)`` for a
     fully connected recurrence, as in the paper) plus ``O(H n_a)``.
 
     State entries: ``input_factor`` ``u`` ``(B, n_a)``, ``hidden_factor`` ``A`` ``(B, H, Z)``, and (as UORO)

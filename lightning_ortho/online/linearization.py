@@ -354,8 +354,8 @@ def _check_step(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | N
     gaps = [g for g in found if g is not None]
     if gaps:
         return (
-            f"{kind.__name__}.forward(x, h) is not activation(preactivation(x, h)) (they differ by up to {max(gaps):.3g}"
-            f" at random points; forward comes from {_owner(kind, 'forward')}, preactivation from"
+            f"{kind.__name__}.forward(x, h) is not activation(preactivation(x, h)) (they differ by up to"
+            f" {max(gaps):.3g} at random points; forward comes from {_owner(kind, 'forward')}, preactivation from"
             f" {_owner(kind, 'preactivation')}, activation from {_owner(kind, 'activation')})"
         )
     return None
@@ -364,7 +364,8 @@ def _check_step(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | N
 def _check_linear(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | None:
     kind = type(cell).__name__
     names = getattr(cell, "preactivation_weights", None)
-    missing = [f"{m}()" for m in ("preactivation", "activation", "preactivation_input") if not callable(getattr(cell, m, None))]
+    methods = ("preactivation", "activation", "preactivation_input")
+    missing = [f"{m}()" for m in methods if not callable(getattr(cell, m, None))]
     if names is None:
         missing.append("preactivation_weights")
     if missing:
@@ -380,7 +381,8 @@ def _check_linear(record: _FactorisationRecord, cell: nn.Module, sizes) -> str |
         )
     shapes = {n: tuple(params[n].shape) for n in names}
     rows = {s[0] for s in shapes.values() if len(s) in (1, 2)}
-    if not names or len(rows) != 1 or len(set(names)) != len(names) or any(len(s) not in (1, 2) for s in shapes.values()):
+    matrices = all(len(s) in (1, 2) for s in shapes.values())
+    if not names or len(rows) != 1 or len(set(names)) != len(names) or not matrices:
         return (
             f"the parameters of W = {list(names)} of {kind} must be (Z, k) matrices or (Z,) vectors with one Z, got"
             f" {shapes}"

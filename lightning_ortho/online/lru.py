@@ -110,7 +110,8 @@ class LinearRecurrentUnit(nn.Module):
     def diagonal_traces(self, layout: ParameterLayout) -> DiagonalTraces | None:
         """The closed-form traces (:class:`LRUTraces`), or ``None`` for a subclass that changes the step or the
         parameters (it takes :class:`~lightning_ortho.online.diagonal_rtrl.DiagonalRTRL`'s ``torch.func`` path)."""
-        if not steps_as(self, LinearRecurrentUnit, layout, LRU_PARAMETERS, ("forward", "eigenvalues", "input_projection")):
+        step = ("forward", "eigenvalues", "input_projection")
+        if not steps_as(self, LinearRecurrentUnit, layout, LRU_PARAMETERS, step):
             return None
         return LRUTraces(self, layout)
 

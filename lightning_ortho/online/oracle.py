@@ -113,14 +113,15 @@ def oracle_terms(
         return functional_call(_Method(cell, "activation"), {f"cell.{k}": v for k, v in params.items()}, (z[None],))[0]
 
     # the inputs a of z = W a only where that holds of the cell (else preactivation_b_matrix refuses the terms)
-    linear = cut == "preactivation" and factorisation_problem(cell, ("linear",), layout, (xs.shape[1], h0.shape[0])) is None
+    sizes = (xs.shape[1], h0.shape[0])
+    linear = cut == "preactivation" and factorisation_problem(cell, ("linear",), layout, sizes) is None
     with torch.enable_grad():
         zs, hs, h = [], [], h0.detach()
         jacobians, inputs = [], []
         for t in range(steps):
             jac = jacrev(step_to_cut)(params, xs[t], h)
             jacobians.append(layout.flatten(jac, lead=1))
-            if linear and cut == "preactivation":
+            if linear:
                 inputs.append(cell.preactivation_input(xs[t][None], h[None])[0].detach())
             # dL_s/dz_r is taken as the gradient with respect to a zero perturbation added at z_r.
             perturbation = h0.new_zeros(jacobians[-1].shape[0]).requires_grad_(True)

@@ -7,7 +7,9 @@ import torch
 from lightning_ortho.models import OnlineRNNModule
 from lightning_ortho.online import LinearRecurrentUnit, TanhRNNCell
 
-LRU_TRAINERS = "Estimators that can train LinearRecurrentUnit: DiagonalRTRL (OnlineRNNModule's estimator='diagonal_rtrl')."
+LRU_TRAINERS = (
+    "Estimators that can train LinearRecurrentUnit: DiagonalRTRL (OnlineRNNModule's estimator='diagonal_rtrl')."
+)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +45,8 @@ def test_a_cell_whose_forward_is_not_its_factorisation_is_refused_by_kf_rtrl_onl
         def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
             return 0.5 * h + 0.5 * super().forward(x, h)
 
-    with pytest.raises(ValueError, match=r"Estimators that can train HalfLeakyTanh: RFLO, RTRL, SnAp, TruncatedBPTT, UORO"):
+    trainers = "Estimators that can train HalfLeakyTanh: RFLO, RTRL, SnAp, TruncatedBPTT, UORO"
+    with pytest.raises(ValueError, match=trainers):
         OnlineRNNModule(HalfLeakyTanh(2, 3), output_size=2, estimator="kf_rtrl")
     for estimator, options in [("uoro", {}), ("rtrl", {}), ("tbptt", {"k": 2}), ("rflo", {"tau": 1.0}), ("snap", {})]:
         OnlineRNNModule(HalfLeakyTanh(2, 3), output_size=2, estimator=estimator, estimator_options=options)

@@ -40,7 +40,9 @@ BUILDERS = {
     "UORO": lambda cell: UORO(cell, generator=0),
 }
 REAL_STATE = [name for name in BUILDERS if name != "DiagonalRTRL"]
-LRU_TRAINERS = "Estimators that can train LinearRecurrentUnit: DiagonalRTRL (OnlineRNNModule's estimator='diagonal_rtrl')."
+LRU_TRAINERS = (
+    "Estimators that can train LinearRecurrentUnit: DiagonalRTRL (OnlineRNNModule's estimator='diagonal_rtrl')."
+)
 
 
 class DenseComplexCell(nn.Module):

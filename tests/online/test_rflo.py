@@ -359,7 +359,8 @@ def test_a_preactivation_input_that_does_not_fit_w_takes_the_dense_trace_and_sta
     estimator = RFLO(cell, tau=2.0)
     assert not estimator.factored  # its declared z = W a does not hold: found at construction
     xs, h0, cots = ref.sequence(cell, T, B)
-    torch.testing.assert_close(estimates(estimator, xs, h0, cots), leaky_trace_reference(cell, xs, h0, cots, 2.0), **TOL)
+    want = leaky_trace_reference(cell, xs, h0, cots, 2.0)
+    torch.testing.assert_close(estimates(estimator, xs, h0, cots), want, **TOL)
 
 
 def test_bad_step_and_gradient_inputs_are_refused():
