@@ -19,6 +19,7 @@ from lightning_ortho.online import (
     SnAp,
     TruncatedBPTT,
 )
+from lightning_ortho.online.estimator import cell_refusal
 
 _CLASSES = {
     "uoro": UORO,
@@ -51,9 +52,15 @@ def build_estimator(name: str, cell: nn.Module, options: dict[str, Any], seed: i
 
     Raises:
         ValueError: unknown name, an option the estimator does not take (the message lists those it takes),
-            ``tbptt`` without ``k`` or ``rflo`` without ``tau``.
+            a cell the estimator cannot train (checked first: the message gives the reason and names the estimators
+            that can train the cell), ``tbptt`` without ``k`` or ``rflo`` without ``tau``.
     """
     cls = estimator_class(name)
+    # The cell first: no option makes an estimator take a cell that its defaults refuse (UORO's default projection
+    # takes the most cells), and the reason matters more than a missing option.
+    problem = cls.cell_problem(cell)
+    if problem is not None:
+        raise cell_refusal(problem, cell)
     taken = list(_option_defaults(cls, with_required=True))
     unknown = sorted(set(options) - set(taken))
     if "generator" in options:

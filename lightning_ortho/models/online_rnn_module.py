@@ -86,7 +86,9 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             unbiased, cells with ``z = W a`` such as ``TanhRNNCell``), ``"snap"`` (sparse RTRL, ``order`` 1 or 2) or
             ``"diagonal_rtrl"`` (exact RTRL for recurrences diagonal by construction: ``LinearRecurrentUnit``,
             element-wise cells that declare ``diagonal_recurrence = True``) or ``"rflo"`` (leaky traces of the
-            immediate Jacobian, biased by design; Murray 2019).
+            immediate Jacobian, biased by design; Murray 2019). An estimator that cannot train the cell (a complex
+            state for all but ``"diagonal_rtrl"``; a cell whose ``forward`` is not ``activation(W a)`` for
+            ``"kf_rtrl"``) refuses it here, naming the estimators that can.
         estimator_options: keyword arguments of the estimator: ``k`` for ``tbptt``; ``projection``,
             ``rescaling``, ``eps`` for ``uoro``; ``order`` for ``snap``; ``eps`` for ``kf_rtrl``; ``tau`` for ``rflo``.
         update_every: steps per parameter update (1: fully online).
@@ -102,7 +104,8 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             that many; ``None`` leaves torch's count.
 
     Raises:
-        ValueError: an argument is invalid (the message says what to set); when fitting, the data module's
+        ValueError: an argument is invalid (the message says what to set), or the estimator cannot train the cell
+            (the message gives the reason and names the estimators that can); when fitting, the data module's
             ``input_size``, ``output_size`` or ``loss`` disagree with the model, or chunks arrive out of order.
     """
 

@@ -12,6 +12,15 @@ Any ``nn.Module`` with that call and its parameters inside works with every esti
   ``J^z_W = I (x) a^T`` that UORO's ``projection="none"`` and the oracle (:mod:`lightning_ortho.online.oracle`) need.
 * ``linearize(x, h)`` returning a closed-form :class:`~lightning_ortho.online.linearization.StepLinearization`:
   the fast path (:class:`TanhRNNCell` has one; tests compare it with the generic path).
+
+These factorisations are checked, not trusted: every path that uses one first checks, once per cell at random
+points, that it holds of the cell's ``forward`` (:func:`~lightning_ortho.online.linearization.factorisation_problem`).
+A cell where it does not (a subclass whose ``forward`` is ``0.5 * h + 0.5 * super().forward(x, h)``; for ``z = W a``
+also a subclass that overrides ``preactivation`` alone, or a parametrised cell, whose ``W`` is no parameter) gets the
+generic products of its ``forward`` where the estimator has them (RTRL, UORO at the state or the parameters, RFLO's
+dense trace, SnAp, truncated BPTT) and is refused with the reason where the estimator is the factorisation (UORO's
+``projection="preactivation"``/``"none"``, KF-RTRL). Closed forms apply only to the class they were written for
+(:func:`~lightning_ortho.online.linearization.steps_as`).
 """
 
 from __future__ import annotations
@@ -218,7 +227,11 @@ class InfluenceBalancingCell(nn.Module):
         return h @ self.transition.T + self.theta * self.signs
 
     def linearize(self, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None) -> StepLinearization:
-        """Closed-form products (the generic ``torch.func`` path costs far more than this tiny linear map itself)."""
+        """Closed-form products (the generic ``torch.func`` path costs far more than this tiny linear map itself), or
+        the generic ones for a subclass that overrides ``forward`` or a parametrised cell (:func:`steps_as`)."""
+        layout = layout if layout is not None else ParameterLayout(self)
+        if not steps_as(self, InfluenceBalancingCell, layout, ("theta",), ("forward",)):
+            return StepLinearization(self, x, h, layout)
         return LinearStepLinearization(self, x, h, layout)
 
     def extra_repr(self) -> str:

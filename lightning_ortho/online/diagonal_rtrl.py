@@ -372,12 +372,25 @@ class DiagonalRTRL(OnlineGradientEstimator):
     """
 
     name = "diagonal_rtrl"
+    complex_states = True
+
+    @classmethod
+    def cell_problem(cls, cell: nn.Module, **options: Any) -> str | None:
+        """As :meth:`OnlineGradientEstimator.cell_problem` (a complex state is taken), and the cell must declare a
+        diagonal recurrence (:func:`check_declared_diagonal_recurrence`) whose state Jacobian is diagonal at its
+        current parameters and after a random move of them (:func:`check_diagonal_state_jacobian`)."""
+        problem = super().cell_problem(cell, **options)
+        if problem is None:
+            try:
+                check_declared_diagonal_recurrence(cell)
+                check_diagonal_state_jacobian(cell, bool(getattr(cell, "complex_state", False)))
+            except ValueError as error:
+                problem = str(error)
+        return problem
 
     def __init__(self, cell: nn.Module, *, closed_form: bool = True) -> None:
         super().__init__(cell, closed_form=closed_form)
-        self.complex_state = bool(getattr(cell, "complex_state", False))
-        check_declared_diagonal_recurrence(cell)
-        check_diagonal_state_jacobian(cell, self.complex_state)
+        self.complex_state = bool(getattr(cell, "complex_state", False))  # the cell was checked by cell_problem
         self._probed = _has_values(cell)  # False: built on the meta device, where nothing was read
         fast = getattr(cell, "diagonal_traces", None) if closed_form else None
         traces = fast(self.layout) if fast is not None else None

@@ -8,9 +8,15 @@
 ``gradient`` is the estimate of ``dL_t/dtheta`` through the whole history (RTRL exactly, UORO unbiased,
 truncated BPTT through the last ``k`` steps), summed over the streams (``per_stream=True`` keeps them apart:
 ``(B, *shape)``). Summing ``gradient`` over ``t`` estimates the gradient of ``L = sum_t L_t``.
+
+Which cells an estimator takes is declared in one place, its :meth:`OnlineGradientEstimator.cell_problem`; its
+constructor refuses a cell for which that gives a reason, and the refusal names the estimators that can train the
+cell (:func:`estimators_for`, which asks every estimator's ``cell_problem``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +38,10 @@ class OnlineGradientEstimator:
     whose state entries change size from step to step lists those dims in ``varying_dims`` (checked on load), and
     entries that are windows of the last steps in ``windows`` (a longer saved window is cut on load).
 
+    The cell is checked here against :meth:`cell_problem` with the estimator's default options (a subclass checks
+    the options it is given that decide which cells it takes); a refusal raises ``ValueError`` naming the reason
+    and the estimators that can train the cell.
+
     Every input is checked here, once for all estimators: its shape against the state and against the cell's
     ``input_size`` and ``hidden_size`` (where the cell has them), its dtype, and NaN/inf. The shape checks are
     Python comparisons; the NaN checks are the one host synchronisation per call that ``step`` and ``gradient``
@@ -47,10 +57,17 @@ class OnlineGradientEstimator:
     """
 
     name = "estimator"
+    #: Whether the estimator steps a complex state (a cell with ``complex_state = True``); the others refuse one.
+    complex_states: bool = False
     #: ``{state entry: dims}`` whose sizes vary from step to step (see :class:`OnlineState`).
     varying_dims: dict[str, tuple[int, ...]] = {}
     #: ``{state entry: (dim, length)}``: sliding windows of the last ``length`` steps (see :class:`OnlineState`).
     windows: dict[str, tuple[int, int]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # an estimator of its own (a subclass that keeps its parent's name is that one)
+            _ESTIMATORS.setdefault(cls.name, cls)
 
     def __init__(self, cell: nn.Module, *, closed_form: bool = True) -> None:
         if not isinstance(cell, nn.Module):
@@ -59,6 +76,7 @@ class OnlineGradientEstimator:
         self.closed_form = closed_form
         self.num_threads = "auto"
         self.layout = ParameterLayout(cell)
+        self._require_cell()
         # The sizes the cell declares (every cell of this package does): x and h0 are checked against them.
         self.input_size = _declared_size(cell, "input_size")
         self.hidden_size = _declared_size(cell, "hidden_size")
@@ -72,6 +90,40 @@ class OnlineGradientEstimator:
     @num_threads.setter
     def num_threads(self, value: ThreadSetting) -> None:
         self._num_threads = check_num_threads(value, type(self).__name__)
+
+    # -- which cells ------------------------------------------------------------------------------------------
+    @classmethod
+    def cell_problem(cls, cell: nn.Module, **options: Any) -> str | None:
+        """Why this estimator cannot train ``cell`` with ``options``, or ``None`` when it can.
+
+        The one declaration of the cells an estimator takes: its constructor refuses a cell for which this gives a
+        reason, and :func:`estimators_for` asks it (with the default options) to name the estimators that can train
+        a refused cell. Cheap where it can be (a check that must probe the cell probes it once: see
+        :func:`~lightning_ortho.online.linearization.factorisation_problem`). The base class asks for a parameter
+        and, unless :attr:`complex_states`, a real state; subclasses add their needs.
+
+        Args:
+            cell: the recurrent cell.
+            **options: the estimator's keyword arguments that decide which cells it takes (UORO's ``projection``);
+                the defaults where left out.
+
+        Returns:
+            ``None``, or a sentence that starts with the estimator's name and says what the cell lacks.
+        """
+        where, kind = cls.__name__, type(cell).__name__
+        if not any(True for _ in cell.parameters()):
+            return f"{where}: {kind} has no parameters: there is no gradient to estimate."
+        if getattr(cell, "complex_state", False) and not cls.complex_states:
+            return (
+                f"{where}: the state of {kind} is complex (complex_state = True), and {where} steps real states only."
+            )
+        return None
+
+    def _require_cell(self, **options: Any) -> None:
+        """Raise :func:`cell_refusal` when :meth:`cell_problem` refuses the cell with ``options``."""
+        problem = type(self).cell_problem(self.cell, **options)
+        if problem is not None:
+            raise cell_refusal(problem, self.cell)
 
     # -- the interface ---------------------------------------------------------------------------------------
     def initial_state(self, h0: torch.Tensor) -> OnlineState:
@@ -136,6 +188,12 @@ class OnlineGradientEstimator:
                 raise ValueError(
                     f"{type(self).__name__}.step: the cell returned shape {tuple(lin.h_new.shape)} from h of shape"
                     f" {tuple(state.h.shape)}; h0 must have one column per unit of the cell (its hidden size)."
+                )
+            if lin.h_new.dtype != state.h.dtype:
+                raise ValueError(
+                    f"{type(self).__name__}.step: {type(self.cell).__name__} returned {lin.h_new.dtype} states from h"
+                    f" of {state.h.dtype}; {type(self).__name__} steps a state of one real dtype. A cell whose state"
+                    f" is complex declares complex_state = True; {_complex_estimators()} such cells."
                 )
             tensors = self._advance(lin, x, state)
         h_new = lin.h_new.detach()
@@ -350,6 +408,11 @@ class OnlineGradientEstimator:
             raise ValueError(f"{where}: {name} must be a tensor, got {type(tensor).__name__}.")
         if tensor.dim() != dims:
             raise ValueError(f"{where}: {name} must be (streams, features), got shape {tuple(tensor.shape)}.")
+        if tensor.is_complex():
+            raise ValueError(
+                f"{where}: {name} is {tensor.dtype}, but {where} takes real states and inputs only: a cell whose state"
+                f" is complex declares complex_state = True, and {_complex_estimators()} such cells."
+            )
         if not tensor.is_floating_point():
             raise ValueError(f"{where}: {name} must be floating point, got {tensor.dtype}; convert it with .float().")
         if like is not None:
@@ -361,6 +424,54 @@ class OnlineGradientEstimator:
                     f"{where}: {name} is {tensor.dtype} on {tensor.device} but the state is {like.dtype} on"
                     f" {like.device}; convert one of them (the cell's parameters must match too)."
                 )
+
+
+#: Every estimator class by its ``name``, filled as each is defined (:meth:`OnlineGradientEstimator.__init_subclass__`).
+_ESTIMATORS: dict[str, type[OnlineGradientEstimator]] = {}
+
+
+def estimators_for(cell: nn.Module) -> tuple[type[OnlineGradientEstimator], ...]:
+    """The estimators that can train ``cell`` with their default options (their
+    :meth:`~OnlineGradientEstimator.cell_problem` gives no reason), in the order of their class names.
+
+    A check that fails to run on ``cell`` (an error other than its verdict) leaves that estimator out: its
+    constructor would fail the same way.
+    """
+    found = []
+    for cls in sorted(_ESTIMATORS.values(), key=lambda c: c.__name__):
+        try:
+            takes = cls.cell_problem(cell) is None
+        except Exception:  # advice only: an estimator whose check cannot run on the cell is not named
+            takes = False
+        if takes:
+            found.append(cls)
+    return tuple(found)
+
+
+def trainers_sentence(cell: nn.Module) -> str:
+    """The sentence of a refusal that names the estimators that can train ``cell`` (:func:`estimators_for`) with
+    their names in :class:`~lightning_ortho.models.OnlineRNNModule`, or says that none can."""
+    kind = type(cell).__name__
+    found = estimators_for(cell)
+    if not found:
+        return f"No estimator of lightning_ortho.online can train {kind}."
+    classes = ", ".join(c.__name__ for c in found)
+    names = " | ".join(repr(c.name) for c in found)
+    return f"Estimators that can train {kind}: {classes} (OnlineRNNModule's estimator={names})."
+
+
+def cell_refusal(problem: str, cell: nn.Module) -> ValueError:
+    """The ``ValueError`` an estimator raises when it cannot train ``cell``: ``problem`` (the reason, from
+    :meth:`~OnlineGradientEstimator.cell_problem` or the estimator's own check) and :func:`trainers_sentence`."""
+    return ValueError(f"{problem} {trainers_sentence(cell)}")
+
+
+def _complex_estimators() -> str:
+    """``"DiagonalRTRL trains"`` (the estimators with ``complex_states``), for messages about complex states."""
+    found = sorted(c.__name__ for c in _ESTIMATORS.values() if c.complex_states)
+    if not found:
+        return "no estimator of lightning_ortho.online trains"
+    return f"{', '.join(found)} {'trains' if len(found) == 1 else 'train'}"
 
 
 def _sum_dtype(dtype: torch.dtype) -> torch.dtype:

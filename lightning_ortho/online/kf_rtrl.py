@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lightning_ortho.online.estimator import OnlineGradientEstimator
-from lightning_ortho.online.linearization import StepLinearization
+from lightning_ortho.online.linearization import StepLinearization, factorisation_problem, weight_columns, weight_rows
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
 
@@ -44,8 +44,12 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     driven by ``tau_t = c2_t s_t``, again independent fair signs: the two estimates are the same random variable.
 
     Parameters outside ``W`` (a bias added after the activation, modReLU's threshold) are refused: every parameter
-    of the cell must be named in ``preactivation_weights``; use :class:`~lightning_ortho.online.UORO` for such
-    cells. Cost per stream and step: memory ``n_a + H Z``; time ``O(H^2 Z)`` for ``J_t A_{t-1}`` (``O(H^3)`` for a
+    of the cell must be named in ``preactivation_weights``. The estimator is this factorisation, so a cell is taken
+    only when its ``forward`` is checked to be it (``activation(preactivation(x, h))`` with ``preactivation = W a``,
+    at random points: :func:`~lightning_ortho.online.linearization.factorisation_problem`): a subclass that
+    overrides ``forward`` (or ``preactivation`` without ``preactivation_input``), or a parametrised cell (``W`` is then
+    no parameter), is refused with the reason, and the refusal names the estimators that can train it. Cost per
+    stream and step: memory ``n_a + H Z``; time ``O(H^2 Z)`` for ``J_t A_{t-1}`` (``O(H^3)`` for a
     fully connected recurrence, as in the paper) plus ``O(H n_a)``.
 
     State entries: ``input_factor`` ``u`` ``(B, n_a)``, ``hidden_factor`` ``A`` ``(B, H, Z)``, and (as UORO)
@@ -62,12 +66,26 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
 
     Raises:
         ValueError: a cell without ``preactivation_input``, ``preactivation``, ``activation`` and
-            ``preactivation_weights``, with parameters outside ``W``, or whose weights do not have ``Z`` rows; an
-            ``eps`` that is not a positive finite number; a generator that is neither a seed nor a
-            ``torch.Generator``. At a step: ``preactivation_input`` not of ``n_a`` entries.
+            ``preactivation_weights``, with parameters outside ``W``, whose weights do not have ``Z`` rows, or whose
+            ``forward`` is not the factorisation (:meth:`cell_problem`); an ``eps`` that is not a positive finite
+            number; a generator that is neither a seed nor a ``torch.Generator``. At a step: ``preactivation_input``
+            not of ``n_a`` entries.
     """
 
     name = "kf_rtrl"
+
+    @classmethod
+    def cell_problem(cls, cell: nn.Module, **options) -> str | None:
+        """As :meth:`OnlineGradientEstimator.cell_problem`, and the cell's step must be ``activation(W a)`` with
+        every parameter in ``W`` (the parts ``"step"`` and ``"complete"`` of
+        :func:`~lightning_ortho.online.linearization.factorisation_problem`): no generic product replaces the
+        Kronecker structure, so a cell without it is refused."""
+        problem = super().cell_problem(cell, **options)
+        if problem is None:
+            reason = factorisation_problem(cell, ("step", "complete"))
+            if reason is not None:
+                problem = f"KFRTRL needs a cell h' = activation(z) with z = W a and every parameter in W: {reason}."
+        return problem
 
     def __init__(
         self,
@@ -161,39 +179,14 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
 
 
 def _weight_columns(cell: nn.Module) -> list[tuple[str, int, bool]]:
-    """``[(name, columns, is_vector)]`` of the parameters of ``W`` in ``preactivation_weights`` order; raise
-    ``ValueError`` unless the cell has the factorisation ``z = W a`` covering every parameter."""
-    names = getattr(cell, "preactivation_weights", None)
-    needed = ("preactivation_input", "preactivation", "activation")
-    if names is None or not all(hasattr(cell, method) for method in needed):
-        raise ValueError(
-            "KFRTRL needs a cell with z = W a: preactivation_input(x, h), preactivation(x, h), activation(z) and"
-            f" preactivation_weights"
-            f" ({type(cell).__name__} lacks them; TanhRNNCell has them). Use UORO or RTRL for this cell."
-        )
-    params = dict(cell.named_parameters())
-    unknown = sorted(set(names) - set(params))
-    if unknown:
-        raise ValueError(f"KFRTRL: preactivation_weights names {unknown}, which are not parameters of the cell.")
-    outside = sorted(set(params) - set(names))
-    if outside:
-        raise ValueError(
-            f"KFRTRL needs every parameter inside W = {list(names)}, but the cell also has {outside} (they act"
-            " outside the preactivation, which one Kronecker product does not cover); use UORO for this cell."
-        )
-    return [(n, 1 if params[n].dim() == 1 else params[n].shape[1], params[n].dim() == 1) for n in names]
+    """``[(name, columns, is_vector)]`` of the parameters of ``W`` in ``preactivation_weights`` order (the cell was
+    checked by :meth:`KFRTRL.cell_problem`)."""
+    return weight_columns(cell)
 
 
 def _weight_rows(cell: nn.Module, columns: list[tuple[str, int, bool]]) -> int:
-    """``Z``, the rows every parameter of ``W`` shares; ``ValueError`` if they differ or one is not 1-d or 2-d."""
-    params = dict(cell.named_parameters())
-    shapes = {n: tuple(params[n].shape) for n, _, _ in columns}
-    rows = {s[0] for s in shapes.values() if len(s) in (1, 2)}
-    if len(rows) != 1 or any(len(s) not in (1, 2) for s in shapes.values()):
-        raise ValueError(
-            f"KFRTRL: the parameters of W must be (Z, k) matrices or (Z,) vectors with one Z, got {shapes}."
-        )
-    return rows.pop()
+    """``Z``, the rows every parameter of ``W`` shares."""
+    return weight_rows(cell)
 
 
 def _norms(value: torch.Tensor) -> torch.Tensor:

@@ -8,10 +8,24 @@ Notation of Cooijmans & Martens 2019: ``h_t = F(h_{t-1}, x_t; theta_t)``; ``J^{h
 :class:`StepLinearization` computes every product exactly with ``torch.func`` (``jvp`` for forward mode,
 ``vjp``/``jacrev`` under ``vmap`` for per-stream reverse mode) through ``functional_call``, never with finite
 differences. :class:`TanhStepLinearization` is the closed form for :class:`~lightning_ortho.online.TanhRNNCell`.
+
+Every path that relies on more than ``forward`` checks first that the cell's ``forward`` is what it relies on, or
+takes the generic products of ``forward``, or refuses:
+
+* a closed form of a known class (``TanhRNNCell.linearize``, ``ModReLURNNCell.linearize``, the LRU's traces) applies
+  when :func:`steps_as` holds: the class or a subclass that overrides none of the step's methods, with the plain
+  parameters (a structural test of the class, free at every step);
+* a cell's declared factorisation (``forward = activation o preactivation``, ``z = W a``, an element-wise
+  activation), which UORO's ``projection="preactivation"``/``"none"``, KF-RTRL, RFLO's factored trace and the
+  oracle use, is checked by :func:`factorisation_problem`: once per cell, at random points and random parameters
+  (so the verdict is the class's, not that of the current weights, which an optimizer moves), and cached for the
+  cell's class and parameter names.
 """
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -139,6 +153,319 @@ def steps_as(
     return all(getattr(kind, name) is getattr(base, name) for name in methods)
 
 
+#: The parts of a cell's declared factorisation that a path can rely on (:func:`factorisation_problem`).
+FACTORISATION_PARTS = ("step", "linear", "complete", "elementwise")
+
+
+def factorisation_problem(
+    cell: nn.Module,
+    parts: tuple[str, ...],
+    layout: ParameterLayout | None = None,
+    sizes: tuple[int, int] | None = None,
+) -> str | None:
+    """Why ``cell``'s declared factorisation is not its step, for the ``parts`` a path relies on; ``None`` when they
+    all hold. The one check that every path using a cell's factorisation makes (see the module docstring).
+
+    The parts:
+
+    * ``"step"``: ``forward(x, h) = activation(preactivation(x, h))`` (the cut vertex ``z``);
+    * ``"linear"``: ``"step"`` and ``preactivation(x, h) = W a`` with ``a = preactivation_input(x, h)`` ``(B, n_a)``
+      and ``W`` ``(Z, n_a)`` the parameters named in ``preactivation_weights`` side by side (a vector is one column);
+    * ``"complete"``: ``"linear"`` with every parameter of the cell in ``W``;
+    * ``"elementwise"``: ``"step"`` and ``activation`` maps ``(1, Z)`` to ``(1, Z)`` unit by unit (its Jacobian is
+      diagonal, off-diagonal entries exactly zero) and reads no parameter.
+
+    The equalities are tested at two random points (inputs ``N(0, 1)``, states ``N(0, 1/4)``, a fixed generator) with
+    the parameters moved by ``N(0, (0.1 s)^2)`` (``s`` their RMS, ``1`` for an all-zero or meta tensor), so that a
+    parameter that happens to be zero now (a zero-initialised gain) hides nothing; in float64 on the CPU when the
+    cell runs there, else in its own dtype and device, to ``1e4`` rounding steps of the dtype; a cell that declares
+    no ``input_size``/``hidden_size`` (and no ``sizes``) cannot be probed and is reported so. The verdict of each
+    part is cached for the cell while its class and parameter names stay (a parametrisation changes both): later
+    calls cost a dictionary lookup, so paths may call this at every step.
+
+    Args:
+        cell: the recurrent cell.
+        parts: names from :data:`FACTORISATION_PARTS`.
+        layout: the cell's :class:`ParameterLayout` (built here when ``None``).
+        sizes: ``(input_size, hidden_size)`` for the random points when the cell does not declare them.
+
+    Returns:
+        ``None``, or one sentence that names the cell and what does not hold (no advice: the caller says what to
+            do).
+
+    Raises:
+        ValueError: an unknown part.
+    """
+    unknown = [p for p in parts if p not in FACTORISATION_PARTS]
+    if unknown:
+        raise ValueError(f"factorisation_problem: unknown parts {unknown}; choose from {FACTORISATION_PARTS}.")
+    record = _factorisation_record(cell, layout)
+    wanted = {"step", *parts} | ({"linear"} if "complete" in parts else set())
+    for part in _CHECK_ORDER:  # the cheap structural checks of W before the probes of the step
+        if part not in wanted:
+            continue
+        if part not in record.verdicts:
+            record.verdicts[part] = _CHECKS[part](record, cell, sizes)
+        if record.verdicts[part] is not None:
+            return record.verdicts[part]
+    return None
+
+
+def weight_columns(cell: nn.Module, layout: ParameterLayout | None = None) -> list[tuple[str, int, bool]]:
+    """``[(name, columns, is_vector)]`` of ``W`` in ``preactivation_weights`` order, for a cell whose ``"linear"``
+    part holds (:func:`factorisation_problem`); ``W`` has :func:`weight_rows` rows.
+
+    Raises:
+        ValueError: the ``"linear"`` part does not hold (the message says why).
+    """
+    problem = factorisation_problem(cell, ("linear",), layout)
+    if problem is not None:
+        raise ValueError(problem)
+    return list(_factorisation_record(cell, layout).columns)
+
+
+def weight_rows(cell: nn.Module, layout: ParameterLayout | None = None) -> int:
+    """``Z``, the rows of ``W`` (and entries of ``z``) of a cell whose ``"linear"`` part holds.
+
+    Raises:
+        ValueError: the ``"linear"`` part does not hold (the message says why).
+    """
+    weight_columns(cell, layout)
+    return _factorisation_record(cell, layout).rows
+
+
+class _FactorisationRecord:
+    """What :func:`factorisation_problem` found for one cell, valid while its class and parameter names stay."""
+
+    def __init__(self, kind: type, names: tuple[str, ...]) -> None:
+        self.kind, self.names = kind, names
+        self.verdicts: dict[str, str | None] = {}
+        self.columns: tuple[tuple[str, int, bool], ...] = ()
+        self.rows = 0
+        self.post_parameters: bool | None = None
+
+
+_RECORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _factorisation_record(cell: nn.Module, layout: ParameterLayout | None) -> _FactorisationRecord:
+    names = layout.names if layout is not None else tuple(n for n, _ in cell.named_parameters())
+    record = _RECORDS.get(cell)
+    if record is None or record.kind is not type(cell) or record.names != names:
+        record = _RECORDS[cell] = _FactorisationRecord(type(cell), names)
+    return record
+
+
+def _owner(kind: type, name: str) -> str:
+    """The class of ``kind``'s MRO that defines attribute ``name`` (for messages)."""
+    return next((c.__name__ for c in kind.__mro__ if name in c.__dict__), "?")
+
+
+def _probe_points(cell: nn.Module, sizes: tuple[int, int] | None, count: int = 2):
+    """``count`` random ``(values, x (1, I), h (1, H))`` in float64 on the CPU: the parameters moved as
+    :func:`factorisation_problem` says, and the buffers, for ``functional_call``; ``None`` without the sizes."""
+    inputs = sizes[0] if sizes is not None else getattr(cell, "input_size", None)
+    hidden = sizes[1] if sizes is not None else getattr(cell, "hidden_size", None)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (inputs, hidden)):
+        return None
+    generator = torch.Generator().manual_seed(0)
+    draw = lambda *shape: torch.randn(shape, generator=generator, dtype=torch.float64)  # noqa: E731  (0-d too)
+    points = []
+    for _ in range(count):
+        values = {}
+        for name, p in cell.named_parameters():
+            readable = p.device.type != "meta" and p.is_floating_point()
+            base = p.detach().double().cpu() if readable else torch.zeros(p.shape, dtype=torch.float64)
+            scale = base.square().mean().sqrt().item() if base.numel() else 0.0
+            values[name] = base + 0.1 * (scale or 1.0) * draw(*p.shape)
+        for name, b in cell.named_buffers():
+            if b.device.type == "meta":
+                values[name] = torch.zeros(b.shape, dtype=torch.float64 if b.is_floating_point() else b.dtype)
+            else:
+                values[name] = b.detach().double().cpu() if b.is_floating_point() else b.detach().cpu()
+        points.append((values, draw(1, inputs), 0.5 * draw(1, hidden)))
+    return points
+
+
+def _on_cell(cell: nn.Module, values: dict[str, torch.Tensor], *args: torch.Tensor):
+    """``values`` and ``args`` in the dtype and device of the cell's first parameter (a cell that cannot run in
+    float64 on the CPU)."""
+    first = next(cell.parameters())
+    move = lambda t: t.to(first.device, first.dtype) if t.is_floating_point() else t.to(first.device)  # noqa: E731
+    return {k: move(v) for k, v in values.items()}, tuple(move(a) for a in args)
+
+
+def _call(cell: nn.Module, method: str, values: dict[str, torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+    if method == "forward":
+        return functional_call(cell, values, args)
+    return functional_call(_Method(cell, method), {f"cell.{k}": v for k, v in values.items()}, args)
+
+
+def _evaluate(cell: nn.Module, sizes, compute) -> list | str:
+    """``compute(values, x, h)`` at each random point (float64 on the CPU, else the cell's dtype and device), or a
+    sentence saying why the cell could not be probed."""
+    points = _probe_points(cell, sizes)
+    if points is None:
+        return (
+            f"{type(cell).__name__} declares no input_size/hidden_size, so its factorisation cannot be checked at"
+            " random points (give the cell int attributes input_size and hidden_size)"
+        )
+    results = []
+    for values, x, h in points:
+        try:
+            results.append(compute(values, x, h))
+        except RuntimeError:  # fixed tensors of the cell's own dtype or device: probe there
+            values, (x, h) = _on_cell(cell, values, x, h)
+            try:
+                results.append(compute(values, x, h))
+            except (RuntimeError, ValueError, TypeError) as error:
+                return (
+                    f"{type(cell).__name__} could not be run at a random point to check its factorisation"
+                    f" ({type(error).__name__}: {error})"
+                )
+    return results
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """The largest gap between ``a`` and ``b`` when it exceeds ``1e4`` rounding steps of their dtype relative to
+    their size (NaN where both are NaN counts as equal), else ``None``; ``inf`` for different shapes."""
+    if a.shape != b.shape:
+        return math.inf
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    gap = torch.where(both_nan, torch.zeros_like(a), a - b).abs().max().item() if a.numel() else 0.0
+    size = max(a.abs().nan_to_num().max().item() if a.numel() else 0.0, 1.0)
+    dtype = a.real.dtype if a.is_complex() else a.dtype
+    return None if gap <= 1e4 * torch.finfo(dtype).eps * size else (gap if gap == gap else math.inf)
+
+
+def _check_step(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | None:
+    kind = type(cell)
+    missing = [m for m in ("preactivation", "activation") if not callable(getattr(cell, m, None))]
+    if missing:
+        return f"{kind.__name__} has no {' and no '.join(f'{m}()' for m in missing)}"
+
+    def compute(values, x, h):
+        z = _call(cell, "preactivation", values, x, h)
+        return _differ(_call(cell, "forward", values, x, h), _call(cell, "activation", values, z))
+
+    found = _evaluate(cell, sizes, compute)
+    if isinstance(found, str):
+        return found
+    gaps = [g for g in found if g is not None]
+    if gaps:
+        return (
+            f"{kind.__name__}.forward(x, h) is not activation(preactivation(x, h)) (they differ by up to"
+            f" {max(gaps):.3g} at random points; forward comes from {_owner(kind, 'forward')}, preactivation from"
+            f" {_owner(kind, 'preactivation')}, activation from {_owner(kind, 'activation')})"
+        )
+    return None
+
+
+def _check_linear(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | None:
+    kind = type(cell).__name__
+    names = getattr(cell, "preactivation_weights", None)
+    methods = ("preactivation", "activation", "preactivation_input")
+    missing = [f"{m}()" for m in methods if not callable(getattr(cell, m, None))]
+    if names is None:
+        missing.append("preactivation_weights")
+    if missing:
+        return f"{kind} has no z = W a factorisation: it lacks {', '.join(missing)}"
+    names = tuple(names)
+    params = dict(cell.named_parameters())
+    unknown = [n for n in names if n not in params]
+    if unknown:
+        return (
+            f"{kind}.preactivation_weights names {unknown}, which are not parameters of the cell (they are"
+            f" {list(params)}; a parametrisation renames a weight, e.g. parametrizations.weight_hh.original, and W is"
+            " then a function of the parameters, not one)"
+        )
+    shapes = {n: tuple(params[n].shape) for n in names}
+    rows = {s[0] for s in shapes.values() if len(s) in (1, 2)}
+    matrices = all(len(s) in (1, 2) for s in shapes.values())
+    if not names or len(rows) != 1 or len(set(names)) != len(names) or not matrices:
+        return (
+            f"the parameters of W = {list(names)} of {kind} must be (Z, k) matrices or (Z,) vectors with one Z, got"
+            f" {shapes}"
+        )
+    columns = tuple((n, 1 if len(s) == 1 else s[1], len(s) == 1) for n, s in shapes.items())
+    width = sum(c for _, c, _ in columns)
+
+    def compute(values, x, h):
+        a = _call(cell, "preactivation_input", values, x, h)
+        if a.shape != (1, width):
+            return ("shape", tuple(a.shape))
+        weight = torch.cat([values[n][:, None] if vector else values[n] for n, _, vector in columns], dim=1)
+        return ("gap", _differ(_call(cell, "preactivation", values, x, h), a @ weight.to(a.dtype).T))
+
+    found = _evaluate(cell, sizes, compute)
+    if isinstance(found, str):
+        return found
+    for what, value in found:
+        if what == "shape":
+            return (
+                f"{kind}.preactivation_input returned shape {value} for one stream, but its preactivation_weights"
+                f" {list(names)} have {width} columns side by side: W a needs (1, {width})"
+            )
+    gaps = [value for _, value in found if value is not None]
+    if gaps:
+        return (
+            f"{kind}.preactivation(x, h) is not W a with W = {list(names)} side by side and a ="
+            f" preactivation_input(x, h) (they differ by up to {max(gaps):.3g} at random points)"
+        )
+    record.columns, record.rows = columns, rows.pop()
+    return None
+
+
+def _check_complete(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | None:
+    names = set(getattr(cell, "preactivation_weights", ()))
+    outside = [n for n, _ in cell.named_parameters() if n not in names]
+    if outside:
+        return (
+            f"{type(cell).__name__} has parameters outside W = {list(getattr(cell, 'preactivation_weights', ()))}:"
+            f" {outside} (they act outside the preactivation)"
+        )
+    return None
+
+
+def _check_elementwise(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | None:
+    kind = type(cell).__name__
+    first = next(cell.parameters())
+    if first.device.type == "meta":
+        return f"{kind} is on the meta device, so whether its activation is element-wise cannot be checked"
+    found = _evaluate(cell, sizes, lambda values, x, h: _call(cell, "preactivation", values, x, h).shape[1])
+    if isinstance(found, str):
+        return found
+    rows = found[0]
+    # Off-diagonal entries exactly zero: a structural test, made in the parameters' dtype and device.
+    generator = torch.Generator().manual_seed(0)
+    points = torch.randn(2, rows, generator=generator, dtype=torch.float64).to(first.device, first.dtype)
+    try:
+        if activation_reads_parameters(cell, points[:1]):
+            return f"{kind}.activation reads parameters"
+        jacobians = vmap(jacrev(lambda z: cell.activation(z[None])[0]))(points)
+    except (RuntimeError, ValueError, TypeError) as error:
+        return f"{kind}.activation cannot be differentiated by torch.func ({type(error).__name__}: {error})"
+    if jacobians.shape != (2, rows, rows):
+        return f"{kind}.activation maps (1, {rows}) to (1, {jacobians.shape[1]}), not unit by unit"
+    off_diagonal = jacobians * (1 - torch.eye(rows, dtype=jacobians.dtype, device=jacobians.device))
+    if bool((off_diagonal != 0).any()):
+        return f"{kind}.activation is not element-wise (its Jacobian has off-diagonal entries)"
+    return None
+
+
+_CHECKS = {"step": _check_step, "linear": _check_linear, "complete": _check_complete, "elementwise": _check_elementwise}
+_CHECK_ORDER = ("linear", "complete", "step", "elementwise")
+
+
+def post_activation_parameters(cell: nn.Module, z: torch.Tensor, layout: ParameterLayout | None = None) -> bool:
+    """:func:`activation_reads_parameters` at ``z`` ``(1, Z)``, decided once and cached with the factorisation's
+    verdicts (for the cell's class and parameter names)."""
+    record = _factorisation_record(cell, layout)
+    if record.post_parameters is None:
+        record.post_parameters = activation_reads_parameters(cell, z)
+    return record.post_parameters
+
+
 def _cell_parameters(cell: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in cell.named_parameters()}
 
@@ -213,16 +540,24 @@ class StepLinearization:
 
     # -- preactivation cut vertex ---------------------------------------------------------------------------
     def require_preactivation(self) -> None:
-        """Check that the cell offers the preactivation cut vertex (UORO's ``projection="preactivation"``).
+        """Check that the cell offers the preactivation cut vertex (UORO's ``projection="preactivation"``): its
+        ``forward`` is ``activation(preactivation(x, h))`` (:func:`factorisation_problem`, checked once per cell and
+        cached: a dictionary lookup at later steps).
 
         Raises:
-            ValueError: the cell lacks ``preactivation(x, h)`` or ``activation(z)`` (it needs both, with
-                ``forward = activation(preactivation(x, h))``).
+            ValueError: the cell lacks ``preactivation(x, h)`` or ``activation(z)``, or its ``forward`` is not
+                their composition (the products at ``z`` would be another step's).
         """
         if not (hasattr(self.cell, "preactivation") and hasattr(self.cell, "activation")):
             raise ValueError(
                 f"{type(self.cell).__name__} has no preactivation(x, h) and activation(z): projection='preactivation'"
                 " needs both (forward = activation(preactivation(x, h))); use projection='state' or 'parameter'."
+            )
+        problem = factorisation_problem(self.cell, ("step",), self.layout, (self.x.shape[1], self.h.shape[1]))
+        if problem is not None:
+            raise ValueError(
+                f"{problem}: the products at the preactivation (projection='preactivation', 'none', KF-RTRL) would be"
+                " another step's; use the products of forward (projection='state' or 'parameter')."
             )
 
     @property
@@ -270,12 +605,9 @@ class StepLinearization:
         return value
 
     def has_post_activation_parameters(self) -> bool:
-        """Whether ``activation`` reads any parameter (decided once per cell type and cached on the cell)."""
-        cached = getattr(self.cell, "_online_post_parameters", None)
-        if cached is None:
-            cached = activation_reads_parameters(self.cell, self.preactivation[:1].detach())
-            object.__setattr__(self.cell, "_online_post_parameters", cached)
-        return cached
+        """Whether ``activation`` reads any parameter (decided once per cell and cached for its class and parameter
+        names: :func:`post_activation_parameters`)."""
+        return post_activation_parameters(self.cell, self.preactivation[:1].detach(), self.layout)
 
 
 class TanhStepLinearization(StepLinearization):

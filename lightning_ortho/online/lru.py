@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from lightning_ortho.online.diagonal_rtrl import DiagonalTraces, complex_dtype, real_part_of_product
-from lightning_ortho.online.linearization import ParameterLayout
+from lightning_ortho.online.linearization import ParameterLayout, steps_as
 
 #: The parameters in the order of ``named_parameters()``; the names of the code in Orvieto et al.'s appendix.
 LRU_PARAMETERS = ("nu_log", "theta_log", "gamma_log", "B_re", "B_im", "C_re", "C_im", "D")
@@ -112,12 +112,8 @@ class LinearRecurrentUnit(nn.Module):
     def diagonal_traces(self, layout: ParameterLayout) -> DiagonalTraces | None:
         """The closed-form traces (:class:`LRUTraces`), or ``None`` for a subclass that changes the step or the
         parameters (it takes :class:`~lightning_ortho.online.diagonal_rtrl.DiagonalRTRL`'s ``torch.func`` path)."""
-        kind = type(self)
-        same_step = all(
-            getattr(kind, name) is getattr(LinearRecurrentUnit, name)
-            for name in ("forward", "eigenvalues", "input_projection")
-        )
-        if not same_step or layout.names != LRU_PARAMETERS:
+        step = ("forward", "eigenvalues", "input_projection")
+        if not steps_as(self, LinearRecurrentUnit, layout, LRU_PARAMETERS, step):
             return None
         return LRUTraces(self, layout)
 

@@ -27,7 +27,12 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev
 
-from lightning_ortho.online.linearization import ParameterLayout, _Method, activation_reads_parameters
+from lightning_ortho.online.linearization import (
+    ParameterLayout,
+    _Method,
+    activation_reads_parameters,
+    factorisation_problem,
+)
 
 
 @dataclass
@@ -57,8 +62,9 @@ def oracle_terms(
     """Compute :class:`OracleTerms` by backprop through the unrolled cell.
 
     Args:
-        cell: the recurrent cell; for ``cut="preactivation"`` it needs ``preactivation`` and ``activation`` and
-            no parameter acting after the preactivation.
+        cell: the recurrent cell; for ``cut="preactivation"`` it needs ``preactivation`` and ``activation`` whose
+            composition is its ``forward`` (checked at random points) and no parameter acting after the
+            preactivation; the inputs ``a`` are kept where ``preactivation = W a`` holds of it.
         xs: ``(T, I)`` inputs of one stream.
         h0: ``(H,)`` initial state.
         loss_gradients: ``(T, H)`` the fixed ``delta_s = dL_s/dh_s`` (``L_s = delta_s . h_s`` to first order).
@@ -78,6 +84,12 @@ def oracle_terms(
     if cut == "preactivation":
         if not (hasattr(cell, "preactivation") and hasattr(cell, "activation")):
             raise ValueError(f"oracle_terms: {type(cell).__name__} has no preactivation/activation; use cut='state'.")
+        problem = factorisation_problem(cell, ("step",), layout, (xs.shape[1], h0.shape[0]))
+        if problem is not None:
+            raise ValueError(
+                f"oracle_terms: cut='preactivation' needs forward = activation(preactivation): {problem}; use"
+                " cut='state'."
+            )
         first_z = functional_call(
             _Method(cell, "preactivation"), {f"cell.{k}": v for k, v in params.items()}, (xs[:1], h0[None])
         )
@@ -100,13 +112,16 @@ def oracle_terms(
             return z
         return functional_call(_Method(cell, "activation"), {f"cell.{k}": v for k, v in params.items()}, (z[None],))[0]
 
+    # the inputs a of z = W a only where that holds of the cell (else preactivation_b_matrix refuses the terms)
+    sizes = (xs.shape[1], h0.shape[0])
+    linear = cut == "preactivation" and factorisation_problem(cell, ("linear",), layout, sizes) is None
     with torch.enable_grad():
         zs, hs, h = [], [], h0.detach()
         jacobians, inputs = [], []
         for t in range(steps):
             jac = jacrev(step_to_cut)(params, xs[t], h)
             jacobians.append(layout.flatten(jac, lead=1))
-            if hasattr(cell, "preactivation_input") and cut == "preactivation":
+            if linear:
                 inputs.append(cell.preactivation_input(xs[t][None], h[None])[0].detach())
             # dL_s/dz_r is taken as the gradient with respect to a zero perturbation added at z_r.
             perturbation = h0.new_zeros(jacobians[-1].shape[0]).requires_grad_(True)

@@ -13,10 +13,9 @@ import numbers
 
 import torch
 from torch import nn
-from torch.func import jacrev, vmap
 
 from lightning_ortho.online.estimator import OnlineGradientEstimator
-from lightning_ortho.online.linearization import StepLinearization, activation_reads_parameters
+from lightning_ortho.online.linearization import StepLinearization, factorisation_problem, weight_columns, weight_rows
 from lightning_ortho.online.state import OnlineState
 
 __all__ = ["RFLO"]
@@ -33,7 +32,8 @@ class RFLO(OnlineGradientEstimator):
     one, except the leak ``1 - 1/tau`` it imposes itself. In exchange each unit's trace reads only its own
     preactivation slope and inputs (local and causal), and a step costs no product with ``J``.
 
-    ``tau = 1`` keeps only ``I_t``: the one-step truncated gradient, equal to ``TruncatedBPTT(cell, k=1)`` (tested).
+    ``tau = 1`` keeps only ``I_t``: the one-step truncated gradient, equal to ``TruncatedBPTT(cell, k=1)`` for
+    every cell (tested, also on cells whose declared factorisation is not their step).
     ``tau > 1`` low-passes the immediate influences with time constant ``tau`` steps (a weighted mean of them, of
     total weight ``1 - (1 - 1/tau)^t``), as Murray's trace does for a network of time constant ``tau``. Scale for
     a leaky cell: Murray and Marschall et al. write the network itself as ``h' = (1 - a) h + a tanh(W x_hat)``
@@ -53,8 +53,11 @@ class RFLO(OnlineGradientEstimator):
       and ``preactivation_weights`` naming every parameter, laid side by side as ``W`` ``(H, n_a)``, a vector
       parameter being one column), ``I_t = diag(d_t) (a_t^T (x) I)`` with ``d_t = sigma'(z_t)``, so entry
       ``(i, (i, j))`` is all ``B_t`` holds: ``E_t = (1 - 1/tau) E_{t-1} + (1/tau) d_t a_t^T`` ``(H, n_a)`` and
-      ``dL_t/dW ~ diag(g_t) E_t``. :class:`~lightning_ortho.online.TanhRNNCell` takes this path. The activation
-      is checked to be element-wise once, on its Jacobian at two random points.
+      ``dL_t/dW ~ diag(g_t) E_t``. :class:`~lightning_ortho.online.TanhRNNCell` takes this path. The factorisation
+      is checked once, at random points, to be the cell's ``forward`` with an element-wise activation
+      (:func:`~lightning_ortho.online.linearization.factorisation_problem`, all its parts): a cell whose ``forward``
+      is something else (a subclass that overrides it, a parametrised cell) takes the dense trace, which is the
+      same rule on the step the cell really takes.
     * dense (any cell; ``O(H P)`` memory per stream): ``B_t`` ``(H, P)`` from the step's
       :meth:`~lightning_ortho.online.linearization.StepLinearization.parameter_jacobian` (closed form where the
       cell has one, else ``torch.func``); a step costs that Jacobian, no ``J M`` product (RTRL's ``O(H^2 P)``).
@@ -142,36 +145,12 @@ class RFLO(OnlineGradientEstimator):
 
 
 def _elementwise_factorisation(cell: nn.Module, hidden: int | None) -> list[tuple[str, int, bool]] | None:
-    """``[(name, columns, is_vector)]`` of ``W`` in ``preactivation_weights`` order when ``cell`` is
-    ``h' = sigma(W a)`` with every parameter in ``W``, ``H`` rows and ``sigma`` element-wise and free of parameters;
-    ``None`` (the dense trace) otherwise."""
-    names = getattr(cell, "preactivation_weights", None)
-    methods = ("preactivation_input", "preactivation", "activation")
-    if hidden is None or names is None or not all(callable(getattr(cell, m, None)) for m in methods):
+    """``[(name, columns, is_vector)]`` of ``W`` in ``preactivation_weights`` order when ``cell``'s step is checked
+    to be ``h' = sigma(W a)`` with every parameter in ``W``, ``H`` rows and ``sigma`` element-wise and free of
+    parameters (:func:`~lightning_ortho.online.linearization.factorisation_problem`); ``None`` (the dense trace)
+    otherwise."""
+    if hidden is None or factorisation_problem(cell, ("step", "complete", "elementwise")) is not None:
         return None
-    params = dict(cell.named_parameters())
-    if set(names) != set(params) or len(names) != len(params):
-        return None  # a parameter outside W (or a name that is none): the dense trace covers it
-    shapes = [tuple(params[n].shape) for n in names]
-    if any(len(s) not in (1, 2) or s[0] != hidden for s in shapes):
+    if weight_rows(cell) != hidden:
         return None
-    if not _is_elementwise(cell, params[names[0]], hidden):
-        return None
-    return [(n, 1 if len(s) == 1 else s[1], len(s) == 1) for n, s in zip(names, shapes, strict=True)]
-
-
-def _is_elementwise(cell: nn.Module, like: torch.Tensor, hidden: int) -> bool:
-    """Whether ``cell.activation`` maps ``(1, H)`` to ``(1, H)`` with a diagonal Jacobian and reads no parameter,
-    judged at two random points ``z ~ N(0, 1)`` (a fixed generator) in the parameters' dtype and device."""
-    generator = torch.Generator().manual_seed(0)
-    points = torch.randn(2, hidden, generator=generator, dtype=torch.float64).to(like.device, like.dtype)
-    try:
-        if activation_reads_parameters(cell, points[:1]):
-            return False
-        jacobians = vmap(jacrev(lambda z: cell.activation(z[None])[0]))(points)
-    except (RuntimeError, ValueError, TypeError):  # an activation torch.func cannot take: the dense trace
-        return False
-    if jacobians.shape != (2, hidden, hidden):
-        return False
-    off_diagonal = jacobians * (1 - torch.eye(hidden, dtype=jacobians.dtype, device=jacobians.device))
-    return bool((off_diagonal == 0).all())
+    return weight_columns(cell)

@@ -47,7 +47,7 @@ def jacobian_pattern(
     first = next(iter(params.values()))
     state = torch.zeros(hidden_size, hidden_size, dtype=torch.bool)
     parameter = torch.zeros(hidden_size, layout.size, dtype=torch.bool)
-    draw = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
+    draw = lambda *shape: torch.randn(shape, generator=generator, dtype=torch.float64)  # noqa: E731  (0-d too)
     for _ in range(probes):
         moved = {}
         for name, p in params.items():
@@ -141,10 +141,25 @@ class SnAp(OnlineGradientEstimator):
 
     Raises:
         ValueError: ``order`` is not 1 or 2, ``product`` unknown, ``probes < 1``, a declared pattern of the wrong
-            shape or dtype, or a cell without ``input_size``/``hidden_size`` that declares no pattern.
+            shape or dtype, a cell without ``input_size``/``hidden_size`` that declares no pattern, or a complex
+            state (:meth:`cell_problem`; the message names the estimators that can train the cell).
     """
 
     name = "snap"
+
+    @classmethod
+    def cell_problem(cls, cell: nn.Module, **options) -> str | None:
+        """As :meth:`OnlineGradientEstimator.cell_problem`, and the cell's Jacobian pattern must be known: declared
+        (``jacobian_pattern()``) or probed, which needs the cell's ``input_size`` and ``hidden_size``."""
+        problem = super().cell_problem(cell, **options)
+        if problem is None and getattr(cell, "jacobian_pattern", None) is None:
+            sizes = [getattr(cell, n, None) for n in ("input_size", "hidden_size")]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
+                problem = (
+                    f"SnAp: {type(cell).__name__} declares no input_size/hidden_size, so its Jacobian pattern cannot"
+                    " be probed; give the cell those attributes or a jacobian_pattern() method."
+                )
+        return problem
 
     def __init__(
         self, cell: nn.Module, *, order: int = 1, product: Product = "auto", probes: int = 3, closed_form: bool = True
@@ -180,12 +195,7 @@ class SnAp(OnlineGradientEstimator):
     # -- structure ------------------------------------------------------------------------------------------
     def _pattern(self, cell: nn.Module, probes: int) -> tuple[torch.Tensor, torch.Tensor]:
         declared = getattr(cell, "jacobian_pattern", None)
-        if declared is None:
-            if self.input_size is None or self.hidden_size is None:
-                raise ValueError(
-                    f"SnAp: {type(cell).__name__} declares no input_size/hidden_size, so its Jacobian pattern cannot"
-                    " be probed; give the cell those attributes or a jacobian_pattern() method."
-                )
+        if declared is None:  # the sizes are there: cell_problem
             return jacobian_pattern(cell, self.layout, self.input_size, self.hidden_size, probes)
         state, parameter = declared()
         hidden = self.hidden_size if self.hidden_size is not None else state.shape[0]

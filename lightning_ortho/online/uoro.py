@@ -15,7 +15,7 @@ from torch import nn
 
 from lightning_ortho._native.uoro import summed_estimate, uoro_gradient_kernel
 from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
-from lightning_ortho.online.linearization import StepLinearization
+from lightning_ortho.online.linearization import StepLinearization, factorisation_problem, weight_columns
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
 from lightning_ortho.online.uoro_fused import TanhUOROStep, fusable_tanh_cell
@@ -51,13 +51,15 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         projection: the cut vertex ``z`` of the spatial projection:
 
             * ``"state"``: ``z = h`` (Tallec & Ollivier's UORO), ``nu`` has ``H`` entries;
-            * ``"preactivation"``: ``z = cell.preactivation(x, h)`` with ``h' = cell.activation(z)``; parameters
+            * ``"preactivation"``: ``z = cell.preactivation(x, h)`` with ``h' = cell.activation(z)`` (checked to be
+              the cell's ``forward`` at random points, once per cell: :meth:`cell_problem`); parameters
               that ``activation`` reads (a bias after ``z``) do not pass through ``z``, so their influence is
               projected at ``h`` with its own noise (the cut is ``{z, h}``, still unbiased);
             * ``"parameter"``: ``z = theta``, ``nu`` has ``P`` entries (``J^h_theta nu`` is one forward-mode product);
             * ``"none"``: no spatial noise (Cooijmans & Martens's estimator that avoids the spatial projection):
               ``H_tilde`` ``(H, Z)`` and ``a_tilde`` ``(A,)`` for a cell with ``z = W a``
-              (``cell.preactivation_input`` and ``cell.preactivation_weights`` covering every parameter);
+              (``cell.preactivation_input`` and ``cell.preactivation_weights`` covering every parameter, checked as
+              for ``"preactivation"``);
               ``O(H^3)`` per step, the lowest variance.
         rescaling: ``"gir"`` (greedy iterative rescaling, gamma and beta with ``eps``) or
             ``(alpha, Q0)``: ``alpha`` a positive constant, per-step sequence or function of ``t``; ``Q0`` an
@@ -82,9 +84,10 @@ class UORO(StreamNoise, OnlineGradientEstimator):
     ``LIGHTNING_ORTHO_NATIVE=0`` keeps them in PyTorch ops.
 
     Raises:
-        ValueError: an unknown projection, a cell that lacks what the projection needs, a ``Q0`` of the
-            wrong shape, not finite or not invertible, a non-positive ``alpha``, an ``eps`` that is not a positive
-            finite number.
+        ValueError: an unknown projection, a cell that lacks what the projection needs or whose ``forward`` is
+            not the factorisation the projection uses (the message names the estimators and projections that can
+            train it), a ``Q0`` of the wrong shape, not finite or not invertible, a non-positive ``alpha``, an
+            ``eps`` that is not a positive finite number.
     """
 
     #: Use the C kernels where they apply (see above).
@@ -108,11 +111,7 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             raise ValueError(f"UORO: projection must be one of {PROJECTIONS}, got {projection!r}.")
         self.projection, self.eps = projection, check_eps(eps, "UORO")
         self.generator = check_generator(generator, "UORO")
-        if projection == "preactivation" and not (hasattr(cell, "preactivation") and hasattr(cell, "activation")):
-            raise ValueError(
-                f"UORO: projection='preactivation' needs a cell with preactivation(x, h) and activation(z);"
-                f" {type(cell).__name__} has not both. Use projection='state' or 'parameter'."
-            )
+        self._require_cell(projection=projection)
         if projection == "none":
             self._weight_columns = self._check_linear_preactivation(cell)
         self.gir = isinstance(rescaling, str)
@@ -141,20 +140,31 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         return OrthogonalUOROStep(cell, projection, self.eps) if fusable_orthogonal_cell(cell, projection) else None
 
     # -- configuration checks -----------------------------------------------------------------------------------
+    @classmethod
+    def cell_problem(cls, cell: nn.Module, *, projection: Projection = "state", **options) -> str | None:
+        """As :meth:`OnlineGradientEstimator.cell_problem` for ``projection``: ``"state"`` and ``"parameter"`` take
+        any real cell (the products of ``forward``); ``"preactivation"`` needs ``forward = activation(preactivation(x,
+        h))`` and ``"none"`` also ``preactivation = W a`` with every parameter in ``W``, checked at random points
+        (:func:`~lightning_ortho.online.linearization.factorisation_problem`): with any other step the estimate would
+        be another model's gradient, so such a cell is refused."""
+        problem = super().cell_problem(cell, **options)
+        if problem is not None or projection not in ("preactivation", "none"):
+            return problem
+        if projection == "preactivation":
+            need, reason = "h' = activation(z), z = preactivation(x, h)", factorisation_problem(cell, ("step",))
+        else:
+            need = "h' = activation(z) with z = W a and every parameter in W"
+            reason = factorisation_problem(cell, ("step", "complete"))
+        if reason is None:
+            return None
+        others = "'state' or 'parameter'"
+        if projection == "none" and factorisation_problem(cell, ("step",)) is None:
+            others = "'preactivation', 'state' or 'parameter'"
+        return f"UORO: projection={projection!r} needs a cell {need}: {reason}; use projection={others}."
+
     def _check_linear_preactivation(self, cell: nn.Module) -> list[tuple[str, int]]:
-        names = getattr(cell, "preactivation_weights", None)
-        if names is None or not hasattr(cell, "preactivation_input") or not hasattr(cell, "activation"):
-            raise ValueError(
-                f"UORO: projection='none' needs a cell with z = W a: preactivation_input(x, h), preactivation_weights"
-                f" and activation(z) ({type(cell).__name__} lacks them, e.g. TanhRNNCell has them); use 'preactivation'."
-            )
-        params = dict(cell.named_parameters())
-        if set(names) != set(params):
-            raise ValueError(
-                f"UORO: projection='none' needs every parameter inside W = {list(names)}, but the cell also has"
-                f" {sorted(set(params) - set(names))} (they act outside the preactivation); use 'preactivation'."
-            )
-        return [(n, 1 if params[n].dim() == 1 else params[n].shape[1]) for n in names]
+        """``[(name, columns)]`` of ``W`` for ``projection="none"`` (the cell was checked by :meth:`cell_problem`)."""
+        return [(name, columns) for name, columns, _ in weight_columns(cell, self.layout)]
 
     def alpha_at(self, step: int) -> float:
         """``alpha_t`` of a fixed rescaling at step ``t`` (1-based)."""

@@ -302,10 +302,8 @@ def test_weights_of_different_rows_and_a_mismatched_input_are_refused():
             return torch.cat([super().preactivation_input(x, h), h[:, :1]], dim=1)
 
     torch.manual_seed(0)
-    estimator = KFRTRL(WrongInput(INPUTS, HIDDEN).to(DTYPE))
-    state = estimator.initial_state(torch.zeros(2, HIDDEN, dtype=DTYPE))
-    with pytest.raises(ValueError, match="preactivation_input returned shape"):
-        estimator.step(torch.zeros(2, INPUTS, dtype=DTYPE), state)
+    with pytest.raises(ValueError, match="preactivation_input returned shape"):  # found at construction
+        KFRTRL(WrongInput(INPUTS, HIDDEN).to(DTYPE))
     cell = make_cell()
     cell.bias = torch.nn.Parameter(torch.zeros(HIDDEN + 1, dtype=DTYPE))
     with pytest.raises(ValueError, match="one Z"):
