@@ -16,6 +16,7 @@ from lightning_ortho.nn._checks import (
     check_parameters_finite,
     compute_dtype,
     full_precision,
+    has_values,
     prepare_input,
 )
 from lightning_ortho.nn._fast_reflection import well_scaled_linear_reflection
@@ -262,6 +263,7 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
             not isinstance(x, torch.Tensor)
             or torch.compiler.is_compiling()
             or torch._C._functorch.is_functorch_wrapped_tensor(x)
+            or not has_values(x)  # meta/fake: the host read that decides the path has nothing to read
         ):
             return None
         weight = self.constraint() if self.invertible else self.weight

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightning_ortho.nn._checks import refuse_double_backward
+from lightning_ortho.nn._checks import has_values, refuse_double_backward
 from lightning_ortho.nn._undefined import reflection_scale, row_scale
 
 
@@ -60,18 +60,22 @@ class GeneralEigenbasis:
         inverse, info = torch.linalg.inv_ex(vectors)  # a singular P (defective W) is flagged below, not raised
         imag = eigenvalues.imag
         # LAPACK returns real eigenvalues with an exactly zero imaginary part and pairs as (lambda, conj lambda).
-        keep = imag >= 0
-        # Eigenvectors come with unit norm, so ||P||_F = sqrt(d); one host sync for both checks.
-        unpaired, inverse_norm2 = torch.stack(
-            ((imag > 0).sum().to(weight.dtype) - (imag < 0).sum(), torch.view_as_real(inverse).square().sum())
-        ).tolist()
-        condition = (weight.shape[0] * inverse_norm2) ** 0.5
-        reliable = (
-            int(info) == 0
-            and unpaired == 0
-            and math.isfinite(condition)
-            and condition < torch.finfo(weight.dtype).eps ** -0.5
-        )
+        # (A meta W has no values to pair: keeping all d gives the shapes of the results, which do not depend on m.)
+        keep = imag >= 0 if has_values(weight) else slice(None)
+        if has_values(weight):
+            # Eigenvectors come with unit norm, so ||P||_F = sqrt(d); one host sync for both checks.
+            unpaired, inverse_norm2 = torch.stack(
+                ((imag > 0).sum().to(weight.dtype) - (imag < 0).sum(), torch.view_as_real(inverse).square().sum())
+            ).tolist()
+            condition = (weight.shape[0] * inverse_norm2) ** 0.5
+            reliable = (
+                int(info) == 0
+                and unpaired == 0
+                and math.isfinite(condition)
+                and condition < torch.finfo(weight.dtype).eps ** -0.5
+            )
+        else:  # a meta W (shape propagation): nothing to decide on; the eigenbasis route has the right shapes
+            reliable = True
         kept_vectors, kept_rows = vectors[:, keep], inverse[keep, :]
         stacked = torch.cat((weight, kept_vectors.mT.real, kept_vectors.mT.imag, kept_rows.real, kept_rows.imag))
         return cls(
