@@ -27,10 +27,10 @@ class _GuardedOrthogonal(parametrizations._Orthogonal):
     the same ``state_dict`` keys), with two guards so that ``Q = base @ Q(original)`` is orthogonal to the precision
     of its dtype:
 
-    * ``"householder"``: PyTorch reads the signs of the columns as ``original.diagonal().int()``. With the trivialisation
-      the diagonal is written as ``-1`` (``right_inverse`` always returns ``-I``) and never receives a gradient, but
-      weight decay shrinks it, and ``int(-0.9999) = 0`` makes ``Q = 0``. Here the signs are the ``-1`` that
-      ``right_inverse`` wrote, whatever the optimiser did to the diagonal:
+    * ``"householder"``: PyTorch reads the signs of the columns as ``original.diagonal().int()``. With the
+      trivialisation the diagonal is written as ``-1`` (``right_inverse`` always returns ``-I``) and never receives a
+      gradient, but weight decay shrinks it, and ``int(-0.9999) = 0`` makes ``Q = 0``. Here the signs are the
+      ``-1`` that ``right_inverse`` wrote, whatever the optimiser did to the diagonal:
       ``Q = -base @ householder_product(tril(X, -1), 2 / (1 + ||columns||^2))``.
     * ``base`` is an orthogonal matrix of the dtype it was built in: cast from float32 to float64 it is orthogonal only
       to ~1e-7. After a dtype change (``.double()``, ``.to(dtype)``) and after ``load_state_dict``, a base that is not
