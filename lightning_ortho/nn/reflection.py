@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_ortho.nn._checks import check_features, check_parameters_finite, finite_checks_enabled
+from lightning_ortho.nn._checks import check_features, check_parameters_finite
 from lightning_ortho.nn._undefined import is_defined, row_scale
 
 
@@ -173,9 +173,10 @@ def reflect_with_summary(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor
         x, x_hat, v_hat = x.expand(shape), x_hat.expand(shape), v_hat.expand(shape)
     if x.numel() < FUSED_MIN_NUMEL:
         c, _, summary = _coefficients(x_hat, v_hat)
-        return _checked(_unscaled(x, c, scale_x, v_hat), summary)
-    y, _, _, summary = _Reflection.apply(x_hat, v_hat)
-    return _checked(y * scale_x, summary)
+        y = torch.addcmul(x_hat, c.unsqueeze(-1), v_hat, value=-1.0)
+    else:
+        y, _, _, summary = _Reflection.apply(x_hat, v_hat)
+    return _unscaled(y, scale_x, summary)
 
 
 def reflect_linear_with_summary(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,20 +192,20 @@ def reflect_linear_with_summary(x: torch.Tensor, weight: torch.Tensor) -> tuple[
     if x.numel() < FUSED_MIN_NUMEL:
         v_hat = x_hat @ weight.mT
         c, _, summary = _coefficients(x_hat, v_hat)
-        return _checked(_unscaled(x, c, scale_x, v_hat), summary)
-    y, _, _, _, summary = _LinearReflection.apply(x_hat, weight)
-    return _checked(y * scale_x, summary)
+        y = torch.addcmul(x_hat, c.unsqueeze(-1), v_hat, value=-1.0)
+    else:
+        y, _, _, _, summary = _LinearReflection.apply(x_hat, weight)
+    return _unscaled(y, scale_x, summary)
 
 
-def _unscaled(x: torch.Tensor, c: torch.Tensor, scale: torch.Tensor, v_hat: torch.Tensor) -> torch.Tensor:
-    """``s (x / s - c v_hat) = x - (c s) v_hat`` in one pass (``c s`` is exact: ``s`` is a power of two)."""
-    return torch.addcmul(x, c.unsqueeze(-1) * scale, v_hat, value=-1.0)
+def _unscaled(y: torch.Tensor, scale: torch.Tensor, summary: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s y, summary)`` for ``y`` computed at unit scale, with an overflow of ``s y`` folded into the summary.
 
-
-def _checked(y: torch.Tensor, summary: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y, summary)`` with an overflow of ``y`` folded into the summary. At unit scale neither ``||v||^2`` nor
-    ``c = 2 v.x / v.v`` can overflow (``||v||^2 >= 1`` where defined); only the rescaled result can, for rows near
-    the dtype's largest number. ``0 * max|y_i|`` is 0, or NaN for an inf or NaN entry: no branch, no sync."""
+    At unit scale nothing overflows: ``||x||^2 < 4 d``, ``|c| = 2 |v.x| / ||v||^2 <= 4 sqrt(d) / ||v||`` with
+    ``||v||^2`` above the smallest normal number where ``H(v)`` is defined, and ``|c v| <= 2 ||x||``. Only ``s y``
+    can, for rows near the dtype's largest number: ``0 * max|s y_i|`` is 0, or NaN for an inf or NaN entry (no
+    branch, no host synchronisation)."""
+    y = y * scale
     if y.numel() == 0:
         return y, summary
     return y, torch.add(summary, y.detach().abs().amax(-1), alpha=0.0)
