@@ -77,8 +77,9 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
 
     Speed: for ``n(x) = W x`` a batch whose rows are all finite and well scaled runs as one fused Function with
     hand-written derivatives and a single host read (:mod:`~lightning_ortho.nn._fast_reflection`); any other batch
-    (a zero, 1e-20 or 1e19 row, NaN/inf, ``torch.func`` transforms, ``torch.compile``) takes the careful
-    path, which rescales such rows and names a NaN. Both compute the same expression (equal to float rounding).
+    (a zero, 1e-20 or 1e19 row, NaN/inf, ``torch.func`` transforms, ``torch.compile``, meta tensors) takes the
+    careful path, which reflects every row at unit scale (exact power-of-two scales, so gradients are those of the
+    unit row: finite and exact) and names a NaN. Both compute the same expression (equal to float rounding).
     ``layer.fused_forward = False`` turns the fused path off.
 
     Raises:
