@@ -46,8 +46,8 @@ def is_orthogonal_parametrization(parametrization: nn.Module) -> bool:
     """Whether a ``torch.nn.utils.parametrize`` parametrization returns orthogonal matrices: PyTorch's
     ``parametrizations.orthogonal`` (``_Orthogonal``) or geotorch's ``SO``/``Stiefel``/``Grassmannian``."""
     cls = type(parametrization)
-    if cls.__name__ == "_Orthogonal" and cls.__module__.startswith("torch.nn.utils"):
-        return True
+    if any(base.__name__ == "_Orthogonal" and base.__module__.startswith("torch.nn.utils") for base in cls.__mro__):
+        return True  # (a subclass too: ParametrizedOrthogonal's guarded one)
     return any(
         base.__module__.split(".")[0] == "geotorch" and base.__name__ in GEOTORCH_ORTHOGONAL for base in cls.__mro__
     )

@@ -105,7 +105,9 @@ class ActNorm(FlowLayer):
                 NaN/inf.
         """
         check_images(x, self.channels, "ActNorm")
-        if self.training and not bool(self.initialized):
+        # Meta tensors (deferred initialisation, shape inference) have no statistics to start from: the layer stays
+        # uninitialised and initialises on its first real batch.
+        if self.training and not (x.is_meta or self.initialized.is_meta) and not bool(self.initialized):
             self._initialize(x)
         y = (x + self.bias) * torch.exp(self.log_scale)
         log_abs_det = (x.shape[2] * x.shape[3]) * self.log_scale.sum() * x.new_ones(x.shape[0])

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 _FINITE_CHECKS = True
 
@@ -34,22 +35,29 @@ def finite_checks(enabled: bool) -> Iterator[None]:
         _FINITE_CHECKS = previous
 
 
+def has_values(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds values the host can read: False for meta and fake tensors, which carry only shapes
+    and dtypes (deferred initialisation, FSDP's shape inference, ``FakeTensorMode``)."""
+    return not (tensor.is_meta or isinstance(tensor, FakeTensor))
+
+
 def finite_checks_enabled(tensor: torch.Tensor | None = None) -> bool:
     """Whether layers currently check their inputs for NaN and inf.
 
-    Skipped while compiling and for tensors inside ``torch.func`` transforms (``vmap`` forbids the
-    data-dependent branch a check needs); the eager call that surrounds such code is still checked.
+    Skipped while compiling, for tensors inside ``torch.func`` transforms (``vmap`` forbids the data-dependent
+    branch a check needs) and for meta or fake tensors (they have no values; shapes still propagate); the eager
+    call that surrounds such code is still checked.
     """
     if not _FINITE_CHECKS or torch.compiler.is_compiling():
         return False
-    return tensor is None or not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+    return tensor is None or (not torch._C._functorch.is_functorch_wrapped_tensor(tensor) and has_values(tensor))
 
 
 @contextlib.contextmanager
 def full_precision(x: torch.Tensor) -> Iterator[None]:
     """Inside the block autocast is off for ``x``'s device: reflection math runs in float32/float64 even inside an
     autocast region (the design's rule for mixed precision; inputs are promoted by :func:`compute_dtype`)."""
-    if torch.is_autocast_enabled(x.device.type):
+    if x.device.type != "meta" and torch.is_autocast_enabled(x.device.type):  # meta has no autocast to ask
         with torch.autocast(device_type=x.device.type, enabled=False):
             yield
     else:
@@ -160,6 +168,8 @@ def check_orthogonal(matrix: torch.Tensor, d: int, where: str) -> None:
         raise ValueError(f"{where}: expected a ({d}, {d}) orthogonal matrix, got {shape}.")
     if not matrix.is_floating_point():
         raise ValueError(f"{where}: the orthogonal matrix must be floating point, got {matrix.dtype}.")
+    if not has_values(matrix):  # a meta (deferred) matrix: shape and dtype checked, it has no values to test
+        return
     eye = torch.eye(d, dtype=matrix.dtype, device=matrix.device)
     error = float(torch.linalg.matrix_norm(matrix.mT @ matrix - eye, ord=torch.inf))
     tolerance = max(1e-4, 100 * d * torch.finfo(matrix.dtype).eps)

@@ -2,7 +2,7 @@
 
 ``v = x W^T``, ``c = v.x / v.v``, ``y = x - 2 c v`` (section 1.1 / Theorem 1 of "One Reflection Suffice"). The
 careful path (:func:`~lightning_ortho.nn.reflection.reflect_linear_with_summary`) masks undefined reflections
-(``H(0) := I``), rescales badly scaled rows and names the input holding a NaN. Here none of that is needed as long
+(``H(0) := I``), reflects every row at unit scale and names the input holding a NaN. Here none of that is needed as long
 as every row has ``v.v`` in the dtype's accurate range (:func:`~lightning_ortho.nn._undefined.accurate_range`) and a
 finite ``c``; one small reduction tells both (a NaN or inf anywhere in ``x`` or ``W`` makes some ``v.v`` or ``c``
 non-finite), and when it fails the caller discards the result and takes the careful path, which gives the

@@ -1,7 +1,7 @@
 """The one place that decides where a reflection ``H(v)`` is undefined, and what the layers do there.
 
-(And where ``||v||^2`` as computed has lost its range, so that a layer must rescale before it reflects:
-:func:`badly_scaled`.)
+(And how a row is brought to unit scale before it is reflected, so that ``||v||^2`` as computed keeps its range
+for a 1e-20 or a 1e19 row: :func:`row_scale`.)
 
 ``H(v) = I - 2 v v^T / ||v||^2`` is undefined where ``||v||^2`` is zero, or below the dtype's smallest normal
 number (its reciprocal would overflow). There the library takes ``H(0) := I``: the reflection is the identity,
@@ -51,25 +51,19 @@ def accurate_range(dtype: torch.dtype) -> tuple[float, float]:
     return info.tiny / info.eps, info.max * info.eps
 
 
-def badly_scaled(k: torch.Tensor) -> torch.Tensor:
-    """``(...)`` bool from ``k = 2 / ||v||^2`` (0 where ``H(v)`` was taken as undefined): rows whose squared norm
-    fell outside :func:`accurate_range`, including an underflowed 0 and an overflowed inf.
+def row_scale(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The power of two ``2^e`` with ``max_i |t_i|`` in ``[2^e, 2^(e+1))`` for each row along ``dim`` (kept, of size
+    1), detached; 1 for a zero or non-finite row (a NaN or inf then reaches the finiteness checks unchanged).
 
-    ``H(v) x`` is homogeneous (of degree 0 in ``v`` and 1 in ``x``), so such rows can be recomputed exactly from
-    rescaled vectors; a true zero ``v`` stays ``H(0) = I``. NaN rows are not flagged (they reach the NaN check).
+    ``t / row_scale(t)`` has entries in ``(-2, 2)``, the largest at least 1 in magnitude, so its squared norm lies
+    in ``[1, 4 n)``: in every dtype's accurate range (:func:`accurate_range`), for a 1e-20 row as for a 1e19
+    one. Dividing by a power of two only changes exponents: a row whose entries are all normal numbers before and
+    after is scaled exactly, so a computation on the scaled row gives bit for bit the result on the row itself
+    wherever that one did not underflow or overflow. ``H(v) x`` is homogeneous (degree 0 in ``v``, 1 in ``x``):
+    ``H(v) x = s_x H(v / s_v) (x / s_x)``, and with the scales held constant every derivative of the right-hand
+    side equals that of the left.
     """
-    low, high = accurate_range(k.dtype)
-    return (k > 2.0 / low) | (k < 2.0 / high)
-
-
-def squared_norm_badly_scaled(squared_norm: torch.Tensor) -> torch.Tensor:
-    """:func:`badly_scaled` from the squared norm itself (False for NaN)."""
-    low, high = accurate_range(squared_norm.dtype)
-    return (squared_norm < low) | (squared_norm > high)
-
-
-def row_scale(t: torch.Tensor) -> torch.Tensor:
-    """``(..., 1)``: the largest ``|t_i|`` of each row (1 for a zero row), detached: ``t / row_scale(t)`` has entries
-    in ``[-1, 1]`` and a well-scaled norm."""
-    scale = t.detach().abs().amax(-1, keepdim=True)
-    return torch.where(scale > 0, scale, torch.ones_like(scale))
+    largest = t.detach().abs().amax(dim, keepdim=True)  # (vector_norm(ord=inf) is many times slower)
+    mantissa, _ = torch.frexp(largest)  # largest = mantissa * 2^(e+1) with mantissa in [1/2, 1)
+    # Exactly 2^e (finite for every finite row: 2^(e+1) could be 2^128 in float32); 0/0 and inf/inf give NaN.
+    return torch.nan_to_num(largest / (2.0 * mantissa), nan=1.0)

@@ -15,8 +15,8 @@ from lightning_ortho.nn._checks import (
     check_orthogonal,
     check_parameters_finite,
     compute_dtype,
-    finite_checks_enabled,
     full_precision,
+    has_values,
     prepare_input,
 )
 from lightning_ortho.nn._fast_reflection import well_scaled_linear_reflection
@@ -77,8 +77,9 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
 
     Speed: for ``n(x) = W x`` a batch whose rows are all finite and well scaled runs as one fused Function with
     hand-written derivatives and a single host read (:mod:`~lightning_ortho.nn._fast_reflection`); any other batch
-    (a zero, 1e-20 or 1e19 row, NaN/inf, ``torch.func`` transforms, ``torch.compile``) takes the careful
-    path, which rescales such rows and names a NaN. Both compute the same expression (equal to float rounding).
+    (a zero, 1e-20 or 1e19 row, NaN/inf, ``torch.func`` transforms, ``torch.compile``, meta tensors) takes the
+    careful path, which reflects every row at unit scale (exact power-of-two scales, so gradients are those of the
+    unit row: finite and exact) and names a NaN. Both compute the same expression (equal to float rounding).
     ``layer.fused_forward = False`` turns the fused path off.
 
     Raises:
@@ -263,6 +264,7 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
             not isinstance(x, torch.Tensor)
             or torch.compiler.is_compiling()
             or torch._C._functorch.is_functorch_wrapped_tensor(x)
+            or not has_values(x)  # meta/fake: the host read that decides the path has nothing to read
         ):
             return None
         weight = self.constraint() if self.invertible else self.weight
@@ -373,18 +375,8 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
         """``(f(R x), log|det J|)`` for columns ``x`` in ``W``'s eigenbasis, or with dense per-vector determinants
         when ``W``'s eigenvectors are ill-conditioned (unless ``force_eigenbasis``)."""
         weight, basis = self.weight_and_eigenbasis(x.dtype)
-        if basis.reliable or force_eigenbasis:
-            y, log_det, flagged = basis.reflect_and_log_abs_det(x, weight, rotation)
-            if x.numel() == 0 or not finite_checks_enabled(flagged) or not bool(flagged.any()):
-                return y, log_det
-            # Columns whose ||W R x||^2 lost its range (a 1e-20 or 1e19 pixel): f is homogeneous and its
-            # log-determinant of degree 0, so recompute them from unit-scale columns (detached scales).
-            index = flagged.nonzero(as_tuple=True)
-            columns = x.movedim(-1, -2)[index]  # (K, d)
-            scale = row_scale(columns)
-            y_hat, log_det_hat, _ = basis.reflect_and_log_abs_det((columns / scale).mT, weight, rotation)
-            y = y.movedim(-1, -2).index_put(index, y_hat.mT * scale).movedim(-2, -1)
-            return y, log_det.index_put(index, log_det_hat)
+        if basis.reliable or force_eigenbasis:  # columns at unit scale inside: 1e-20 or 1e19 pixels included
+            return basis.reflect_and_log_abs_det(x, weight, rotation)
         rows = (x if rotation is None else rotation @ x).mT
         y, _ = reflect_linear_with_summary(rows, weight)
         return y.mT, self._dense_log_abs_det(rows, weight)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lightning_ortho.nn._checks import refuse_double_backward
-from lightning_ortho.nn._undefined import reflection_scale, squared_norm_badly_scaled
+from lightning_ortho.nn._checks import has_values, refuse_double_backward
+from lightning_ortho.nn._undefined import reflection_scale, row_scale
 
 
 @dataclass(frozen=True)
@@ -60,18 +60,22 @@ class GeneralEigenbasis:
         inverse, info = torch.linalg.inv_ex(vectors)  # a singular P (defective W) is flagged below, not raised
         imag = eigenvalues.imag
         # LAPACK returns real eigenvalues with an exactly zero imaginary part and pairs as (lambda, conj lambda).
-        keep = imag >= 0
-        # Eigenvectors come with unit norm, so ||P||_F = sqrt(d); one host sync for both checks.
-        unpaired, inverse_norm2 = torch.stack(
-            ((imag > 0).sum().to(weight.dtype) - (imag < 0).sum(), torch.view_as_real(inverse).square().sum())
-        ).tolist()
-        condition = (weight.shape[0] * inverse_norm2) ** 0.5
-        reliable = (
-            int(info) == 0
-            and unpaired == 0
-            and math.isfinite(condition)
-            and condition < torch.finfo(weight.dtype).eps ** -0.5
-        )
+        # (A meta W has no values to pair: keeping all d gives the shapes of the results, which do not depend on m.)
+        keep = imag >= 0 if has_values(weight) else slice(None)
+        if has_values(weight):
+            # Eigenvectors come with unit norm, so ||P||_F = sqrt(d); one host sync for both checks.
+            unpaired, inverse_norm2 = torch.stack(
+                ((imag > 0).sum().to(weight.dtype) - (imag < 0).sum(), torch.view_as_real(inverse).square().sum())
+            ).tolist()
+            condition = (weight.shape[0] * inverse_norm2) ** 0.5
+            reliable = (
+                int(info) == 0
+                and unpaired == 0
+                and math.isfinite(condition)
+                and condition < torch.finfo(weight.dtype).eps ** -0.5
+            )
+        else:  # a meta W (shape propagation): nothing to decide on; the eigenbasis route has the right shapes
+            reliable = True
         kept_vectors, kept_rows = vectors[:, keep], inverse[keep, :]
         stacked = torch.cat((weight, kept_vectors.mT.real, kept_vectors.mT.imag, kept_rows.real, kept_rows.imag))
         return cls(
@@ -88,9 +92,8 @@ class GeneralEigenbasis:
     def reflect_and_log_abs_det(
         self, x: torch.Tensor, weight: torch.Tensor, rotation: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`general_reflect_and_log_abs_det` of ``R x`` (``R`` an optional fixed ``(d, d)`` matrix), and
-        ``(..., L)`` flags of the columns whose ``||W R x||^2`` lost its range (the caller rescales them)."""
-        return _GeneralReflectLogDet.apply(x if rotation is None else rotation @ x, weight, self)
+        """:func:`general_reflect_and_log_abs_det` of ``R x`` (``R`` an optional fixed ``(d, d)`` matrix)."""
+        return general_reflect_and_log_abs_det(x if rotation is None else rotation @ x, weight, self)
 
     def solve_shifted(self, s: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``(N, d)``: ``(I - 2 s_i W)^{-1} b_i`` for rows ``b: (N, d)`` and scalars ``s: (N,)``, O(d^2) per row.
@@ -121,8 +124,14 @@ def general_reflect_and_log_abs_det(
     Returns:
         ``y`` of shape ``(..., d, L)`` and the log-determinants ``(..., L)``; where ``W x = 0`` the reflection
         is undefined, ``f`` is the identity and the log-determinant is 0. Double backward is not supported.
+
+    Every column is computed at unit scale (``f(x) = s f(x / s)``, ``J`` of degree 0, with the power-of-two
+    scale of :func:`~lightning_ortho.nn._undefined.row_scale`): a 1e-20 or 1e19 column keeps ``||W x||^2`` in
+    range and its gradients finite.
     """
-    return _GeneralReflectLogDet.apply(x, weight, basis)[:2]
+    scale = row_scale(x, dim=-2)
+    y, log_det = _GeneralReflectLogDet.apply(x / scale, weight, basis)
+    return y * scale, log_det
 
 
 def _times(a_re, a_im, b_re, b_im):
@@ -157,7 +166,6 @@ class _GeneralReflectLogDet(torch.autograd.Function):
         _, _, w_lam2_re, w_lam2_im, _, _ = _powers(basis)
         u, a_re, a_im, b_re, b_im = (basis.stacked @ x).split([d, m, m, m, m], dim=-2)
         t, q = (u * x).sum(-2), u.square().sum(-2)
-        flagged = squared_norm_badly_scaled(q)
         s, q, defined = reflection_scale(t, q)
         scale = s.unsqueeze(-2)
         d_re, d_im = 1.0 - 2.0 * scale * lam_re, -2.0 * scale * lam_im  # D = 1 - 2 s lambda
@@ -172,11 +180,10 @@ class _GeneralReflectLogDet(torch.autograd.Function):
         y = x - 2.0 * scale * u
         ctx.basis = basis
         ctx.save_for_backward(x, weight, u, a_re, a_im, b_re, b_im, inv_re, inv_im, s, q, quadratic, ratio, defined)
-        ctx.mark_non_differentiable(flagged)
-        return y, log_det, flagged
+        return y, log_det
 
     @staticmethod
-    def backward(ctx, grad_y, grad_log_det, _grad_flagged):  # noqa: D102
+    def backward(ctx, grad_y, grad_log_det):  # noqa: D102
         refuse_double_backward()
         basis: GeneralEigenbasis = ctx.basis
         x, weight, u, a_re, a_im, b_re, b_im, inv_re, inv_im, s, q, quadratic, ratio, defined = ctx.saved_tensors
@@ -185,7 +192,7 @@ class _GeneralReflectLogDet(torch.autograd.Function):
         grad_log_det = torch.where(defined, grad_log_det, torch.zeros_like(grad_log_det))
         grad_ratio = grad_log_det / ratio
         grad_quadratic = 2.0 * grad_ratio / q
-        grad_q = -2.0 * quadratic * grad_ratio / q.square()
+        grad_q = -2.0 * (quadratic / q) * grad_ratio / q  # not / q^2, which underflows first
 
         # w lambda / D, the building block of d(log|det A|)/ds, r and p.
         wl_re, wl_im = _times(w_lam_re, w_lam_im, inv_re, inv_im)

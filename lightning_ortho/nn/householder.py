@@ -99,6 +99,8 @@ class HouseholderProduct(OrthogonalMap):
             raise ValueError(
                 f"HouseholderProduct.reset_orthogonal_: needs k = d = {self.d} reflections, this layer has k = {self.k}."
             )
+        if self.vectors.is_meta:  # deferred initialisation: no values to compute (the shape is already right)
+            return self
         vectors = householder_vectors(orthogonal.to(torch.float64)).to(self.vectors.dtype)
         self.vectors.copy_(vectors)
         return self

@@ -7,18 +7,84 @@ from typing import Literal
 
 import torch
 from torch import nn
-from torch.nn.utils import parametrizations
+from torch.nn.utils import parametrizations, parametrize
 
 from lightning_ortho.nn._checks import (
     LOW_PRECISION,
     check_orthogonal,
     check_parameters_finite,
     check_positive_int,
+    has_values,
     prepare_input,
 )
 from lightning_ortho.nn.base import OrthogonalMap
 
 TorchOrthogonalMap = Literal["cayley", "matrix_exp", "householder"]
+
+
+class _GuardedOrthogonal(parametrizations._Orthogonal):
+    """PyTorch's orthogonal parametrisation of a square matrix (same state: ``original`` and the buffer ``base``, so
+    the same ``state_dict`` keys), with two guards so that ``Q = base @ Q(original)`` is orthogonal to the precision
+    of its dtype:
+
+    * ``"householder"``: PyTorch reads the signs of the columns as ``original.diagonal().int()``. With the
+      trivialisation the diagonal is written as ``-1`` (``right_inverse`` always returns ``-I``) and never receives a
+      gradient, but weight decay shrinks it, and ``int(-0.9999) = 0`` makes ``Q = 0``. Here the signs are the
+      ``-1`` that ``right_inverse`` wrote, whatever the optimiser did to the diagonal:
+      ``Q = -base @ householder_product(tril(X, -1), 2 / (1 + ||columns||^2))``.
+    * ``base`` is an orthogonal matrix of the dtype it was built in: cast from float32 to float64 it is orthogonal only
+      to ~1e-7. After a dtype change (``.double()``, ``.to(dtype)``) and after ``load_state_dict``, a base that is not
+      orthogonal to ``10 d eps`` of its dtype is replaced by its nearest orthogonal matrix (the polar factor
+      ``U V^T`` of its SVD), which moves it by its own error (~1e-7) and no more. A base that passes is left bit for
+      bit (a float32 checkpoint resumes exactly).
+
+    Meta tensors (deferred initialisation) keep their shapes: there is nothing to orthogonalise.
+    """
+
+    def __init__(self, weight: torch.Tensor, orthogonal_map: TorchOrthogonalMap) -> None:
+        super().__init__(weight, parametrizations._OrthMaps[orthogonal_map])
+        self.register_load_state_dict_post_hook(_orthogonalize_after_load)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:  # noqa: N803 - PyTorch's name
+        if self.orthogonal_map != parametrizations._OrthMaps.householder:
+            return super().forward(X)
+        lower = X.tril(diagonal=-1)
+        tau = 2.0 / (1.0 + (lower * lower).sum(dim=-2))
+        return self.base @ -torch.linalg.householder_product(lower, tau)
+
+    @torch.no_grad()
+    def right_inverse(self, Q: torch.Tensor) -> torch.Tensor:  # noqa: N803 - PyTorch's name
+        if has_values(Q):
+            return super().right_inverse(Q)
+        self.base = Q.clone()  # meta: PyTorch's orthogonality test would read values
+        negative_identity = torch.zeros_like(Q)
+        negative_identity.diagonal(dim1=-2, dim2=-1).fill_(-1.0)
+        return negative_identity
+
+    def _apply(self, fn, recurse: bool = True):
+        dtype = None if self.base is None else self.base.dtype
+        result = super()._apply(fn, recurse)
+        if self.base is not None and self.base.dtype != dtype:
+            self.orthogonalize_base_()
+        return result
+
+    @torch.no_grad()
+    def orthogonalize_base_(self) -> None:
+        """Replace ``base`` by its polar factor if it is not orthogonal to ``10 d eps`` of its dtype (see above)."""
+        base = self.base
+        if base is None or not has_values(base) or base.dtype in LOW_PRECISION:
+            return
+        d = base.shape[-1]
+        eye = torch.eye(d, dtype=base.dtype, device=base.device)
+        if float((base.mT @ base - eye).abs().amax()) <= 10 * d * torch.finfo(base.dtype).eps:
+            return
+        u, _, vh = torch.linalg.svd(base)
+        base.copy_(u @ vh)
+
+
+def _orthogonalize_after_load(module: _GuardedOrthogonal, _incompatible_keys) -> None:
+    """``load_state_dict`` post-hook: a float32 base loaded into float64 is made orthogonal to float64 precision."""
+    module.orthogonalize_base_()
 
 
 class ParametrizedOrthogonal(OrthogonalMap):
@@ -33,6 +99,12 @@ class ParametrizedOrthogonal(OrthogonalMap):
 
     The base weight is initialised ``U(-1/sqrt(d), 1/sqrt(d))`` as in Appendix B.1; PyTorch then starts
     from the orthogonal factor of that matrix.
+
+    ``Q`` is orthogonal to the precision of the parameters' dtype, also where PyTorch's own parametrisation is not:
+    under weight decay (its ``"householder"`` map read the column signs from a diagonal that decay shrinks, and
+    returned ``Q = 0``) and after ``.double()`` or loading a float32 ``state_dict`` into float64 (its trivialisation
+    base stayed a float32-orthogonal matrix). The parametrisation is PyTorch's ``_Orthogonal`` with these two guards
+    (:class:`_GuardedOrthogonal`; the ``state_dict`` keys are PyTorch's).
     """
 
     def __init__(self, d: int, orthogonal_map: TorchOrthogonalMap = "cayley") -> None:
@@ -45,7 +117,10 @@ class ParametrizedOrthogonal(OrthogonalMap):
         self.d, self.orthogonal_map = d, orthogonal_map
         linear = nn.Linear(d, d, bias=False)
         nn.init.uniform_(linear.weight, -1.0 / math.sqrt(d), 1.0 / math.sqrt(d))
-        self.linear = parametrizations.orthogonal(linear, orthogonal_map=orthogonal_map)
+        parametrize.register_parametrization(
+            linear, "weight", _GuardedOrthogonal(linear.weight, orthogonal_map), unsafe=True
+        )  # what parametrizations.orthogonal(linear, orthogonal_map=...) does, with the guarded parametrisation
+        self.linear = linear
 
     @classmethod
     def from_orthogonal(

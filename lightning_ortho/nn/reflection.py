@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from lightning_ortho.nn._checks import check_features, check_parameters_finite, finite_checks_enabled
-from lightning_ortho.nn._undefined import badly_scaled, is_defined, row_scale
+from lightning_ortho.nn._checks import check_features, check_parameters_finite
+from lightning_ortho.nn._undefined import is_defined, row_scale
 
 
 def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -155,74 +155,60 @@ FUSED_MIN_NUMEL = 1 << 16
 def reflect_with_summary(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`reflect` without input validation, for internal hot paths.
 
-    Both paths compute the same expression; large inputs use :class:`_Reflection` (fused, hand-written
-    derivatives), small ones plain autograd.
+    Every row is reflected at unit scale, ``H(v) x = s_x H(v / s_v) (x / s_x)`` with the power-of-two row scales
+    of :func:`~lightning_ortho.nn._undefined.row_scale` (exact, detached): a 1e-20 or 1e19 row is reflected like a
+    unit one instead of being taken as ``v = 0`` or overflowing, its gradients are those of the unit row, and no
+    row has a discarded computation whose derivative could be ``inf * 0``. No host synchronisation. Large inputs
+    use :class:`_Reflection` (fused, hand-written derivatives), small ones plain autograd; both compute the same
+    expression.
 
     Returns:
-        ``(H(v) x, summary)`` where ``summary = c + v.v`` (``c = 2 v.x / v.v``) has shape ``(...)`` and is finite
-        exactly when the inputs were and ``c`` did not overflow, so callers can check finiteness on ``B`` numbers
-        instead of ``B x d``.
+        ``(H(v) x, summary)`` where ``summary`` has shape ``(...)`` and is finite exactly when the inputs were and
+        the result did not overflow, so callers can check finiteness on ``B`` numbers instead of ``B x d``.
     """
+    scale_x = row_scale(x)
+    x_hat, v_hat = x / scale_x, v / row_scale(v)  # scales of the inputs before broadcasting: a (d,) v is scaled once
     if x.shape != v.shape:  # broadcast explicitly; autograd sums the gradient of the expanded view
         shape = torch.broadcast_shapes(x.shape, v.shape)
-        x, v = x.expand(shape), v.expand(shape)
+        x, x_hat, v_hat = x.expand(shape), x_hat.expand(shape), v_hat.expand(shape)
     if x.numel() < FUSED_MIN_NUMEL:
-        c, k, summary = _coefficients(x, v)
-        y = x - c.unsqueeze(-1) * v
+        c, _, summary = _coefficients(x_hat, v_hat)
+        y = torch.addcmul(x_hat, c.unsqueeze(-1), v_hat, value=-1.0)
     else:
-        y, _, k, summary = _Reflection.apply(x, v)
-    return _rescale_where_needed(x, v, None, y, k, summary)
+        y, _, _, summary = _Reflection.apply(x_hat, v_hat)
+    return _unscaled(y, scale_x, summary)
 
 
 def reflect_linear_with_summary(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(H(W x) x, summary)`` for ``(..., d)`` rows and a ``(d, d)`` ``W``, without validation.
 
+    As :func:`reflect_with_summary`, at unit scale: ``H(W x) x = s_x H((W / s_W) (x / s_x)) (x / s_x)`` with a
+    power-of-two scale per row of ``x`` and one for ``W`` (a 1e-20 or 1e20 ``W`` gives well-scaled ``v`` too).
     Large inputs take the fused :class:`_LinearReflection`; small ones plain autograd (same expression).
     """
+    scale_x = row_scale(x)
+    x_hat = x / scale_x
+    weight = weight / row_scale(weight.reshape(1, -1))
     if x.numel() < FUSED_MIN_NUMEL:
-        v = x @ weight.mT
-        c, k, summary = _coefficients(x, v)
-        y = x - c.unsqueeze(-1) * v
+        v_hat = x_hat @ weight.mT
+        c, _, summary = _coefficients(x_hat, v_hat)
+        y = torch.addcmul(x_hat, c.unsqueeze(-1), v_hat, value=-1.0)
     else:
-        y, v, _, k, summary = _LinearReflection.apply(x, weight)
-    return _rescale_where_needed(x, v, weight, y, k, summary)
+        y, _, _, _, summary = _LinearReflection.apply(x_hat, weight)
+    return _unscaled(y, scale_x, summary)
 
 
-def _rescale_where_needed(
-    x: torch.Tensor,
-    v: torch.Tensor,
-    weight: torch.Tensor | None,
-    y: torch.Tensor,
-    k: torch.Tensor,
-    summary: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Recompute the rows whose ``||v||^2`` lost its range (:func:`~lightning_ortho.nn._undefined.badly_scaled`).
+def _unscaled(y: torch.Tensor, scale: torch.Tensor, summary: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s y, summary)`` for ``y`` computed at unit scale, with an overflow of ``s y`` folded into the summary.
 
-    ``H(v) x = s_x H(v / s_v) (x / s_x)``, and for ``v = W x`` the same ``s_x`` scales ``v``: the rows of a 1e-20
-    input are reflected like those of a unit one instead of being taken as ``v = 0``, and a 1e19 input no longer
-    overflows. The scales are detached; the gradients stay exact (``f`` is homogeneous, ``J`` of degree 0). The
-    common case costs one comparison and, like the finiteness check it rides along with, one host sync.
-    """
-    if x.numel() == 0 or not finite_checks_enabled(k):
+    At unit scale nothing overflows: ``||x||^2 < 4 d``, ``|c| = 2 |v.x| / ||v||^2 <= 4 sqrt(d) / ||v||`` with
+    ``||v||^2`` above the smallest normal number where ``H(v)`` is defined, and ``|c v| <= 2 ||x||``. Only ``s y``
+    can, for rows near the dtype's largest number: ``0 * max|s y_i|`` is 0, or NaN for an inf or NaN entry (no
+    branch, no host synchronisation)."""
+    y = y * scale
+    if y.numel() == 0:
         return y, summary
-    if x.dim() == 1:  # one unbatched vector: the row indexing below needs a batch dimension
-        y, summary = _rescale_where_needed(x[None], v[None], weight, y[None], k[None], summary[None])
-        return y[0], summary[0]
-    flagged = badly_scaled(k)
-    if not bool(flagged.any()):
-        return y, summary
-    index = flagged.nonzero(as_tuple=True)
-    # A true zero (v, or x when v = W x) is H(0) = I and already exact: rescale only the rest.
-    live = (x[index] if weight is not None else v[index]).detach().abs().amax(-1) > 0
-    if not bool(live.any()):
-        return y, summary
-    index = tuple(i[live] for i in index)
-    scale_x = row_scale(x[index])
-    x_hat = x[index] / scale_x
-    v_hat = x_hat @ weight.mT if weight is not None else v[index] / row_scale(v[index])
-    c, _, summary_hat = _coefficients(x_hat, v_hat)
-    y_rows = (x_hat - c.unsqueeze(-1) * v_hat) * scale_x
-    return y.index_put(index, y_rows), summary.index_put(index, summary_hat)
+    return y, torch.add(summary, y.detach().abs().amax(-1), alpha=0.0)
 
 
 def reflect_unchecked(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from lightning_ortho.nn._checks import (
     check_module_finite,
     check_positive_int,
     finite_checks_enabled,
+    has_values,
 )
 from lightning_ortho.nn.activations import modrelu
 from lightning_ortho.nn.auxiliary import AuxiliaryReflection
@@ -260,6 +261,7 @@ class OrthogonalRNN(nn.Module):
             or torch._C._functorch.is_functorch_wrapped_tensor(h)
             or torch.compiler.is_compiling()
             or torch.autograd.forward_ad._current_level >= 0  # forward-mode AD: the cell has it, the Function not
+            or not has_values(x)  # meta/fake: the fused sequence decides its path from values it reads
         ):
             return None
         weight = transition.constraint() if transition.invertible else transition.weight

@@ -21,7 +21,7 @@ than the elementwise kernels that fill it.
 A zero ``h_{t-1}`` row (``h_0 = 0``) has ``v = 0``: the reflection is the identity there (``H(0) := I``), which the
 divisor ``max(v.v, tiny)`` gives exactly (``c = 0``, ``s = 0``). Any other row whose ``v.v`` left the accurate range
 (:func:`~lightning_ortho.nn._undefined.accurate_range`), or a NaN/inf anywhere, makes the caller discard the result
-and run the cell step by step, which rescales or names the culprit.
+and run the cell step by step, which reflects at unit scale or names the culprit.
 """
 
 from __future__ import annotations

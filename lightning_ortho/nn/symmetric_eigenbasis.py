@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 
 from lightning_ortho.nn._checks import refuse_double_backward
-from lightning_ortho.nn._undefined import reflection_scale, squared_norm_badly_scaled
+from lightning_ortho.nn._undefined import reflection_scale, row_scale
 from lightning_ortho.nn.newton import NewtonResult
 
 
@@ -58,8 +58,8 @@ class SymmetricEigenbasis:
     def reflect_and_log_abs_det(
         self, x: torch.Tensor, weight: torch.Tensor, rotation: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`symmetric_reflect_and_log_abs_det_flagged` with this basis."""
-        return symmetric_reflect_and_log_abs_det_flagged(x, weight, self, rotation)
+        """:func:`symmetric_reflect_and_log_abs_det` with this basis."""
+        return symmetric_reflect_and_log_abs_det(x, weight, self, rotation)
 
 
 def symmetric_reflect_and_log_abs_det(
@@ -78,18 +78,16 @@ def symmetric_reflect_and_log_abs_det(
         ``y`` of shape ``(..., d, L)`` and the log-determinants ``(..., L)``; where ``W R x = 0`` the
         reflection is undefined, ``f`` is the identity and the log-determinant is 0.
 
+    Every column is computed at unit scale (``f(R x) = s f(R x / s)``, ``J`` of degree 0, with the power-of-two
+    scale of :func:`~lightning_ortho.nn._undefined.row_scale`, which divides exactly): a 1e-20 or 1e19 column keeps
+    ``||W R x||^2`` in range and its gradients finite.
+
     Double backward is not supported (the backward pass is hand-written and raises if differentiated).
     """
-    return symmetric_reflect_and_log_abs_det_flagged(x, weight, basis, rotation)[:2]
-
-
-def symmetric_reflect_and_log_abs_det_flagged(
-    x: torch.Tensor, weight: torch.Tensor, basis: SymmetricEigenbasis, rotation: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`symmetric_reflect_and_log_abs_det` and ``(..., L)`` flags of the columns whose ``||W R x||^2`` lost
-    its range (:func:`~lightning_ortho.nn._undefined.badly_scaled`), which the caller recomputes rescaled."""
+    scale = row_scale(x, dim=-2)
     projection = basis.vectors.mT if rotation is None else basis.vectors.mT @ rotation
-    return _SymmetricReflectLogDet.apply(x, weight, basis.eigenvalues, basis.vectors, projection)
+    y, log_det = _SymmetricReflectLogDet.apply(x / scale, weight, basis.eigenvalues, basis.vectors, projection)
+    return y * scale, log_det
 
 
 #: Factors multiplied before one logarithm in ``sum_i log|D_i|``. Under Theorem 2 every ``|D_i|`` lies in
@@ -131,7 +129,6 @@ class _SymmetricReflectLogDet(torch.autograd.Function):
         lam = eigenvalues.unsqueeze(-1)
         z = projection @ x
         t, q, weighted = _moments(eigenvalues, z)
-        flagged = squared_norm_badly_scaled(q)
         s, q, defined = reflection_scale(t, q)
         diagonal = (s.unsqueeze(-2) * (-2.0 * lam)).add_(1.0)
         inverse = diagonal.reciprocal()
@@ -140,11 +137,10 @@ class _SymmetricReflectLogDet(torch.autograd.Function):
         log_det = torch.where(defined, _sum_log_abs(diagonal) + torch.log(ratio.abs()), torch.zeros_like(q))
         y = vectors @ (diagonal * z)
         ctx.save_for_backward(eigenvalues, vectors, projection, z, inverse, s, q, quadratic, ratio, defined)
-        ctx.mark_non_differentiable(flagged)
-        return y, log_det, flagged
+        return y, log_det
 
     @staticmethod
-    def backward(ctx, grad_y, grad_log_det, _grad_flagged):  # noqa: D102
+    def backward(ctx, grad_y, grad_log_det):  # noqa: D102
         refuse_double_backward()
         eigenvalues, vectors, projection, z, inverse, s, q, quadratic, ratio, defined = ctx.saved_tensors
         lam = eigenvalues.unsqueeze(-1)
@@ -155,7 +151,7 @@ class _SymmetricReflectLogDet(torch.autograd.Function):
         rho = u_hat * inverse
         grad_ratio = grad_log_det / ratio
         grad_quadratic = 2.0 * grad_ratio / q
-        grad_q = -2.0 * quadratic * grad_ratio / q.square()
+        grad_q = -2.0 * (quadratic / q) * grad_ratio / q  # not / q^2, which underflows first
         grad_s = (
             -2.0 * (grad_y_hat * u_hat).sum(-2)
             - 2.0 * grad_log_det * (lam * inverse).sum(-2)

@@ -94,16 +94,31 @@ def test_one_unbatched_vector_with_a_badly_scaled_reflection_vector():
         v[3] = scale
         expected = x.clone()
         expected[3] = -1.0
-        torch.testing.assert_close(reflect(x, v), expected, rtol=0, atol=0)
+        # A unit v in [1, 2) is reflected with rounding (c = 2 v.x / v.v); so is every rescaled tiny or huge v.
+        torch.testing.assert_close(reflect(x, v), expected, rtol=0, atol=2 * torch.finfo(x.dtype).eps)
         torch.testing.assert_close(reflect(x, v), reflect(x[None], v[None])[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_overflowing_coefficient_raises_instead_of_returning_inf(monkeypatch, fused):
-    """Finite x and v whose c = 2 v.x / v.v overflows float32 (v.v = 2e-30 is in range, v.x = 2e15): the result
-    would be -inf; it must be an error, not a silent inf."""
+def test_a_coefficient_that_would_overflow_is_computed_at_unit_scale(monkeypatch, fused):
+    """Finite x and v whose c = 2 v.x / v.v overflows float32 as given (v.v = 2e-30 is in range, v.x = 2e15):
+    rows are reflected at unit scale, so the result is the exact H(v) x, not -inf."""
     monkeypatch.setattr(reflection_module, "FUSED_MIN_NUMEL", 0 if fused else 1 << 30)
     x = torch.tensor([[1e30, 0.0], [1.0, 2.0]])
     v = torch.tensor([[1e-15, 1e-15], [1.0, 0.0]])
+    expected = torch.stack([dense_householder(v[i].double()) @ x[i].double() for i in range(2)])
+    error = torch.linalg.vector_norm(reflect(x, v).double() - expected, dim=-1)
+    assert (error <= 4 * torch.finfo(x.dtype).eps * torch.linalg.vector_norm(expected, dim=-1)).all()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_result_that_overflows_raises_instead_of_returning_inf(monkeypatch, fused):
+    """||x|| = 4.2e38 is above float32's largest number while every entry is finite; H(v) x = ||x|| e_1 is not
+    representable: an error, not a silent inf."""
+    monkeypatch.setattr(reflection_module, "FUSED_MIN_NUMEL", 0 if fused else 1 << 30)
+    x = torch.tensor([[3e38, 3e38], [1.0, 2.0]])
+    v = torch.tensor([[3e38 * (1 - 2**0.5), 3e38], [1.0, 0.0]])
     with pytest.raises(ValueError, match="overflow"):
         reflect(x, v)
+    with finite_checks(False):
+        assert torch.isinf(reflect(x, v)[0]).any()
