@@ -125,14 +125,20 @@ class _Method(nn.Module):
         return getattr(self.cell, self.name)(*args)
 
 
-def activation_reads_parameters(cell: nn.Module, z: torch.Tensor) -> bool:
-    """Whether ``cell.activation`` depends on any parameter of the cell (evaluated at ``z`` ``(1, Z)``)."""
-    leaves = {f"cell.{k}": p.detach().clone().requires_grad_(True) for k, p in cell.named_parameters()}
+def activation_reads_parameters(
+    cell: nn.Module, z: torch.Tensor, values: dict[str, torch.Tensor] | None = None
+) -> bool:
+    """Whether ``cell.activation`` depends on any parameter of the cell (evaluated at ``z`` ``(1, Z)``, with the
+    cell's parameters or, where given, ``values`` of its parameters and buffers by name)."""
+    if values is None:
+        values = dict(cell.named_parameters())
+    names = {k for k, _ in cell.named_parameters()}
+    leaves = {f"cell.{k}": v.detach().clone().requires_grad_(k in names) for k, v in values.items()}
     with torch.enable_grad():
         out = functional_call(_Method(cell, "activation"), leaves, (z,))
         if not out.requires_grad:
             return False
-        grads = torch.autograd.grad(out.sum(), list(leaves.values()), allow_unused=True)
+        grads = torch.autograd.grad(out.sum(), [v for v in leaves.values() if v.requires_grad], allow_unused=True)
     return any(g is not None for g in grads)
 
 
@@ -430,19 +436,24 @@ def _check_complete(record: _FactorisationRecord, cell: nn.Module, sizes) -> str
 def _check_elementwise(record: _FactorisationRecord, cell: nn.Module, sizes) -> str | None:
     kind = type(cell).__name__
     first = next(cell.parameters())
-    if first.device.type == "meta":
-        return f"{kind} is on the meta device, so whether its activation is element-wise cannot be checked"
     found = _evaluate(cell, sizes, lambda values, x, h: _call(cell, "preactivation", values, x, h).shape[1])
     if isinstance(found, str):
         return found
     rows = found[0]
-    # Off-diagonal entries exactly zero: a structural test, made in the parameters' dtype and device.
+    # Off-diagonal entries exactly zero: a structural test, made in the parameters' dtype and device; on the meta
+    # device (no values) in float64 on the CPU at the random parameters of a probe point.
     generator = torch.Generator().manual_seed(0)
-    points = torch.randn(2, rows, generator=generator, dtype=torch.float64).to(first.device, first.dtype)
+    points = torch.randn(2, rows, generator=generator, dtype=torch.float64)
+    values = None
+    if first.device.type == "meta":
+        values = _probe_points(cell, sizes, count=1)[0][0]
+        activation = lambda z: _call(cell, "activation", values, z)  # noqa: E731
+    else:
+        points, activation = points.to(first.device, first.dtype), cell.activation
     try:
-        if activation_reads_parameters(cell, points[:1]):
+        if activation_reads_parameters(cell, points[:1], values):
             return f"{kind}.activation reads parameters"
-        jacobians = vmap(jacrev(lambda z: cell.activation(z[None])[0]))(points)
+        jacobians = vmap(jacrev(lambda z: activation(z[None])[0]))(points)
     except (RuntimeError, ValueError, TypeError) as error:
         return f"{kind}.activation cannot be differentiated by torch.func ({type(error).__name__}: {error})"
     if jacobians.shape != (2, rows, rows):

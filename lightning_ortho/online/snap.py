@@ -39,7 +39,8 @@ def jacobian_pattern(
     that a parameter that happens to be zero (a zero-initialised bias) does not hide what it touches. The Jacobians
     come from ``torch.func.jacrev`` through ``functional_call``, in float64 when the cell runs in it (else in the
     cell's dtype). A cell may instead declare the pattern with a method ``jacobian_pattern()`` returning the
-    same pair (see :class:`SnAp`).
+    same pair (see :class:`SnAp`). On the meta device (no values) parameters are probed at ``N(0, 1/100)`` draws
+    and buffers at zero, so the pattern, and with it the shapes of the state, are those of the materialised cell.
     """
     generator = torch.Generator().manual_seed(0)
     params = dict(cell.named_parameters())
@@ -51,12 +52,15 @@ def jacobian_pattern(
     for _ in range(probes):
         moved = {}
         for name, p in params.items():
+            if p.is_meta:  # no values (deferred initialisation): the structure shows at random values as well
+                moved[name] = 0.1 * draw(*p.shape)
+                continue
             scale = p.detach().double().square().mean().sqrt().item() if p.numel() else 0.0
             moved[name] = p.detach().double().cpu() + 0.1 * (scale or 1.0) * draw(*p.shape)
         x, h = draw(1, input_size), 0.5 * draw(1, hidden_size)
         try:  # in float64 on the CPU: a float32 tanh' rounds to exactly zero past |z| ~ 9
             values = {
-                **{k: b.double().cpu() if b.is_floating_point() else b.cpu() for k, b in buffers.items()},
+                **{k: _probe_buffer(b) for k, b in buffers.items()},
                 **moved,
             }
             jac_h, jac_p = _jacobians(cell, values, x, h)
@@ -66,6 +70,13 @@ def jacobian_pattern(
         state |= (jac_h != 0).cpu()
         parameter |= (layout.flatten(jac_p, lead=1) != 0).cpu()
     return state, parameter
+
+
+def _probe_buffer(buffer: torch.Tensor) -> torch.Tensor:
+    """A buffer's values on the CPU (floating point in float64); zeros of its shape on the meta device."""
+    if buffer.is_meta:
+        return torch.zeros(buffer.shape, dtype=torch.float64 if buffer.is_floating_point() else buffer.dtype)
+    return buffer.double().cpu() if buffer.is_floating_point() else buffer.cpu()
 
 
 def _jacobians(cell: nn.Module, values: dict[str, torch.Tensor], x: torch.Tensor, h: torch.Tensor):

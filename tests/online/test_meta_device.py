@@ -11,8 +11,10 @@ from torch import nn
 from lightning_ortho.nn import OrthogonalRNNCell
 from lightning_ortho.online import (
     KFRTRL,
+    RFLO,
     RTRL,
     UORO,
+    SnAp,
     DiagonalRTRL,
     GRUCell,
     LinearRecurrentUnit,
@@ -63,6 +65,10 @@ CASES = {
     "uoro-fixed-unfused": ("tanh", lambda c: UORO(c, rescaling=(0.5, None), generator=0, fused=False)),
     "kf_rtrl": ("tanh", lambda c: KFRTRL(c, generator=0)),
     "rtrl": ("gru", RTRL),
+    "snap-1": ("tanh", SnAp),
+    "snap-2-gru": ("gru", lambda c: SnAp(c, order=2)),
+    "rflo": ("tanh", lambda c: RFLO(c, tau=2.0)),
+    "rflo-gru": ("gru", lambda c: RFLO(c, tau=2.0)),
     "tbptt": ("tanh", lambda c: TruncatedBPTT(c, 2)),
     "diagonal_rtrl-lru": ("lru", DiagonalRTRL),
     "diagonal_rtrl-lru-torch-func": ("lru", lambda c: DiagonalRTRL(c, closed_form=False)),
