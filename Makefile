@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo docs test test-pytorch-lightning test-slow bench install install-core clean
+.PHONY: demo docs test test-native-off test-pytorch-lightning test-slow bench install install-core clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test-pytorch-lightning: install
 	LIGHTNING_ORTHO_LIGHTNING=pytorch_lightning $(BIN)/python -m pytest -q tests/callbacks tests/models tests/datamodules \
 		tests/benchmarks tests/test_cli.py tests/test_cli_compression.py tests/test_cli_predict.py \
 		tests/test_cli_online_stages.py tests/test_scale.py
+
+# The tests that can reach a C kernel (lightning_ortho/_native) again with the kernels off: every such path has a
+# PyTorch twin that must give the same results and errors.
+test-native-off: install
+	LIGHTNING_ORTHO_NATIVE=0 $(BIN)/python -m pytest -q tests/nn tests/flows tests/online tests/models \
+		tests/test_native.py tests/test_native_tracing.py
 
 # The documentation site (mkdocs.yml, docs/): a broken link, a missing page or an unrenderable docstring fails it.
 docs: $(BIN)/python
