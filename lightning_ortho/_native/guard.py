@@ -1,0 +1,73 @@
+"""When a C kernel may touch tensors: :func:`real_cpu`, the one test every kernel getter of this package applies.
+
+A C kernel reads and writes memory through ``data_ptr()``, behind the back of the dispatcher: no tracer, transform
+or mode sees it. So it may run only where that memory is real and where nobody needs to see the ops:
+
+* not while ops are traced or watched: ``torch.compile``/``torch.export`` (Dynamo, whose values are fake tensors
+  with no memory behind their ``data_ptr()``), ``make_fx`` and AOT autograd (a ``TorchDispatchMode`` is active:
+  proxy, fake, functionalization), ``torch.jit.trace``, ``torch.fx.symbolic_trace``, a ``torch.func`` transform
+  (``vmap``, ``grad``, ``jacrev``, ``functionalize``: a functorch level is active), or any other dispatch mode or
+  torch-function mode (a mode may replace what the ops around the kernel return; only ``torch.device`` contexts,
+  which change where factory functions allocate, are let through: the bindings allocate on their inputs' device);
+* only on tensors whose type is exactly ``torch.Tensor`` or ``nn.Parameter`` (no subclass: ``FakeTensor``,
+  ``FunctionalTensor``, ``DTensor``, a user's ``__torch_function__``/``__torch_dispatch__`` class), on the CPU (not
+  meta, not an accelerator), with a storage (which functorch's wrappers, vmap's ``BatchedTensor`` and ``grad``'s
+  tracking tensor, have not, even once they escape their transform, nor sparse and mkldnn tensors), not functional
+  (``torch._is_functional_tensor``: a storage without memory behind it), and without the lazy negation bit (whose
+  memory holds ``-x``).
+
+Where the test fails the callers run their PyTorch ops, which compute the same expression (and which a tracer
+records). The test costs well under a microsecond per tensor; dtypes, shapes and strides are each getter's own
+business.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx._symbolic_trace as _fx
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext
+
+__all__ = ["real_cpu", "tracing"]
+
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
+_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_functorch_level = torch._C._functorch.maybe_current_level
+_jit_tracing = torch._C._is_tracing
+_functional = torch._is_functional_tensor
+_has_storage = torch._C._has_storage
+# fx.symbolic_trace's flag is thread-local; reading its __dict__ is ten times cheaper than the public accessor.
+_fx_state = getattr(_fx, "_is_fx_tracing_tls", None)
+
+
+def _fx_tracing() -> bool:
+    if _fx_state is not None:
+        return bool(_fx_state.__dict__.get("flag", False))
+    return _fx.is_fx_tracing_symbolic_tracing() if hasattr(_fx, "is_fx_tracing_symbolic_tracing") else False
+
+
+def tracing() -> bool:
+    """Whether some tracer, transform or mode may see or replace the ops right now (see the module docstring): then
+    no C kernel runs, whatever the tensors."""
+    if _compiling() or _dispatch_modes() or _functorch_level() is not None or _jit_tracing() or _fx_tracing():
+        return True
+    if _function_modes():
+        return not all(isinstance(mode, DeviceContext) for mode in _get_current_function_mode_stack())
+    return False
+
+
+def real_cpu(*tensors: torch.Tensor | None) -> bool:
+    """Whether a C kernel may read and write every one of ``tensors`` (``None`` entries are skipped) through its
+    ``data_ptr()``: plain, strided CPU tensors with real memory, and nothing tracing (:func:`tracing`)."""
+    if tracing():
+        return False
+    for t in tensors:
+        if t is None:
+            continue
+        # No storage: functorch's wrappers (vmap's BatchedTensor, grad's tracking tensor, also once they escape
+        # their transform), sparse and mkldnn layouts; a functional tensor has a storage without memory behind it.
+        if type(t) not in _PLAIN or not t.is_cpu or t.is_neg() or not _has_storage(t) or _functional(t):
+            return False
+    return True
