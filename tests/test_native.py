@@ -188,7 +188,7 @@ DAMAGE = {
     "truncated": lambda library, record: os.truncate(library, library.stat().st_size // 2),
     "corrupted": _flip_middle,
     "garbled_record": lambda library, record: record.write_text("{not json"),
-    "no_record": lambda library, record: record.unlink(),
+    "no_record": lambda library, record: record.unlink(missing_ok=True),
     "stale_record": lambda library, record: record.write_text(json.dumps({"size": 1, "sha256": "0" * 64})),
 }
 
