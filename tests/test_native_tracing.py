@@ -372,7 +372,8 @@ def test_make_fx_records_the_readout_and_its_graph_follows_new_inputs(spy, loss)
 @pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap of scatter_, in the PyTorch ops
 def test_in_vmap_the_readout_equals_autograd_per_stream(spy):
     linear, h, y, _ = _linear_and_data()
-    batched = torch.vmap(lambda hb, yb: readout_step(linear, hb[None], yb[None], None, "cross_entropy", 5.0)[1][0])(h, y)
+    one_stream = lambda h_b, y_b: readout_step(linear, h_b[None], y_b[None], None, "cross_entropy", 5.0)[1][0]
+    batched = torch.vmap(one_stream)(h, y)
     assert spy == []
     expected = _autograd_readout(linear, h, y, "cross_entropy", 5.0)[1]  # rows of the sum are the per-stream terms
     torch.testing.assert_close(batched, expected, rtol=1e-12, atol=1e-12)

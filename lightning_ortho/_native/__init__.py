@@ -10,7 +10,7 @@ The GEMMs stay with PyTorch's BLAS.
 **Where a kernel runs.** A kernel touches memory through ``data_ptr()``, which no tracer or transform sees, so each
 getter of the bindings (``row_kernels``, ``uoro_tanh_kernels``, ``uoro_gradient_kernel``,
 ``linear_readout_kernel``) takes every tensor the kernel will read and answers ``None`` unless :func:`real_cpu`
-holds for all of them: plain, strided CPU tensors with real memory, outside ``torch.compile``, ``torch.export``,
+holds for all of them: plain CPU tensors with real memory, outside ``torch.compile``, ``torch.export``,
 ``make_fx``, ``torch.func`` transforms, ``torch.jit.trace``, ``fx.symbolic_trace`` and dispatch modes such as
 ``FakeTensorMode`` (:mod:`~lightning_ortho._native.guard`). The callers then run their PyTorch ops, which compute the
 same expression and which a tracer records.
@@ -102,7 +102,7 @@ def compiler() -> list[str] | None:
 
 def _key(source: Path, command: list[str]) -> str:
     """What the library depends on, hashed: the source, the headers it may include, the command and the platform."""
-    headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]
+    headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]  # what the sources may include
     return hashlib.sha256(
         b"\0".join(
             [

@@ -48,26 +48,34 @@ def _fx_tracing() -> bool:
     return _fx.is_fx_tracing_symbolic_tracing() if hasattr(_fx, "is_fx_tracing_symbolic_tracing") else False
 
 
+def _foreign_function_mode() -> bool:
+    """A torch-function mode other than a ``torch.device`` block is active (called only when some mode is)."""
+    return not all(isinstance(mode, DeviceContext) for mode in _get_current_function_mode_stack())
+
+
 def tracing() -> bool:
     """Whether some tracer, transform or mode may see or replace the ops right now (see the module docstring): then
     no C kernel runs, whatever the tensors."""
-    if _compiling() or _dispatch_modes() or _functorch_level() is not None or _jit_tracing() or _fx_tracing():
-        return True
-    if _function_modes():
-        return not all(isinstance(mode, DeviceContext) for mode in _get_current_function_mode_stack())
-    return False
+    return bool(
+        _compiling()
+        or _dispatch_modes()
+        or _functorch_level() is not None
+        or _jit_tracing()
+        or _fx_tracing()
+        or (_function_modes() and _foreign_function_mode())
+    )
 
 
 def real_cpu(*tensors: torch.Tensor | None) -> bool:
     """Whether a C kernel may read and write every one of ``tensors`` (``None`` entries are skipped) through its
-    ``data_ptr()``: plain, strided CPU tensors with real memory, and nothing tracing (:func:`tracing`)."""
+    ``data_ptr()``: plain CPU tensors with real memory, and nothing tracing (:func:`tracing`)."""
     if tracing():
         return False
     for t in tensors:
-        if t is None:
-            continue
         # No storage: functorch's wrappers (vmap's BatchedTensor, grad's tracking tensor, also once they escape
         # their transform), sparse and mkldnn layouts; a functional tensor has a storage without memory behind it.
-        if type(t) not in _PLAIN or not t.is_cpu or t.is_neg() or not _has_storage(t) or _functional(t):
+        if t is not None and (
+            type(t) not in _PLAIN or not t.is_cpu or t.is_neg() or not _has_storage(t) or _functional(t)
+        ):
             return False
     return True
