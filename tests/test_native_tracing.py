@@ -344,6 +344,15 @@ def test_every_getter_allows_real_cpu_tensors(kernels_on, case):
     assert None not in ALLOWED[case]()
 
 
+def test_under_cpu_autocast_only_the_kernels_fed_by_pytorch_products_decline(kernels_on):
+    """The reflection's rows and UORO's fused step read products (``x W^T``, ``W_h h``) that autocast would return
+    in bfloat16; the summed estimate and the readout read only their inputs."""
+    plain = _plain()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert row_kernels(plain) is None and uoro_tanh_kernels(plain) is None
+        assert uoro_gradient_kernel(plain) is not None and linear_readout_kernel(plain) is not None
+
+
 # -- the layers and steps: no kernel call, the right answer ---------------------------------------------------------
 
 

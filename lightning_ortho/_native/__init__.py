@@ -12,7 +12,8 @@ getter of the bindings (``row_kernels``, ``uoro_tanh_kernels``, ``uoro_gradient_
 ``linear_readout_kernel``) takes every tensor the kernel will read and answers ``None`` unless :func:`real_cpu`
 holds for all of them: plain CPU tensors with real memory, outside ``torch.compile``, ``torch.export``,
 ``make_fx``, ``torch.func`` transforms, ``torch.jit.trace``, ``fx.symbolic_trace`` and dispatch modes such as
-``FakeTensorMode`` (:mod:`~lightning_ortho._native.guard`). The callers then run their PyTorch ops, which compute the
+``FakeTensorMode`` (:mod:`~lightning_ortho._native.guard`); the getters whose callers compute the kernel's inputs
+with PyTorch products also decline under CPU autocast. The callers then run their PyTorch ops, which compute the
 same expression and which a tracer records.
 
 **The cache.** The shared library is cached per source, compiler and platform under

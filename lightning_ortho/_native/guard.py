@@ -18,7 +18,9 @@ or mode sees it. So it may run only where that memory is real and where nobody n
 
 Where the test fails the callers run their PyTorch ops, which compute the same expression (and which a tracer
 records). The test costs well under a microsecond per tensor; dtypes, shapes and strides are each getter's own
-business.
+business, and so is autocast: a getter whose callers compute the kernel's inputs with PyTorch products (the
+reflection's rows, UORO's fused step) declines under CPU autocast, which would return those products in bfloat16
+for a kernel that reads float32.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import torch
 from lightning_ortho._native import load, real_cpu
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
+_autocast = torch.is_autocast_enabled
 _SUFFIX = {torch.float32: "float32", torch.float64: "float64"}
 
 
@@ -32,8 +33,9 @@ def row_kernels(x: torch.Tensor, *others: torch.Tensor | None) -> tuple | None:
     """The ``(forward, backward)`` C functions for ``x``'s dtype, or ``None`` when ``x`` is not float32/float64, when
     ``x`` or one of ``others`` (every tensor the kernels will read, or whose product they will read: the weight,
     the incoming gradient) is not a real CPU tensor or something is tracing (:func:`lightning_ortho._native.real_cpu`),
-    or when the kernels are unavailable (see :func:`lightning_ortho._native.load`)."""
-    if x.dtype not in _SUFFIX or not real_cpu(x, *others):
+    under CPU autocast (the caller's product ``v = x W^T`` would come back in bfloat16), or when the kernels are
+    unavailable (see :func:`lightning_ortho._native.load`)."""
+    if x.dtype not in _SUFFIX or _autocast("cpu") or not real_cpu(x, *others):
         return None
     library = load("reflection_rows")
     return None if library is None else _bind(library, x.dtype)

@@ -11,6 +11,7 @@ import torch
 from lightning_ortho._native import load, real_cpu
 
 _POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+_autocast = torch.is_autocast_enabled
 _TYPES = {torch.float32: ("float32", ctypes.c_float), torch.float64: ("float64", ctypes.c_double)}
 
 
@@ -18,9 +19,9 @@ def uoro_tanh_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> tuple
     """``(gir_rows, commit, norms)`` C functions for ``like``'s dtype, or ``None`` when ``like`` is not
     float32/float64, when ``like`` or one of ``others`` (every tensor the kernels will read, or whose products they
     will read: the cell's weights) is not a real CPU tensor or something is tracing
-    (:func:`lightning_ortho._native.real_cpu`), or when the kernels are unavailable
-    (:func:`lightning_ortho._native.load`)."""
-    if like.dtype not in _TYPES or not real_cpu(like, *others):
+    (:func:`lightning_ortho._native.real_cpu`), under CPU autocast (the caller's products would come back in
+    bfloat16), or when the kernels are unavailable (:func:`lightning_ortho._native.load`)."""
+    if like.dtype not in _TYPES or _autocast("cpu") or not real_cpu(like, *others):
         return None
     library = load("uoro")
     if library is None:
@@ -50,7 +51,7 @@ def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> str:
 
 def uoro_gradient_kernel(like: torch.Tensor, *others: torch.Tensor | None):
     """The C function of :func:`summed_estimate` for ``like``'s dtype, or ``None`` (as :func:`uoro_tanh_kernels`:
-    pass ``w_tilde``, ``grad_h`` and ``h_tilde``)."""
+    pass ``w_tilde``, ``grad_h`` and ``h_tilde``; autocast does not matter, the kernel reads only them)."""
     if like.dtype not in _TYPES or not real_cpu(like, *others):
         return None
     library = load("uoro")
