@@ -42,12 +42,13 @@ _functional = torch._is_functional_tensor
 _has_storage = torch._C._has_storage
 # fx.symbolic_trace's flag is thread-local; reading its __dict__ is ten times cheaper than the public accessor.
 _fx_state = getattr(_fx, "_is_fx_tracing_tls", None)
+_fx_symbolic_tracing = getattr(_fx, "is_fx_symbolic_tracing", lambda: False)
 
 
 def _fx_tracing() -> bool:
     if _fx_state is not None:
         return bool(_fx_state.__dict__.get("flag", False))
-    return _fx.is_fx_tracing_symbolic_tracing() if hasattr(_fx, "is_fx_tracing_symbolic_tracing") else False
+    return _fx_symbolic_tracing()
 
 
 def _foreign_function_mode() -> bool:
