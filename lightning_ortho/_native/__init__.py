@@ -7,18 +7,41 @@ code: no ``-march``, no fast-math, no contraction of a multiply and an add, so r
 each kernel is built twice, for AVX2 and for the baseline, and the CPU's clone is chosen at load (``vector_clones.h``).
 The GEMMs stay with PyTorch's BLAS.
 
-The shared library is cached per source, compiler and platform under ``$LIGHTNING_ORTHO_CACHE_DIR`` (default
-``~/.cache/lightning_ortho``) and written atomically, so concurrent processes (DDP, test workers) may build it at
-once. Where no C compiler is found, or the build or the load fails, :func:`load` warns once
+**Where a kernel runs.** A kernel touches memory through ``data_ptr()``, which no tracer or transform sees, so each
+getter of the bindings (``row_kernels``, ``uoro_tanh_kernels``, ``uoro_gradient_kernel``,
+``linear_readout_kernel``) takes every tensor the kernel will read and answers ``None`` unless :func:`real_cpu`
+holds for all of them: plain CPU tensors with real memory, outside ``torch.compile``, ``torch.export``,
+``make_fx``, ``torch.func`` transforms, ``torch.jit.trace``, ``fx.symbolic_trace`` and dispatch modes such as
+``FakeTensorMode`` (:mod:`~lightning_ortho._native.guard`); the getters whose callers compute the kernel's inputs
+with PyTorch products also decline under CPU autocast. The callers then run their PyTorch ops, which compute the
+same expression and which a tracer records.
+
+**The cache.** The shared library is cached per source, compiler and platform under
+``$LIGHTNING_ORTHO_CACHE_DIR`` (default ``$XDG_CACHE_HOME/lightning_ortho``, else ``~/.cache/lightning_ortho``; a
+relative path is taken from the working directory at the time of the call and made absolute). Beside each
+``<name>-<key>.so`` a record ``<name>-<key>.so.json`` holds its size and SHA-256. Both are written atomically (a
+private temporary file renamed over the target), so concurrent processes (DDP, test workers) may build at once.
+A library is used only when its bytes match its record; a missing or garbled record, or a library truncated or
+changed since (a full disk, a killed copy, another tool), makes :func:`load` rebuild it.
+
+**Loading.** ``dlopen`` maps the file: if another process truncated a mapped library, the next access to a lost
+page would kill this one with ``SIGBUS``, and no check done before the mapping could prevent it. So the validated
+bytes, already in memory, are written to a private ``mkstemp`` file (a name no other process knows), its hash is
+checked again, it is loaded by its absolute path and unlinked at once (the mapping keeps an unlinked file alive).
+The private copy goes into the cache folder, else the temporary folder.
+
+Where no C compiler is found, or the build or the load fails, :func:`load` warns once
 (:class:`NativeKernelsUnavailableWarning`) and returns ``None``; callers then use their PyTorch implementation,
 which computes the same expression. ``LIGHTNING_ORTHO_NATIVE=0`` turns the kernels off without a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
 import shlex
@@ -30,7 +53,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
-__all__ = ["NativeKernelsUnavailableWarning", "cache_dir", "compiler", "enabled", "load"]
+from lightning_ortho._native.guard import real_cpu
+
+__all__ = ["NativeKernelsUnavailableWarning", "cache_dir", "compiler", "enabled", "load", "real_cpu"]
 
 #: Compiler flags: optimised, portable (no ``-march=native``: the cache may be shared between machines; the AVX2
 #: clones of ``vector_clones.h`` are chosen per CPU at load), IEEE semantics (no ``-ffast-math``, and
@@ -39,6 +64,8 @@ __all__ = ["NativeKernelsUnavailableWarning", "cache_dir", "compiler", "enabled"
 FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-ffp-contract=off")
 #: Linked after the source: the C math library (tanh, sqrt).
 LIBRARIES = ("-lm",)
+#: Appended to a cached library's name for the record of its size and SHA-256.
+STAMP_SUFFIX = ".json"
 
 
 class NativeKernelsUnavailableWarning(UserWarning):
@@ -51,12 +78,14 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    """Where built libraries are kept: ``$LIGHTNING_ORTHO_CACHE_DIR``, else ``$XDG_CACHE_HOME/lightning_ortho``,
-    else ``~/.cache/lightning_ortho``."""
+    """Where built libraries are kept, as an absolute path: ``$LIGHTNING_ORTHO_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/lightning_ortho``, else ``~/.cache/lightning_ortho`` (``~`` expanded; a relative path is
+    taken from the current working directory)."""
     if configured := os.environ.get("LIGHTNING_ORTHO_CACHE_DIR"):
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "lightning_ortho"
+        folder = Path(configured)
+    else:
+        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightning_ortho"
+    return folder.expanduser().absolute()
 
 
 def compiler() -> list[str] | None:
@@ -72,15 +101,13 @@ def compiler() -> list[str] | None:
     return None
 
 
-def _build(source: Path, command: list[str]) -> Path:
-    """Compile ``source`` into the cache (if not there yet) and return the library's path; raises ``OSError`` or
-    ``subprocess.SubprocessError`` on failure."""
-    text = source.read_bytes()
+def _key(source: Path, command: list[str]) -> str:
+    """What the library depends on, hashed: the source, the headers it may include, the command and the platform."""
     headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]  # what the sources may include
-    key = hashlib.sha256(
+    return hashlib.sha256(
         b"\0".join(
             [
-                text,
+                source.read_bytes(),
                 *headers,
                 " ".join(command + list(FLAGS) + list(LIBRARIES)).encode(),
                 platform.platform().encode(),
@@ -88,11 +115,48 @@ def _build(source: Path, command: list[str]) -> Path:
             ]
         )
     ).hexdigest()[:16]
-    target = cache_dir() / f"{source.stem}-{key}.so"
-    if target.exists():
-        return target
+
+
+def _stamp(data: bytes) -> dict:
+    """The record kept beside a library: its size and SHA-256."""
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _replace_atomically(data: bytes, target: Path, mode: int) -> None:
+    """Write ``data`` to a private file beside ``target`` and rename it over ``target``: readers see the old file or
+    the new one, never a part."""
+    handle, partial = tempfile.mkstemp(prefix=f".{target.name}-", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.chmod(partial, mode)
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def _cached(target: Path) -> bytes | None:
+    """The bytes of the cached library ``target`` when they match its record (``<target>.json``), else ``None``
+    (no library, no record, a garbled record, or a library truncated or changed since it was built)."""
+    try:
+        record = json.loads(target.with_name(target.name + STAMP_SUFFIX).read_text())
+        data = target.read_bytes()
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(record, dict) and record == _stamp(data) else None
+
+
+def _build(source: Path, command: list[str]) -> bytes:
+    """The library built from ``source``: from the cache when the bytes there match their record, else compiled
+    anew and cached (library and record, each replaced atomically). Returns its bytes, which the caller loads from a
+    private copy (:func:`_load_private_copy`); raises ``OSError`` or ``subprocess.SubprocessError`` on failure."""
+    target = cache_dir() / f"{source.stem}-{_key(source, command)}.so"
+    data = _cached(target)
+    if data is not None:
+        return data
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: another process may be building the same library right now.
+    # Compiled beside the target: another process may be building (or rebuilding) the same library right now.
     handle, partial = tempfile.mkstemp(suffix=".so", prefix=f".{source.stem}-", dir=target.parent)
     os.close(handle)
     try:
@@ -105,17 +169,49 @@ def _build(source: Path, command: list[str]) -> Path:
         )
         if result.returncode != 0:
             raise OSError(f"{' '.join(command)} exited with {result.returncode}: {result.stderr.strip()[-2000:]}")
-        os.replace(partial, target)
+        data = Path(partial).read_bytes()
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
-    return target
+    # The library first, then its record: a reader in between sees a mismatch and rebuilds, never a wrong load.
+    _replace_atomically(data, target, 0o755)
+    _replace_atomically(json.dumps(_stamp(data)).encode(), target.with_name(target.name + STAMP_SUFFIX), 0o644)
+    return data
+
+
+def _load_private_copy(data: bytes, name: str) -> ctypes.CDLL:
+    """``dlopen`` a private copy of the library ``data``: written to a fresh ``mkstemp`` file (in the cache folder,
+    else the temporary folder), checked against ``data``'s hash once written, loaded by its absolute path and
+    unlinked at once (the mapping keeps it alive). No other process knows its name, so none can truncate it under
+    the mapping."""
+    expected, problems = _stamp(data), []
+    for folder in (cache_dir(), Path(tempfile.gettempdir()).absolute()):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle, path = tempfile.mkstemp(suffix=".so", prefix=f".{name}-load-", dir=folder)
+        except OSError as error:
+            problems.append(str(error))
+            continue
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+            if _stamp(Path(path).read_bytes()) != expected:
+                raise OSError(f"the private copy {path} does not hold the bytes written to it")
+            return ctypes.CDLL(path)
+        except OSError as error:
+            problems.append(str(error))
+        finally:
+            with contextlib.suppress(OSError):  # unlinked while mapped: Linux and macOS keep the mapping
+                os.unlink(path)
+    raise OSError("; ".join(problems))
 
 
 @functools.cache
 def load(name: str) -> ctypes.CDLL | None:
     """The shared library built from ``<name>.c`` beside this module, or ``None`` (after one warning) where it cannot
     be built or loaded, or ``None`` silently when the kernels are turned off (``LIGHTNING_ORTHO_NATIVE=0``).
+    The cached library is used only when its bytes match its record (else it is rebuilt), and what is mapped is a
+    private copy of those bytes (see the module docstring).
 
     Cached per process; ``load.cache_clear()`` makes the next call look again (tests use it)."""
     if not enabled():
@@ -126,7 +222,7 @@ def load(name: str) -> ctypes.CDLL | None:
         problem = "no C compiler was found (set CC to one)"
     else:
         try:
-            return ctypes.CDLL(str(_build(Path(__file__).with_name(f"{name}.c"), command)))
+            return _load_private_copy(_build(Path(__file__).with_name(f"{name}.c"), command), name)
         except (OSError, subprocess.SubprocessError) as error:
             problem = f"building or loading it failed: {error}"
     warnings.warn(

@@ -9,6 +9,7 @@
  * launches on tiny tensors; here one pass. The loss sum (summed in double) is returned and written to loss_out; the
  * return is NaN when a scored class index is out of range (the caller then runs its PyTorch path, which says why).
  *
+ * With no outputs the loss is 0 and every gradient 0 (the binding declines empty problems before calling anyway).
  * h, weight, bias and the outputs are C-contiguous; y and mask are read with strides (a step of a chunk). No
  * fast-math: a NaN or inf in h or the weights reaches the outputs and gradients as PyTorch's ops would carry it.
  */
@@ -57,7 +58,7 @@
                     g[k] = r * inverse_streams;                                                                       \
                 }                                                                                                     \
                 loss += 0.5 * (double)row;                                                                            \
-            } else {                                                                                                  \
+            } else if (outputs > 0) { /* no outputs: nothing to normalise, the loss is 0 (as log_softmax gives) */    \
                 T highest = g[0];                                                                                     \
                 for (long k = 1; k < outputs; ++k) highest = g[k] > highest ? g[k] : highest;                         \
                 T total = 0;                                                                                          \

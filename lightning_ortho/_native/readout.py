@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from lightning_ortho._native import load
+from lightning_ortho._native import load, real_cpu
 
 __all__ = ["LARGEST_PRODUCT", "linear_readout", "linear_readout_kernel"]
 
@@ -20,10 +20,12 @@ _SUFFIXES = {torch.float32: "float32", torch.float64: "float64"}
 LARGEST_PRODUCT = 1 << 18
 
 
-def linear_readout_kernel(like: torch.Tensor):
-    """The C function for ``like``'s dtype, or ``None`` (not a float32/float64 CPU tensor, or the kernels are
-    unavailable: :func:`lightning_ortho._native.load`)."""
-    if like.device.type != "cpu" or like.dtype not in _SUFFIXES:
+def linear_readout_kernel(like: torch.Tensor, *others: torch.Tensor | None):
+    """The C function for ``like``'s dtype, or ``None``: ``like`` not float32/float64, ``like`` or one of ``others``
+    (pass every tensor the kernel reads: ``h``, ``weight``, ``bias``, ``y``, ``mask``; ``None`` entries are skipped)
+    not a real CPU tensor or something tracing (:func:`lightning_ortho._native.real_cpu`), or the kernels
+    unavailable (:func:`lightning_ortho._native.load`)."""
+    if like.dtype not in _SUFFIXES or not real_cpu(like, *others):
         return None
     library = load("readout")
     if library is None:
@@ -52,9 +54,11 @@ def linear_readout(
     *,
     weight_grad: bool,
     bias_grad: bool,
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``(loss sum, grad_h (b, H), grad of weight (O, H) or None, grad of bias (O,) or None)`` of ``o = h W^T + c``;
-    the loss sum a float64 0-d tensor, or ``None`` when it is not finite or a scored class is out of range.
+    the loss sum a float64 0-d tensor, or ``None`` when it is not finite or a scored class is out of range. An
+    empty problem (no streams, no hidden units or no outputs) is declined without a call: ``(None, None, None,
+    None)``, and the caller's PyTorch ops give their answer (or say what is wrong).
 
     ``h`` ``(b, H)``, ``weight`` ``(O, H)`` and ``bias`` ``(O,)`` C-contiguous, of one dtype (read, never written:
     parameters that require grad are fine); ``y`` ``(b,)`` int64 class indices or ``(b, O)`` targets of that dtype,
@@ -62,11 +66,14 @@ def linear_readout(
     devices and the mse/int64 combination."""
     batch, hidden = h.shape
     outputs = weight.shape[0]
+    if batch == 0 or hidden == 0 or outputs == 0:  # empty tensors may have no memory (a null data_ptr)
+        return None, None, None, None
     grad_h = torch.empty_like(h)
     grad_weight = torch.empty_like(weight) if weight_grad else None
-    grad_bias = torch.empty(outputs, dtype=h.dtype) if bias_grad and bias is not None else None
-    scratch = torch.empty(outputs, dtype=h.dtype)
-    loss = torch.empty((), dtype=torch.float64)
+    # new_empty: on h's device (the CPU) whatever the default device (torch.set_default_device, a torch.device block)
+    grad_bias = h.new_empty(outputs) if bias_grad and bias is not None else None
+    scratch = h.new_empty(outputs)
+    loss = h.new_empty((), dtype=torch.float64)
     index = y.dtype == torch.int64
     row_stride, column_stride = (y.stride(0), 0) if index else y.stride()
     total = kernel(

@@ -2,7 +2,7 @@
 
 ``reflect_rows(x, v)`` and ``reflect_rows_backward(g, v, y, c, vv)`` compute what the PyTorch ops in
 :mod:`lightning_ortho.nn._fast_reflection` compute (see there for the equations), in one pass each, for float32 or
-float64 CPU tensors; :func:`row_kernels` says whether they are available for a tensor.
+float64 CPU tensors; :func:`row_kernels` says whether they may run on given tensors.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import ctypes
 
 import torch
 
-from lightning_ortho._native import load
+from lightning_ortho._native import load, real_cpu
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
+_autocast = torch.is_autocast_enabled
 _SUFFIX = {torch.float32: "float32", torch.float64: "float64"}
 
 
@@ -28,10 +29,13 @@ def _bind(library: ctypes.CDLL, dtype: torch.dtype) -> tuple:
     return forward, backward
 
 
-def row_kernels(x: torch.Tensor) -> tuple | None:
-    """The ``(forward, backward)`` C functions for ``x``'s dtype, or ``None`` when ``x`` is not a float32/float64 CPU
-    tensor or the kernels are unavailable (see :func:`lightning_ortho._native.load`)."""
-    if x.device.type != "cpu" or x.dtype not in _SUFFIX:
+def row_kernels(x: torch.Tensor, *others: torch.Tensor | None) -> tuple | None:
+    """The ``(forward, backward)`` C functions for ``x``'s dtype, or ``None`` when ``x`` is not float32/float64, when
+    ``x`` or one of ``others`` (every tensor the kernels will read, or whose product they will read: the weight,
+    the incoming gradient) is not a real CPU tensor or something is tracing (:func:`lightning_ortho._native.real_cpu`),
+    under CPU autocast (the caller's product ``v = x W^T`` would come back in bfloat16), or when the kernels are
+    unavailable (see :func:`lightning_ortho._native.load`)."""
+    if x.dtype not in _SUFFIX or _autocast("cpu") or not real_cpu(x, *others):
         return None
     library = load("reflection_rows")
     return None if library is None else _bind(library, x.dtype)

@@ -8,16 +8,20 @@ import ctypes
 
 import torch
 
-from lightning_ortho._native import load
+from lightning_ortho._native import load, real_cpu
 
 _POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+_autocast = torch.is_autocast_enabled
 _TYPES = {torch.float32: ("float32", ctypes.c_float), torch.float64: ("float64", ctypes.c_double)}
 
 
-def uoro_tanh_kernels(like: torch.Tensor) -> tuple | None:
-    """``(gir_rows, commit, norms)`` C functions for ``like``'s dtype, or ``None`` when it is not a float32/float64
-    CPU tensor or the kernels are unavailable (:func:`lightning_ortho._native.load`)."""
-    if like.device.type != "cpu" or like.dtype not in _TYPES:
+def uoro_tanh_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> tuple | None:
+    """``(gir_rows, commit, norms)`` C functions for ``like``'s dtype, or ``None`` when ``like`` is not
+    float32/float64, when ``like`` or one of ``others`` (every tensor the kernels will read, or whose products they
+    will read: the cell's weights) is not a real CPU tensor or something is tracing
+    (:func:`lightning_ortho._native.real_cpu`), under CPU autocast (the caller's products would come back in
+    bfloat16), or when the kernels are unavailable (:func:`lightning_ortho._native.load`)."""
+    if like.dtype not in _TYPES or _autocast("cpu") or not real_cpu(like, *others):
         return None
     library = load("uoro")
     if library is None:
@@ -45,9 +49,10 @@ def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> str:
     return suffix
 
 
-def uoro_gradient_kernel(like: torch.Tensor):
-    """The C function of :func:`summed_estimate` for ``like``'s dtype, or ``None`` (as :func:`uoro_tanh_kernels`)."""
-    if like.device.type != "cpu" or like.dtype not in _TYPES:
+def uoro_gradient_kernel(like: torch.Tensor, *others: torch.Tensor | None):
+    """The C function of :func:`summed_estimate` for ``like``'s dtype, or ``None`` (as :func:`uoro_tanh_kernels`:
+    pass ``w_tilde``, ``grad_h`` and ``h_tilde``; autocast does not matter, the kernel reads only them)."""
+    if like.dtype not in _TYPES or not real_cpu(like, *others):
         return None
     library = load("uoro")
     if library is None:

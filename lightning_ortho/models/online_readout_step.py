@@ -108,7 +108,7 @@ def _native_step(linear: nn.Linear, h, y, mask, loss, streams):
         return None
     if y.is_cuda or (mask is not None and (mask.dtype is not torch.bool or mask.is_cuda)):
         return None
-    kernel = linear_readout_kernel(h)  # None: not a CPU float32/float64 tensor, or no kernels
+    kernel = linear_readout_kernel(h, weight, bias, y, mask)  # None: not real CPU float32/float64, or no kernels
     if kernel is None:
         return None
     weight_grad, bias_grad = weight.requires_grad, bias is not None and bias.requires_grad

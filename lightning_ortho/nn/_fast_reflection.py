@@ -92,7 +92,7 @@ class _WellScaledLinearReflection(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, span):  # noqa: D102
-        kernels = row_kernels(x)
+        kernels = row_kernels(x, weight)
         if kernels is not None:  # the row passes in one C pass (GEMM by PyTorch)
             x = x.contiguous()
             v = torch.mm(x, weight.t())
@@ -114,7 +114,7 @@ class _WellScaledLinearReflection(torch.autograd.Function):
         if torch.is_grad_enabled():  # double backward: recompute the intermediates inside the graph
             y, v, c, vv = _reflect(x, weight)
             return (*_backward(grad_y, x, weight, y, v, c, vv, needs), None)
-        if ctx.kernels is not None and grad_y.device.type == "cpu" and grad_y.dtype is x.dtype:
+        if ctx.kernels is not None and grad_y.dtype is x.dtype and row_kernels(grad_y, y) is not None:
             u, r = reflect_rows_backward(ctx.kernels, grad_y, ctx.v, y, ctx.c, ctx.vv)
             return (*_gemms(r, u, x, weight, needs), None)
         # A gradient from sum() is expanded (stride 0); elementwise kernels are faster on a contiguous copy.
@@ -144,7 +144,7 @@ def well_scaled_linear_reflection(x: torch.Tensor, weight: torch.Tensor) -> torc
     span: list = []
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         y = _WellScaledLinearReflection.apply(x, weight, span)
-    elif (kernels := row_kernels(x)) is not None and not _is_dual(x) and not _is_dual(weight):
+    elif (kernels := row_kernels(x, weight)) is not None and not _is_dual(x) and not _is_dual(weight):
         x = x.contiguous()  # no graph to record and no tangent to carry: the C row pass, saving nothing
         y, _, _, lowest, highest = reflect_rows(kernels, x, torch.mm(x, weight.t()))
         span.extend((lowest, highest))

@@ -338,7 +338,7 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             return super()._gradient_summed(state, grad_h)
         w_tilde, h_tilde = state.tensors["w_tilde"], state.tensors["h_tilde"]
         if self.native and grad_h.is_contiguous() and w_tilde.is_contiguous() and h_tilde.is_contiguous():
-            kernel = uoro_gradient_kernel(w_tilde)
+            kernel = uoro_gradient_kernel(w_tilde, grad_h, h_tilde)
             if kernel is not None and grad_h.dtype is w_tilde.dtype is h_tilde.dtype:
                 # one C pass over w_tilde, its sum taken on the way for _finite_estimate
                 flat, total = summed_estimate(kernel, w_tilde, grad_h, h_tilde)

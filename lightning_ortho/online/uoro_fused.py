@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lightning_ortho._native.guard import tracing
 from lightning_ortho._native.uoro import commit, gir_rows, row_norms, uoro_tanh_kernels
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
@@ -115,7 +116,7 @@ class TanhUOROStep:
         dtype = self.cell.weight_hh.dtype
         if not self.native or any(t.dtype is not dtype or not t.is_contiguous() for t in tensors):
             return None
-        return uoro_tanh_kernels(tensors[0])
+        return uoro_tanh_kernels(*tensors, self.cell.weight_hh, self.cell.weight_ih, self.cell.bias)
 
     def gir(
         self,
@@ -170,7 +171,7 @@ class TanhUOROStep:
         (:meth:`_norm_of`) instead of in a pass of its own.
         """
         checked, self._checked = self._checked, None
-        if checked is not None and checked[0] is w_tilde:
+        if checked is not None and checked[0] is w_tilde and not tracing():  # gir's choice, not a traced call's
             kernels = checked[1]
         else:
             kernels = self._kernels(h, x, w_tilde, inverse_gamma, g)

@@ -225,16 +225,17 @@ def test_the_c_pass_declines_and_the_pytorch_ops_answer(what, kernel_runs):
         h = torch.randn(B, 2 * H, generator=g, dtype=torch.float64)[:, ::2]
     else:
         y, loss = torch.randn(B, OUT, generator=g), "mse"  # float32 targets of a float64 readout
+    c_pass = linear_readout_kernel(h) is not None  # the kernels on (LIGHTNING_ORTHO_NATIVE) and built
     if what == "out_of_range_class":
         with pytest.raises((IndexError, RuntimeError)):
             readout_step(readout, h, y, mask, loss, B, native=False)
         with pytest.raises((IndexError, RuntimeError)):
             readout_step(readout, h, y, mask, loss, B)
-        assert kernel_runs == [False]
+        assert kernel_runs == ([False] if c_pass else [])
         return
     expected = readout_step(readout, h, y, mask, loss, B, native=False)
     got = readout_step(readout, h, y, mask, loss, B)
-    assert kernel_runs == ([False] if what == "nan_h" else [])
+    assert kernel_runs == ([False] if what == "nan_h" and c_pass else [])
     for a, b in zip([got[0], got[1], *got[2]], [expected[0], expected[1], *expected[2]], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     if what == "nan_h":

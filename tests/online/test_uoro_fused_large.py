@@ -21,7 +21,7 @@ TOL = {"rtol": 1e-11, "atol": 1e-12}
 @pytest.fixture(autouse=True)
 def _large(monkeypatch):
     monkeypatch.setattr(uoro_fused, "ROW_UPDATE_MIN", 1)  # every w_tilde takes the stream-by-stream update
-    monkeypatch.setattr(uoro_fused, "uoro_tanh_kernels", lambda like: None)  # of the PyTorch ops, not the C kernels
+    monkeypatch.setattr(uoro_fused, "uoro_tanh_kernels", lambda *tensors: None)  # of the PyTorch ops, not the C kernels
 
 
 def setup():
