@@ -61,7 +61,7 @@ def readout_step(
         found = _native_step(linear, h, y, mask, loss, streams)
         if found is not None:
             return found
-    if torch.is_autocast_enabled(h.device.type):  # the loss in at least float32, as masked_loss_sum computes it
+    if h.device.type != "meta" and torch.is_autocast_enabled(h.device.type):  # loss in >= float32, as masked_loss_sum
         with torch.autocast(h.device.type, enabled=False):
             return _step(readout, linear, h, y, mask, loss, streams)
     return _step(readout, linear, h, y, mask, loss, streams)

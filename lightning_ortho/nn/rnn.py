@@ -274,7 +274,7 @@ class OrthogonalRNN(nn.Module):
             or h.shape != (x.shape[0], self.hidden_size)
             or any(t.dtype != dtype for t in (h, *parameters))
             or x.dtype != dtype
-            or torch.is_autocast_enabled(x.device.type)
+            or (x.device.type != "meta" and torch.is_autocast_enabled(x.device.type))
         ):
             return None
         modrelu, checked = cell.nonlinearity == "modrelu", finite_checks_enabled()

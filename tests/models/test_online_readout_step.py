@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+from torch import nn
 
 import lightning_ortho.models.online_readout_step as online_readout_step
 import lightning_ortho.models.online_rnn_module as online_rnn_module
@@ -240,3 +241,22 @@ def test_the_c_pass_declines_and_the_pytorch_ops_answer(what, kernel_runs):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     if what == "nan_h":
         assert got[0].isnan() and got[1][2].isnan().all()
+
+
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+def test_shapes_propagate_on_meta(loss):
+    """Shape inference (deferred initialisation): the same shapes and dtypes as on the CPU, all on meta."""
+
+    def run(device):
+        torch.manual_seed(0)
+        with torch.device(device):
+            readout = nn.Linear(6, 4)
+            h = torch.randn(3, 6)
+            y = torch.randn(3, 4) if loss == "mse" else torch.zeros(3, dtype=torch.long)
+            mask = torch.ones(3, dtype=torch.bool)
+        loss_sum, grad_h, grads = readout_step(readout, h, y, mask, loss, 3)
+        tensors = [loss_sum, grad_h, *grads]
+        return [(tuple(t.shape), t.dtype) for t in tensors], {t.device.type for t in tensors}
+
+    meta, devices = run("meta")
+    assert devices == {"meta"} and meta == run("cpu")[0]
