@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms import shear_updates as su
+from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms.blocks import BlockProduct
 from lightning_ortho.transforms.costs import OpCount
 from lightning_ortho.transforms.shear_suffixes import suffix_products, suffix_statistics

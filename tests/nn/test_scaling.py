@@ -159,7 +159,9 @@ def test_reflect_of_rows_between_tiny_and_the_accurate_range_has_exact_finite_gr
         v_hat, s_v = unit_rows(v)
         x_hat.requires_grad_(True)
         v_hat.requires_grad_(True)
-        rows = [row if bool((n == 0).all()) else dense_householder(n) @ row for row, n in zip(x_hat, v_hat)]
+        rows = [
+            row if bool((n == 0).all()) else dense_householder(n) @ row for row, n in zip(x_hat, v_hat, strict=True)
+        ]
         (s_x * torch.stack(rows) * w.double()).sum().backward()
         assert_gradient_close(x.grad, x_hat.grad / s_x, dtype)
         assert_gradient_close(v.grad, v_hat.grad / s_v, dtype)

@@ -121,7 +121,11 @@ def test_a_complex_cell_that_no_estimator_trains_is_refused_by_all_saying_so(nam
         BUILDERS[name](make("dense-complex"))
     message = str(info.value)
     assert message.endswith("No estimator of lightning_ortho.online can train DenseComplexCell."), message
-    reason = "does not declare a diagonal recurrence" if name == "DiagonalRTRL" else "the state of DenseComplexCell is complex"
+    reason = (
+        "does not declare a diagonal recurrence"
+        if name == "DiagonalRTRL"
+        else "the state of DenseComplexCell is complex"
+    )
     assert reason in message
 
 
@@ -152,7 +156,7 @@ def test_a_refusal_names_exactly_the_estimators_that_construct_on_the_cell(kind)
     takes = sorted(name for name, error in outcomes.items() if error is None)
     found = [cls.__name__ for cls in estimator_module.estimators_for(make(kind))]
     assert found == takes
-    for name, error in outcomes.items():
+    for error in outcomes.values():
         if error is None:
             continue
         if takes:
