@@ -24,6 +24,7 @@ from torch import nn
 from torch.func import functional_call, jacfwd, jacrev, jvp, vjp, vmap
 
 from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
+from lightning_ortho.online.health import new_record
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
 from lightning_ortho.online.state import OnlineState
 
@@ -296,11 +297,6 @@ class ComplexOnlineState(OnlineState):
     views (``torch.view_as_real``: the same shapes plus a last dim of 2), so a complex state resumes bit-exactly and
     a saved state with NaN/inf, another shape or another estimator is refused with the same ``ValueError``."""
 
-    def replace(self, **changes: Any) -> ComplexOnlineState:
-        fields = {"h": self.h, "tensors": self.tensors, "generator": self.generator, "step": self.step}
-        fields.update(changes)
-        return ComplexOnlineState(**fields, kind=self.kind, varying_dims=self.varying_dims, windows=self.windows)
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved_h = state.get("h") if isinstance(state, dict) else None
         if isinstance(saved_h, torch.Tensor) and saved_h.is_complex() != self.h.is_complex():
@@ -438,7 +434,7 @@ class DiagonalRTRL(OnlineGradientEstimator):
                 f"DiagonalRTRL: h0 is {h0.dtype} but the cell's {next(self.cell.parameters()).dtype} parameters step a"
                 f" {want} state; convert one of them (e.g. cell.double() and complex128 states for references)."
             )
-        return ComplexOnlineState(h0, self._initial_tensors(h0), None, kind=self.name)
+        return ComplexOnlineState(h0, self._initial_tensors(h0), None, kind=self.name, health=new_record(h0.device))
 
     def reset(self, state: OnlineState, mask: torch.Tensor, h0: torch.Tensor | None = None) -> OnlineState:
         """As :meth:`OnlineGradientEstimator.reset`: the streams where ``mask`` is true restart from ``h0`` with
@@ -497,28 +493,16 @@ class DiagonalRTRL(OnlineGradientEstimator):
         return {k: _real_view(v) for k, v in tensors.items()}
 
     # -- the estimator ---------------------------------------------------------------------------------------------
-    def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
-        """:meth:`OnlineGradientEstimator.step` with one host synchronisation for the NaN/inf checks of ``x``, the
-        new state and the traces (one sum of them all; on NaN/inf the base checks say which, entry by entry, so a
-        sum that overflowed from finite entries raises nothing; none on the meta device). Nothing is written
-        before the checks."""
-        self._check_step_input(x, state)
-        with torch.no_grad():
-            h_new, tensors = self.traces.advance(x, state.h, state.tensors)
+    def _advance_step(self, x: torch.Tensor, state: OnlineState):
+        """The traces' own step (closed form or ``torch.func``), no linearisation (see
+        :meth:`OnlineGradientEstimator._advance_step`)."""
+        h_new, tensors = self.traces.advance(x, state.h, state.tensors)
         if h_new.shape != state.h.shape or h_new.dtype != state.h.dtype:
             raise ValueError(
                 f"DiagonalRTRL.step: the cell returned {h_new.dtype} {tuple(h_new.shape)} from h of {state.h.dtype}"
                 f" {tuple(state.h.shape)}; h0 must have one column per unit of the cell (its hidden size)."
             )
-        h_new = h_new.detach()
-        dtype = _sum_dtype(x.dtype)
-        total = x.sum(dtype=dtype) + _real_view(h_new).sum(dtype=dtype)
-        for value in tensors.values():
-            total = total + _real_view(value).sum(dtype=dtype)
-        if not (total.is_meta or bool(torch.isfinite(total))):  # a meta tensor has no value to check
-            self._check_finite(x, "x")
-            self._check_finite_step(h_new, tensors, state.step + 1, inputs={"x": x, "h": state.h})
-        return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
+        return h_new, tensors, None
 
     def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
         # One sum of grad_h and the estimate (false on an overflowed sum too: the caller confirms entry by entry).

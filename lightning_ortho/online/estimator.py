@@ -16,11 +16,13 @@ cell (:func:`estimators_for`, which asks every estimator's ``cell_problem``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from lightning_ortho.online.health import GRADIENT, STEP, new_record, read_failure, record_failure
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.threads import ThreadSetting, call_thread_count, check_num_threads
@@ -44,8 +46,12 @@ class OnlineGradientEstimator:
 
     Every input is checked here, once for all estimators: its shape against the state and against the cell's
     ``input_size`` and ``hidden_size`` (where the cell has them), its dtype, and NaN/inf. The shape checks are
-    Python comparisons; the NaN checks are the one host synchronisation per call that ``step`` and ``gradient``
-    already make.
+    Python comparisons. The NaN/inf checks of a step (``x``, the new state, the influence approximation) and of
+    a gradient (``grad_h``, the estimate) read a value on the host, which stalls a GPU and which
+    ``torch.compile`` cannot trace: :attr:`check_every` says how often that happens.
+
+    Subclasses write a step as :meth:`_advance_step` (the default linearises the cell and calls :meth:`_advance`);
+    the template around it checks the inputs, the result and NaN/inf the same way for every estimator.
 
     Attributes:
         num_threads: CPU threads for each :meth:`step` and :meth:`gradient` call (``torch.set_num_threads``,
@@ -54,6 +60,7 @@ class OnlineGradientEstimator:
             busy machine (:mod:`lightning_ortho.online.threads`), unless the user chose a count
             (``torch.set_num_threads`` after importing this package, ``OMP_NUM_THREADS``); an ``int`` runs the
             calls on that many; ``None`` leaves torch's count.
+        check_every: how often the NaN/inf checks read their verdict on the host (see :attr:`check_every`).
     """
 
     name = "estimator"
@@ -75,6 +82,7 @@ class OnlineGradientEstimator:
         self.cell = cell
         self.closed_form = closed_form
         self.num_threads = "auto"
+        self.check_every = 1
         self.layout = ParameterLayout(cell)
         self._require_cell()
         # The sizes the cell declares (every cell of this package does): x and h0 are checked against them.
@@ -90,6 +98,69 @@ class OnlineGradientEstimator:
     @num_threads.setter
     def num_threads(self, value: ThreadSetting) -> None:
         self._num_threads = check_num_threads(value, type(self).__name__)
+
+    @property
+    def check_every(self) -> int | None:
+        """How often the NaN/inf checks of :meth:`step` and :meth:`gradient` stop to read their verdict.
+
+        * ``1`` (the default): every call; a NaN/inf raises at once, from the call that met it, with its cause
+          (one host synchronisation per call, free on a CPU, a stall of the queue on a GPU);
+        * ``k > 1``: every call *records* a failure on the state's device without reading it (the state's
+          ``health``, :mod:`lightning_ortho.online.health`), and every ``k``-th step reads the record
+          (:meth:`check`): the error names the step and the tensor where NaN/inf first appeared, up to ``k - 1``
+          steps late;
+        * ``None``: record only; the caller reads the record with :meth:`check`, e.g. once per update window, as
+          :class:`~lightning_ortho.models.OnlineRNNModule` does.
+
+        Under ``torch.compile`` every call records (a compiled region cannot stop to read a value): call
+        :meth:`check` outside it. Setting anything else raises ``ValueError``.
+        """
+        return self._check_every
+
+    @check_every.setter
+    def check_every(self, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(
+                f"{type(self).__name__}: check_every must be a positive int (steps between NaN/inf checks; 1 checks"
+                f" every call) or None (the caller checks with .check(state)), got {value!r}."
+            )
+        self._check_every = value
+
+    def check(self, state: OnlineState) -> None:
+        """Raise the error of the first NaN/inf that a call on ``state``'s run recorded (see :attr:`check_every`);
+        nothing when none was recorded. One host synchronisation.
+
+        Raises:
+            ValueError: the step's input ``x`` or the gradient's ``grad_h`` held NaN/inf (the step is named).
+            FloatingPointError: the cell produced NaN/inf states, the influence approximation overflowed, or the
+                estimate held NaN/inf (the step and the tensor are named, with the parameters that hold NaN/inf).
+        """
+        failure = read_failure(getattr(state, "health", None))
+        if failure is None:
+            return
+        step, kind, index = failure
+        where = type(self).__name__
+        if kind == GRADIENT:
+            if index == 0:
+                raise ValueError(
+                    f"{where}.gradient: grad_h held NaN or inf values at step {step}; check the data and the loss."
+                )
+            raise FloatingPointError(
+                f"{where}.gradient: the estimate held NaN/inf at step {step}{self._nonfinite_parameters()}."
+            )
+        names = ["x", "h", *self._watched_names(state.tensors)]
+        name = names[index] if 0 <= index < len(names) else "?"
+        if name == "x":
+            raise ValueError(f"{where}.step: x held NaN or inf values at step {step}; check the data and the loss.")
+        if name == "h":
+            raise FloatingPointError(
+                f"{where}.step: the cell produced NaN/inf states at step {step}{self._nonfinite_parameters()}."
+            )
+        raise FloatingPointError(
+            f"{where}.step: its influence approximation {name!r} overflowed at step {step} (found by a recorded check:"
+            " check_every=1 names the cause at the step itself); lower the learning rate, clip gradients, rescale"
+            " the inputs, reset the streams more often, or run in float64."
+        )
 
     # -- which cells ------------------------------------------------------------------------------------------
     @classmethod
@@ -157,6 +228,7 @@ class OnlineGradientEstimator:
             kind=self.name,
             varying_dims=self.varying_dims,
             windows=self.windows,
+            health=new_record(h0.device),
         )
 
     def step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
@@ -168,7 +240,7 @@ class OnlineGradientEstimator:
             FloatingPointError: the new state or the influence approximation is NaN/inf (the message names the
                 parameters that hold NaN/inf, if any).
         """
-        threads = self._call_threads(state)
+        threads = None if torch.compiler.is_compiling() else self._call_threads(state)
         if threads is None:
             return self._step(x, state)
         previous = torch.get_num_threads()
@@ -179,26 +251,101 @@ class OnlineGradientEstimator:
             torch.set_num_threads(previous)
 
     def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
-        """:meth:`step` on the current thread count."""
+        """:meth:`step` on the current thread count: the one template of every estimator's step.
+
+        Checks ``x`` (Python comparisons), advances (:meth:`_advance_step`), checks NaN/inf (:meth:`_settle_step`,
+        at once or recorded: :attr:`check_every`), then lets the step write what it writes in place (its
+        ``commit``), so that an error raised at once leaves the state passed in as it was."""
         self._check_step_input(x, state)
-        self._check_finite(x, "x")
         with torch.no_grad():
-            lin = linearize(self.cell, x, state.h, self.layout, closed_form=self.closed_form)
-            if lin.h_new.shape != state.h.shape:
-                raise ValueError(
-                    f"{type(self).__name__}.step: the cell returned shape {tuple(lin.h_new.shape)} from h of shape"
-                    f" {tuple(state.h.shape)}; h0 must have one column per unit of the cell (its hidden size)."
-                )
-            if lin.h_new.dtype != state.h.dtype:
-                raise ValueError(
-                    f"{type(self).__name__}.step: {type(self.cell).__name__} returned {lin.h_new.dtype} states from h"
-                    f" of {state.h.dtype}; {type(self).__name__} steps a state of one real dtype. A cell whose state"
-                    f" is complex declares complex_state = True; {_complex_estimators()} such cells."
-                )
-            tensors = self._advance(lin, x, state)
-        h_new = lin.h_new.detach()
-        self._check_finite_step(h_new, tensors, state.step + 1, inputs={"x": x, "h": state.h})
-        return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
+            h_new, tensors, commit = self._advance_step(x, state)
+        h_new = h_new.detach()
+        step = state.step + 1
+        new_state = state.replace(h=h_new, tensors=tensors, step=step)
+        self._settle_step(x, state, new_state)
+        if commit is not None:
+            commit()
+        if self._check_due(step):
+            self.check(new_state)
+        return h_new, new_state
+
+    def _advance_step(
+        self, x: torch.Tensor, state: OnlineState
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], Callable[[], None] | None]:
+        """``(h_new, tensors, commit)`` of one step under ``no_grad``: the new state ``(B, H)``, the new influence
+        entries and ``None`` or a function that writes in place what the step updates in place (called after the
+        checks). The default linearises the cell (:func:`~lightning_ortho.online.linearization.linearize`) and
+        calls :meth:`_advance`; an estimator with a step of its own (a fused step, traces of its own) overrides
+        this, not :meth:`_step`.
+
+        Raises:
+            ValueError: the cell returned another shape or dtype than the state's.
+        """
+        lin = linearize(self.cell, x, state.h, self.layout, closed_form=self.closed_form)
+        self._check_step_output(lin.h_new, state)
+        return lin.h_new, self._advance(lin, x, state), None
+
+    def _check_step_output(self, h_new: torch.Tensor, state: OnlineState) -> None:
+        """The cell's new state must have the shape and dtype of ``state.h`` (Python comparisons)."""
+        if h_new.shape != state.h.shape:
+            raise ValueError(
+                f"{type(self).__name__}.step: the cell returned shape {tuple(h_new.shape)} from h of shape"
+                f" {tuple(state.h.shape)}; h0 must have one column per unit of the cell (its hidden size)."
+            )
+        if h_new.dtype != state.h.dtype:
+            raise ValueError(
+                f"{type(self).__name__}.step: {type(self.cell).__name__} returned {h_new.dtype} states from h"
+                f" of {state.h.dtype}; {type(self).__name__} steps a state of one real dtype. A cell whose state"
+                f" is complex declares complex_state = True; {_complex_estimators()} such cells."
+            )
+
+    def _recording(self) -> bool:
+        """Whether this call records its NaN/inf verdict instead of reading it (:attr:`check_every`)."""
+        return self._check_every != 1 or torch.compiler.is_compiling()
+
+    def _check_due(self, step: int) -> bool:
+        """Whether the step ``step`` reads the record (``check_every = k > 1`` and ``k`` divides it, outside
+        ``torch.compile``)."""
+        every = self._check_every
+        return every is not None and every > 1 and step % every == 0 and not torch.compiler.is_compiling()
+
+    def _settle_step(self, x: torch.Tensor, state: OnlineState, new_state: OnlineState) -> None:
+        """The NaN/inf checks of a step: ``x``, the new state and the watched influence entries.
+
+        At once (:attr:`check_every` ``= 1``): one host synchronisation for all of them (one sum per entry; on a
+        failure the entries are examined one by one, so finite entries whose sum overflowed raise nothing).
+        Recorded otherwise (:func:`~lightning_ortho.online.health.record_failure`, no synchronisation). Nothing
+        on meta tensors (shape inference)."""
+        h_new = new_state.h
+        if h_new.is_meta:
+            return
+        watched = self._watched_values(new_state.tensors)
+        if self._recording():
+            if new_state.health is None:  # a state made by hand: it gets a record of its own
+                new_state.health = state.health = new_record(h_new.device)
+            record_failure(new_state.health, new_state.step, STEP, [x, h_new, *watched.values()])
+            return
+        dtype = _sum_dtype(x.dtype)
+        finite = torch.isfinite(x.sum(dtype=dtype)) & torch.isfinite(h_new).all()
+        for value in watched.values():
+            finite = finite & torch.isfinite(value.sum(dtype=_sum_dtype(value.dtype)))
+        if bool(finite):
+            return
+        self._check_finite(x, "x")  # else finite entries whose sum overflowed: the checks below look one by one
+        self._check_finite_step(h_new, new_state.tensors, new_state.step, inputs={"x": x, "h": state.h})
+
+    def _watched_values(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The watched entries (:meth:`_watched_tensors`) that hold floating values."""
+        return {
+            name: value
+            for name, value in self._watched_tensors(tensors).items()
+            if (value.is_floating_point() or value.is_complex()) and value.numel()
+        }
+
+    def _watched_names(self, tensors: dict[str, torch.Tensor]) -> list[str]:
+        """The names of :meth:`_watched_values`, in the order a recorded failure indexes them (after ``x`` and
+        ``h``)."""
+        return list(self._watched_values(tensors))
 
     def gradient(
         self, state: OnlineState, grad_h: torch.Tensor, *, per_stream: bool = False
@@ -212,7 +359,7 @@ class OnlineGradientEstimator:
             ValueError: ``grad_h`` is not ``(B, H)`` like the state's ``h``, or holds NaN/inf.
             FloatingPointError: the estimate is NaN/inf (e.g. a parameter holds NaN: the message names it).
         """
-        threads = self._call_threads(state)
+        threads = None if torch.compiler.is_compiling() else self._call_threads(state)
         if threads is None:
             return self._gradient(state, grad_h, per_stream)
         previous = torch.get_num_threads()
@@ -227,6 +374,11 @@ class OnlineGradientEstimator:
         self._check(grad_h, "grad_h", dims=2, like=state.h, same_shape=True)
         with torch.no_grad():
             flat = self._gradient_flat(state, grad_h) if per_stream else self._gradient_summed(state, grad_h)
+        if self._recording():  # no synchronisation: read by check() (check_every)
+            if state.health is None:  # a state made by hand: it gets a record of its own
+                state.health = new_record(flat.device)
+            record_failure(state.health, max(state.step, 1), GRADIENT, [grad_h, flat])
+            return self.layout.views(flat)
         # One host synchronisation for both the input and the result; the diagnosis runs only when one fails.
         # A meta tensor has no values to check (shape inference): its shapes are all there is.
         if not flat.is_meta and not self._finite_estimate(grad_h, flat):
@@ -333,11 +485,7 @@ class OnlineGradientEstimator:
         """
         if h_new.is_meta:
             return
-        watched = {
-            name: value
-            for name, value in self._watched_tensors(tensors).items()
-            if value.is_floating_point() and value.numel()
-        }
+        watched = self._watched_values(tensors)
         finite = torch.isfinite(h_new).all()
         for value in watched.values():
             finite = finite & torch.isfinite(value.sum(dtype=_sum_dtype(value.dtype)))

@@ -104,8 +104,8 @@ class ParameterLayout:
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """:meth:`unflatten` of a contiguous ``(P,)`` or ``(B, P)`` tensor outside autograd and ``torch.func``, as
         one strided view per parameter (a third of the calls; an estimate returned at every step). Anything else
-        goes to :meth:`unflatten`."""
-        if flat.dim() > 2 or flat.requires_grad or not flat.is_contiguous():
+        goes to :meth:`unflatten` (so does a traced ``flat``: ``torch.compile`` makes the views itself)."""
+        if flat.dim() > 2 or flat.requires_grad or not flat.is_contiguous() or torch.compiler.is_compiling():
             return self.unflatten(flat)
         base = flat.storage_offset()
         if flat.dim() == 1:

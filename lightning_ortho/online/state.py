@@ -27,6 +27,10 @@ class OnlineState:
             (truncated BPTT's window); every other dim of every entry keeps its size.
         windows: ``{entry: (dim, length)}``, entries that are sliding windows of the last ``length`` steps along
             ``dim`` (oldest first): after ``step`` steps they hold ``min(step, length)`` (truncated BPTT's ``k``).
+        health: the record of the first NaN/inf that a step or a gradient found without stopping to read it
+            (``int64`` ``(3,)`` on the state's device, :mod:`lightning_ortho.online.health`), or ``None`` (a
+            state made by hand). Shared by the states a run makes from one another (like the generator) and
+            updated in place; part of :meth:`state_dict`.
 
     ``state_dict()`` holds tensors, one int and the kind, so ``torch.save`` and Lightning checkpoints store it;
     ``load_state_dict`` checks that it fits and restores it in place, bit-exactly.
@@ -41,8 +45,10 @@ class OnlineState:
         kind: str | None = None,
         varying_dims: dict[str, tuple[int, ...]] | None = None,
         windows: dict[str, tuple[int, int]] | None = None,
+        health: torch.Tensor | None = None,
     ) -> None:
         self.h = h
+        self.health = health
         self.tensors = dict(tensors or {})
         self.generator = generator
         self.step = step
@@ -56,17 +62,25 @@ class OnlineState:
         return self.h.shape[0]
 
     def replace(self, **changes: Any) -> OnlineState:
-        """A new state with some fields changed; it shares the generator (one noise stream per estimator run)."""
-        fields = {"h": self.h, "tensors": self.tensors, "generator": self.generator, "step": self.step}
+        """A new state with some fields changed; it shares the generator (one noise stream per estimator run) and
+        the health record."""
+        fields = {
+            "h": self.h,
+            "tensors": self.tensors,
+            "generator": self.generator,
+            "step": self.step,
+            "health": self.health,
+        }
         fields.update(changes)
-        return OnlineState(**fields, kind=self.kind, varying_dims=self.varying_dims, windows=self.windows)
+        return type(self)(**fields, kind=self.kind, varying_dims=self.varying_dims, windows=self.windows)
 
     def state_dict(self) -> dict[str, Any]:
         """A detached copy of the state, for ``torch.save`` and checkpoints (restore it with :meth:`load_state_dict`).
 
         Returns:
-            ``{"h", "tensors", "generator", "step", "kind"}``: clones of ``h`` and of every ``tensors`` entry, the
-                generator's ``get_state()`` (``None`` without one), ``step`` as a 0-d int64 tensor and ``kind``.
+            ``{"h", "tensors", "generator", "step", "kind", "health"}``: clones of ``h`` and of every ``tensors``
+                entry, the generator's ``get_state()`` (``None`` without one), ``step`` as a 0-d int64 tensor,
+                ``kind`` and a clone of the health record (``None`` without one).
                 ``varying_dims`` and ``windows`` are not saved: they come from the estimator that makes the state to
                 load into.
         """
@@ -76,6 +90,7 @@ class OnlineState:
             "generator": None if self.generator is None else self.generator.get_state(),
             "step": torch.tensor(self.step),
             "kind": self.kind,
+            "health": None if self.health is None else self.health.detach().clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -113,6 +128,12 @@ class OnlineState:
         if self.generator is not None:
             self.generator.set_state(state["generator"])
         self.step = step
+        if self.health is not None:  # in place: the states made from this one share the record
+            saved = state.get("health")
+            if saved is None:  # saved without one (before records existed, or made by hand): nothing recorded
+                self.health.zero_()
+            else:
+                self.health.copy_(saved)
         for note in notes:
             warnings.warn(f"OnlineState.load_state_dict: {note}", UserWarning, stacklevel=2)
 
@@ -164,6 +185,15 @@ class OnlineState:
                     " diverged (or the file is damaged) and cannot continue; resume from an earlier checkpoint, or"
                     " start the streams afresh (initial_state)."
                 )
+        health = state.get("health")
+        if health is not None and (
+            not isinstance(health, torch.Tensor) or health.shape != (3,) or health.dtype != torch.int64
+        ):
+            got = f"{health.dtype} {tuple(health.shape)}" if isinstance(health, torch.Tensor) else repr(health)
+            raise ValueError(
+                f"{where}: the saved 'health' must be None or the int64 (3,) record of the first NaN/inf, got {got};"
+                f" {redo}."
+            )
         if (state["generator"] is None) != (self.generator is None):
             raise ValueError(f"{where}: the saved state and this one disagree on having a noise generator; {redo}.")
         if self.generator is not None:
