@@ -385,9 +385,7 @@ def main(argv: list[str] | None = None) -> Path:
         for dtype_name in args.dtypes:
             for hidden in HIDDEN[quick]:
                 for name in args.estimators:
-                    row = measure(
-                        name, hidden, dtype_name, rounds=rounds, min_time=min_time, steps=steps, check=check
-                    )
+                    row = measure(name, hidden, dtype_name, rounds=rounds, min_time=min_time, steps=steps, check=check)
                     rows.append(row)
                     verdict = "holds" if row["holds"] else "DOES NOT HOLD"
                     agrees = row["agreement"]
