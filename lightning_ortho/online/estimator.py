@@ -156,10 +156,15 @@ class OnlineGradientEstimator:
             raise FloatingPointError(
                 f"{where}.step: the cell produced NaN/inf states at step {step}{self._nonfinite_parameters()}."
             )
+        bad = [n for n, p in self.cell.named_parameters() if not torch.isfinite(p).all()]
+        cause = (
+            self._nonfinite_parameters()
+            if bad
+            else " (found by a recorded check: check_every=1 names the cause at the step itself); lower the learning"
+            " rate, clip gradients, rescale the inputs, reset the streams more often, or run in float64"
+        )
         raise FloatingPointError(
-            f"{where}.step: its influence approximation {name!r} overflowed at step {step} (found by a recorded check:"
-            " check_every=1 names the cause at the step itself); lower the learning rate, clip gradients, rescale"
-            " the inputs, reset the streams more often, or run in float64."
+            f"{where}.step: its influence approximation {name!r} overflowed at step {step}{cause}."
         )
 
     # -- which cells ------------------------------------------------------------------------------------------
