@@ -434,12 +434,14 @@ def time_online_step(
     return row
 
 
-def run_online_steps(device: torch.device, quick: bool, deadline: Deadline) -> dict:
+def run_online_steps(device: torch.device, quick: bool, deadline: Deadline, limit: int | None = None) -> dict:
     """Every estimator at every (H, B), smallest H first (so the budget cuts the largest): each row checked against
-    the memory limit, then against the deadline with a prediction from the same estimator's row at the previous H
-    (its time per step scaled by ``(H / H_prev)^exponent``), then timed."""
+    the memory limit (``limit`` bytes; default :func:`memory_limit`), then against the deadline with a prediction
+    from the same estimator's row at the previous H (its time per step scaled by ``(H / H_prev)^exponent``), then
+    timed."""
     q = int(quick)
-    input_size, limit = INPUT_SIZE[q], memory_limit(device)
+    input_size = INPUT_SIZE[q]
+    limit = memory_limit(device) if limit is None else limit
     rows: list[dict] = []
     previous: dict[tuple[str, int], tuple[int, float]] = {}  # (key, B) -> (H, warm-up seconds per step)
     for hidden in HIDDEN[q]:
@@ -605,20 +607,25 @@ def run_ddp(device: torch.device, quick: bool, deadline: Deadline) -> dict:
 
 
 # -- the run -------------------------------------------------------------------------------------------------------
-def run_section(section: str, device: torch.device, quick: bool, deadline: Deadline, rounds: int) -> dict:
+def run_section(
+    section: str, device: torch.device, quick: bool, deadline: Deadline, rounds: int, limit: int | None
+) -> dict:
     if section == "small":
         return run_small(device, quick, deadline, rounds)
     if section == "orthogonal":
         return run_orthogonal(device, quick, deadline, rounds)
     if section == "online_steps":
-        return run_online_steps(device, quick, deadline)
+        return run_online_steps(device, quick, deadline, limit)
     if section == "compiled_chunk":
         return run_compiled_chunk(device, quick, deadline)
     return run_ddp(device, quick, deadline)
 
 
-def run_suite(device: torch.device, quick: bool, budget_s: float, sections, rounds: int) -> tuple[dict, float]:
-    """``({section: result}, seconds)``: each of ``sections`` in order within its share of ``budget_s``."""
+def run_suite(
+    device: torch.device, quick: bool, budget_s: float, sections, rounds: int, limit: int | None = None
+) -> tuple[dict, float]:
+    """``({section: result}, seconds)``: each of ``sections`` in order within its share of ``budget_s``; ``limit``:
+    the online steps' memory limit in bytes (default :func:`memory_limit`)."""
     total = Deadline.after(budget_s)
     started = time.perf_counter()
     results: dict[str, dict] = {}
@@ -633,7 +640,7 @@ def run_suite(device: torch.device, quick: bool, budget_s: float, sections, roun
         print(f"{section}: up to {share:.0f} s", flush=True)
         begun = time.perf_counter()
         try:
-            result = run_section(section, device, quick, Deadline.after(share), rounds)
+            result = run_section(section, device, quick, Deadline.after(share), rounds, limit)
         except Exception as error:  # recorded: one failing section must not end the suite
             result = {
                 "status": f"failed: {type(error).__name__}: {error}"[:500],
@@ -663,9 +670,19 @@ def main(argv: list[str] | None = None) -> Path:
         help=f"seconds for the whole run (default {DEFAULT_BUDGET_S:g})",
     )
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="the sections to run")
+    parser.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=None,
+        help="memory one online-steps row may take (default: 80%% of the GPU's free memory; on the CPU half the "
+        "available memory, at most 8 GiB)",
+    )
     args = parse_args(parser, argv)
     if args.budget_s <= 0:
         parser.error(f"--budget-s must be positive, got {args.budget_s:g}")
+    if args.memory_limit_gb is not None and args.memory_limit_gb <= 0:
+        parser.error(f"--memory-limit-gb must be positive, got {args.memory_limit_gb:g}")
+    limit = None if args.memory_limit_gb is None else int(args.memory_limit_gb * 2**30)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here; run with --device cpu --quick for a smoke run")
@@ -675,7 +692,7 @@ def main(argv: list[str] | None = None) -> Path:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         rounds = args.rounds or ROUNDS[int(args.quick)]
-        sections, seconds = run_suite(device, args.quick, args.budget_s, args.sections, rounds)
+        sections, seconds = run_suite(device, args.quick, args.budget_s, args.sections, rounds, limit)
         payload = {
             "benchmark": "gpu_suite",
             "device": device.type,

@@ -5,8 +5,9 @@ rendezvous that fails, a compiler that takes the interpreter down) cannot stop t
     python -m benchmarks.gpu_suite_children compiled --device cuda --out FOLDER   # compiled chunk against eager
 
 Both fit recipes/online_adding.yaml (``OnlineRNNModule``, ``TanhRNNCell(1, 32)``, UORO, one Adam update per time
-step) at a small size, built as the CLI builds it (:func:`benchmarks.bench_small_processes.build_recipe`), and
-write what they measured as JSON files into ``--out``; the suite reads them.
+step) at a small size, built as the CLI builds it (seeded, then
+:func:`benchmarks.bench_small_processes.build_recipe`), and write what they measured as JSON files into ``--out``;
+the suite reads them.
 
 * ``ddp``: ``Trainer(strategy=DDPStrategy(process_group_backend=...), devices=2)`` with ``nccl`` on CUDA and
   ``gloo`` on the CPU (``accelerator="cpu"``). Lightning starts the second rank by running this same command again
@@ -36,9 +37,10 @@ import warnings
 from pathlib import Path
 
 import torch
+import yaml
 
+from benchmarks import bench_small_processes
 from benchmarks._common import synchronize
-from benchmarks.bench_small_processes import build_recipe
 from lightning_ortho._lightning import pl
 
 #: The recipe's data module sizes (full, quick): streams over all processes (divisible by 2 for DDP).
@@ -116,10 +118,18 @@ def _quiet():
             logger.setLevel(level)
 
 
+def build(sizes: dict, **model_overrides):
+    """``(model, data)`` of the recipe at ``sizes``, built after seeding with the recipe's ``seed_everything`` (as
+    the CLI does): the same initial weights in every build."""
+    recipe = yaml.safe_load(bench_small_processes.RECIPE.read_text())
+    pl.seed_everything(recipe.get("seed_everything", 0), verbose=False)
+    model, data, _, _ = bench_small_processes.build_recipe(sizes, **model_overrides)
+    return model, data
+
+
 def fit(device: torch.device, sizes: dict, root: str, **model_overrides) -> tuple[pl.LightningModule, list[float]]:
     """``(model, seconds per chunk)`` of one single-process fit of the recipe at ``sizes`` on ``device``."""
-    model, data, _, seed = build_recipe(sizes, **model_overrides)
-    pl.seed_everything(seed, verbose=False)
+    model, data = build(sizes, **model_overrides)
     timer = ChunkTimer(device)
     with _quiet():
         _trainer(root, device, [timer]).fit(model, datamodule=data)
@@ -154,8 +164,7 @@ def ddp(device: torch.device, quick: bool, out: Path) -> None:
 
     os.environ.setdefault("MASTER_ADDR", DEFAULT_MASTER_ADDR)
     sizes = SIZES[int(quick)]
-    model, data, _, seed = build_recipe(sizes)
-    pl.seed_everything(seed, verbose=False)
+    model, data = build(sizes)
     timer = ChunkTimer(device)
     with tempfile.TemporaryDirectory(prefix="gpu_suite-ddp-") as root, _quiet():
         trainer = _trainer(
