@@ -21,15 +21,17 @@ Sections, in this order (``--sections`` picks some):
    the row's cost), then ``rounds`` timed runs of enough steps for ``ROW_SECONDS`` each, the device synchronised
    before and after every run; median and best milliseconds per step, the state's size, and on CUDA the peak
    memory above what was allocated before (``torch.cuda.max_memory_allocated``). A row whose estimated memory
-   (:func:`estimated_bytes`) exceeds the limit (80 % of the GPU's free memory; on the CPU half the available
-   memory, at most 8 GiB) is skipped with the estimate; so is SnAp where deriving its pattern (dense
-   ``(H, P)`` float64 Jacobians, on the CPU) would not fit, and any row that runs out of memory.
+   (:func:`estimated_bytes`) exceeds the limit (``--memory-limit-gb``; by default 80 % of the GPU's free memory,
+   on the CPU half the available memory, at most 8 GiB) is skipped with the estimate; so is SnAp where deriving its
+   pattern (dense ``(H, P)`` float64 Jacobians, on the CPU) would not fit, and any row that runs out of memory (and
+   the larger H of its estimator and B after it).
 4. ``compiled_chunk``: a chunk of ``OnlineRNNModule(compile=True)`` (one compiled region per chunk; CUDA graphs,
    ``mode="reduce-overhead"``, on CUDA where capturable) against the eager module on the same data from the same
    seed: milliseconds per time step of both, the first (compiling) chunk apart, and the largest difference of the
    parameters after the fit. Where the constructor has no ``compile`` argument the section says so and runs nothing.
-5. ``ddp``: a two-process DDP fit of recipes/online_adding.yaml (``nccl`` on CUDA, ``gloo`` on the CPU) for a few
-   chunks: milliseconds per time step on each rank, that both ranks finished, and that their parameters agree.
+5. ``ddp``: a two-process DDP fit of recipes/online_adding.yaml (``nccl`` on CUDA, one GPU per process: with fewer
+   than two GPUs the section says it is not available; ``gloo`` on the CPU) for a few chunks: milliseconds per time
+   step on each rank, that both ranks finished, and that their parameters agree.
 
 Sections 4 and 5 run in child processes (benchmarks/gpu_suite_children.py), stopped at their share of the budget,
 so that a crash or a hang there cannot take the suite down.
@@ -444,6 +446,7 @@ def run_online_steps(device: torch.device, quick: bool, deadline: Deadline, limi
     limit = memory_limit(device) if limit is None else limit
     rows: list[dict] = []
     previous: dict[tuple[str, int], tuple[int, float]] = {}  # (key, B) -> (H, warm-up seconds per step)
+    exhausted: dict[tuple[str, int], int] = {}  # (key, B) -> the H that ran out of memory: larger ones would too
     for hidden in HIDDEN[q]:
         for streams in STREAMS[q]:
             for key, spec in ESTIMATORS.items():
@@ -458,7 +461,9 @@ def run_online_steps(device: torch.device, quick: bool, deadline: Deadline, limi
                     "estimated_mb": estimated_bytes(key, streams, hidden, input_size) / 2**20,
                 }
                 reason = _memory_skip(key, streams, hidden, input_size, limit)
-                if reason is None and (key, streams) in previous:
+                if reason is None and (key, streams) in exhausted:
+                    reason = f"memory: out of memory at H = {exhausted[(key, streams)]} already"
+                elif reason is None and (key, streams) in previous:
                     last_h, last_s = previous[(key, streams)]
                     predicted = last_s * (hidden / last_h) ** spec.cost_exponent
                     warm = TBPTT_K + 2 if key == "tbptt" else 2
@@ -473,6 +478,7 @@ def run_online_steps(device: torch.device, quick: bool, deadline: Deadline, limi
                             row["failed"] = f"{type(error).__name__}: {error}"[:500]
                         else:
                             row["skipped"] = f"memory: out of memory ({type(error).__name__})"
+                            exhausted[(key, streams)] = hidden
                     finally:
                         _free_memory(device)
                     if "warm_up_ms_per_step" in row:
@@ -542,9 +548,23 @@ def compile_available() -> bool:
     return "compile" in inspect.signature(OnlineRNNModule).parameters
 
 
+def unavailable(section: str, device: torch.device) -> str | None:
+    """The status of a section that cannot run here whatever the budget (``"not available: ..."``), else ``None``:
+    the compiled chunk without ``OnlineRNNModule(compile=...)``, DDP with ``nccl`` on fewer than two GPUs."""
+    if section == "compiled_chunk" and not compile_available():
+        return NOT_AVAILABLE_COMPILE
+    if section == "ddp" and device.type == "cuda" and torch.cuda.device_count() < 2:  # nccl: one GPU per process
+        return (
+            f"not available: DDP with nccl needs 2 GPUs (one per process), {torch.cuda.device_count()} visible; "
+            "the two-process gloo fit runs on the CPU (--device cpu)"
+        )
+    return None
+
+
 def run_compiled_chunk(device: torch.device, quick: bool, deadline: Deadline) -> dict:
-    if not compile_available():
-        return {"status": NOT_AVAILABLE_COMPILE}
+    missing = unavailable("compiled_chunk", device)
+    if missing:
+        return {"status": missing}
     with tempfile.TemporaryDirectory(prefix="gpu_suite-") as folder:
         child = run_child("compiled", device, quick, Path(folder), deadline.left())
         found = Path(folder) / "compiled.json"
@@ -559,11 +579,9 @@ def run_compiled_chunk(device: torch.device, quick: bool, deadline: Deadline) ->
 def run_ddp(device: torch.device, quick: bool, deadline: Deadline) -> dict:
     from benchmarks.gpu_suite_children import SIZES, backend
 
-    if device.type == "cuda" and torch.cuda.device_count() < 2:  # nccl takes one GPU per process
-        return {
-            "status": f"not available: DDP with nccl needs 2 GPUs (one per process), {torch.cuda.device_count()} "
-            "visible; the two-process gloo fit runs on the CPU (--device cpu)"
-        }
+    missing = unavailable("ddp", device)
+    if missing:
+        return {"status": missing}
     with tempfile.TemporaryDirectory(prefix="gpu_suite-") as folder:
         child = run_child("ddp", device, quick, Path(folder), deadline.left())
         ranks = {}
@@ -633,6 +651,11 @@ def run_suite(
     for index, section in enumerate(chosen):
         share = allowance(max(total.left(), 0.0), section, chosen[index:])
         need = MIN_SECONDS[section][int(quick)]
+        missing = unavailable(section, device)
+        if missing:  # said as such, whatever the budget; its share passes on
+            results[section] = {"status": missing}
+            print(f"{section}: {missing}", flush=True)
+            continue
         if share < need:
             results[section] = {"status": "skipped: budget", "allowance_s": share, "needs_s": need}
             print(f"{section}: skipped: budget ({share:.3g} s of the {need:g} s it needs)", flush=True)

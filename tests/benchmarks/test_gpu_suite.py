@@ -52,7 +52,10 @@ def test_quick_run_on_the_cpu_records_the_device_and_every_section(quick):
     compiled = "ok" if suite.compile_available() else suite.NOT_AVAILABLE_COMPILE
     expected = {"small": "ok", "orthogonal": "ok", "online_steps": "ok", "compiled_chunk": compiled, "ddp": "ok"}
     assert {name: s["status"] for name, s in quick["sections"].items()} == expected
-    for section in quick["sections"].values():
+    for name, section in quick["sections"].items():
+        if section["status"].startswith("not available"):  # decided before the budget: nothing ran
+            assert set(section) == {"status"} and name == "compiled_chunk"
+            continue
         assert section["seconds"] >= 0 and section["allowance_s"] > 0
 
 
@@ -106,11 +109,7 @@ def test_quick_run_fits_on_two_processes(quick):
 def test_quick_run_compiles_a_chunk_where_the_module_can(quick):
     compiled = quick["sections"]["compiled_chunk"]
     if not suite.compile_available():
-        assert compiled["status"] == suite.NOT_AVAILABLE_COMPILE and set(compiled) == {
-            "status",
-            "seconds",
-            "allowance_s",
-        }
+        assert compiled == {"status": suite.NOT_AVAILABLE_COMPILE}
         return
     assert compiled["compiled"]["ms_per_step"] > 0 and compiled["eager"]["ms_per_step"] > 0
     assert math.isfinite(compiled["max_abs_parameter_difference"])
@@ -132,8 +131,26 @@ def test_a_budget_too_small_for_any_section_skips_them_all_and_says_so(tmp_path)
     data = json.loads(Path(path).read_text())
     assert list(data["sections"]) == list(suite.SECTIONS)
     for name, section in data["sections"].items():
+        if name == "compiled_chunk" and not suite.compile_available():  # not a matter of budget
+            assert section == {"status": suite.NOT_AVAILABLE_COMPILE}
+            continue
         assert section["status"] == "skipped: budget"
         assert section["allowance_s"] < section["needs_s"] == suite.MIN_SECONDS[name][1]
+
+
+def test_sections_that_cannot_run_here_say_so_whatever_the_budget_and_pass_their_share_on(monkeypatch):
+    monkeypatch.setattr(suite, "compile_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cuda = torch.device("cuda", 0)
+    assert suite.unavailable("compiled_chunk", cuda) == suite.NOT_AVAILABLE_COMPILE
+    assert suite.unavailable("ddp", cuda).startswith("not available: DDP with nccl needs 2 GPUs (one per process), 1")
+    assert suite.unavailable("ddp", torch.device("cpu")) is None  # gloo: two processes on the CPU
+    assert suite.unavailable("online_steps", cuda) is None
+    ran = []
+    monkeypatch.setattr(suite, "run_section", lambda section, *args: ran.append(section) or {"status": "ok"})
+    results, _ = suite.run_suite(torch.device("cpu"), True, 60.0, ["compiled_chunk", "ddp"], 1)
+    assert ran == ["ddp"] and results["compiled_chunk"] == {"status": suite.NOT_AVAILABLE_COMPILE}
+    assert results["ddp"]["allowance_s"] == pytest.approx(60.0, rel=0.01)  # the last section: all that is left
 
 
 def test_allowances_share_the_time_left_among_the_sections_still_to_run():
@@ -177,6 +194,27 @@ def test_rows_over_the_memory_limit_are_skipped_with_the_estimate():
             assert row["skipped"].startswith("memory: about") and "GiB estimated" in row["skipped"]
     assert any("skipped" in r for r in online["rows"]) and online["status"] == "ok"  # a memory skip is by design
     assert online["memory_limit_mb"] == limit / 2**20
+
+
+def test_a_row_out_of_memory_is_skipped_with_the_larger_ones_and_an_error_is_recorded_not_raised(monkeypatch):
+    def fake(key, streams, hidden, input_size, device, quick, deadline):
+        if key == "uoro":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if key == "rflo":
+            raise ValueError("RFLO: something else")
+        return {"ms_per_step": 1.0, "warm_up_ms_per_step": 1.0}
+
+    monkeypatch.setattr(suite, "time_online_step", fake)
+    online = suite.run_online_steps(torch.device("cpu"), True, suite.Deadline.after(60.0), limit=1 << 50)
+    rows = {(r["estimator"], r["B"], r["H"]): r for r in online["rows"]}
+    for streams in suite.STREAMS[1]:
+        small, large = suite.HIDDEN[1]
+        assert rows[("uoro", streams, small)]["skipped"] == "memory: out of memory (OutOfMemoryError)"
+        assert rows[("uoro", streams, large)]["skipped"] == f"memory: out of memory at H = {small} already"
+        assert rows[("rflo", streams, large)]["failed"] == "ValueError: RFLO: something else"
+        assert rows[("rtrl", streams, large)]["ms_per_step"] == 1.0
+    failed = sum("failed" in r for r in online["rows"])
+    assert online["status"] == f"failed: {failed} of {len(online['rows'])} rows failed"
 
 
 @pytest.mark.parametrize("key", list(suite.ESTIMATORS))
