@@ -777,7 +777,16 @@ def render(data: dict) -> str:
             )
     orthogonal = sections.get("orthogonal", {})
     if orthogonal.get("rows"):
-        lines += ["", bench_orthogonal.render({**data, **orthogonal, "hardware": data["device_name"]})]
+        spent = [r for r in orthogonal["rows"] if str(r.get("skipped", "")).startswith("budget")]
+        measured = [r for r in orthogonal["rows"] if r not in spent]
+        if measured:
+            lines += ["", bench_orthogonal.render({**data, **orthogonal, "rows": measured})]
+        skipped = [
+            f"(d, B) = ({d}, {b})" for d, b in sorted({(r["d"], r["batch"]) for r in spent if "section" not in r})
+        ]
+        skipped += ["the FCNN epochs"] if any("section" in r for r in spent) else []
+        if skipped:
+            lines += ["", "Skipped for the budget: " + ", ".join(skipped) + "."]
     online = sections.get("online_steps", {})
     if online.get("rows"):
         rows = online["rows"]

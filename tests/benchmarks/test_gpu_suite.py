@@ -125,6 +125,22 @@ def test_the_results_page_renders_a_run(quick):
     assert load("report").renderer("gpu_suite") is suite.render  # python -m benchmarks.report finds it
 
 
+def test_the_results_page_renders_a_run_cut_short_by_the_budget(quick):
+    spent, cpu = suite.Deadline.after(-1.0), torch.device("cpu")
+    sections = {
+        "small": suite.run_small(cpu, True, spent, 1),
+        "orthogonal": suite.run_orthogonal(cpu, True, spent, 1),
+        "online_steps": suite.run_online_steps(cpu, True, spent),
+        "compiled_chunk": {"status": "skipped: budget"},
+        "ddp": {"status": "skipped: budget: stopped after 9 s"},
+    }
+    text = suite.render({**quick, "sections": sections})
+    assert "| orthogonal | partial: " in text and "| ddp | skipped: budget: stopped after 9 s |" in text
+    assert "| uoro_bandwidth | skipped: budget: the section's share was spent | | |" in text
+    assert "Skipped for the budget: (d, B) = (16, 8)," in text and "the FCNN epochs." in text
+    assert "| RTRL | 16 | skipped (budget) | skipped (budget) |" in text
+
+
 # -- the budget ----------------------------------------------------------------------------------------------------
 def test_a_budget_too_small_for_any_section_skips_them_all_and_says_so(tmp_path):
     path = suite.main(["--device", "cpu", "--quick", "--budget-s", "1", "--out", str(tmp_path)])
