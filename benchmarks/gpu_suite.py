@@ -161,9 +161,10 @@ def _budget_skip(predicted: float, deadline: Deadline) -> str | None:
     return f"budget: predicted {predicted:.3g} s, {max(left, 0.0):.3g} s left" if predicted > left else None
 
 
-def _partial(rows: list[dict], what: str = "rows") -> str:
+def _partial(rows: list[dict]) -> str:
+    """A section's status from its rows: ``"ok"``, or how many of them the budget skipped."""
     skipped = sum(1 for r in rows if str(r.get("skipped", "")).startswith("budget"))
-    return f"partial: {skipped} of {len(rows)} {what} skipped: budget" if skipped else "ok"
+    return f"partial: {skipped} of {len(rows)} rows skipped: budget" if skipped else "ok"
 
 
 # -- the device ----------------------------------------------------------------------------------------------------
@@ -811,7 +812,8 @@ def render(data: dict) -> str:
             f"Compiled chunk: {compiled['compiled']['ms_per_step']:.3g} ms per time step against "
             f"{compiled['eager']['ms_per_step']:.3g} eager ({compiled['compiled_over_eager']:.2f}x; the first, "
             f"compiling chunk {compiled['compiled']['first_chunk_s']:.1f} s); parameters after the fit differ by "
-            f"{compiled['max_abs_parameter_difference']:.2g} at most.",
+            f"{compiled['max_abs_parameter_difference']:.2g} at most; graph breaks: "
+            f"{compiled['compiled'].get('graph_breaks')}.",
         ]
     ddp = sections.get("ddp", {})
     if "ms_per_step" in ddp:

@@ -181,6 +181,16 @@ def ddp(device: torch.device, quick: bool, out: Path) -> None:
 
 
 # -- a compiled chunk against eager --------------------------------------------------------------------------------
+def dynamo_counts() -> dict:
+    """What the compiler counted in this process: graph breaks and graphs made (``torch._dynamo``'s counters, a
+    private API: ``None`` where it is not there)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return {"graph_breaks": None, "graphs": None}
+    return {"graph_breaks": sum(counters["graph_break"].values()), "graphs": counters["stats"].get("unique_graphs")}
+
+
 def compiled(device: torch.device, quick: bool, out: Path) -> dict:
     """Fit the recipe eagerly and with ``compile=True`` from the same seed; write and return ``compiled.json``'s
     figures: per-chunk seconds of both (the first chunk, which compiles, apart), steady-state milliseconds per time
@@ -201,6 +211,7 @@ def compiled(device: torch.device, quick: bool, out: Path) -> dict:
                 "ms_per_step": 1e3 * statistics.median(steady) / steps,
             }
             parameters[name] = [p.detach().to("cpu", torch.float64) for p in model.parameters()]
+    result["compiled"] |= dynamo_counts()
     result["compiled_over_eager"] = result["compiled"]["ms_per_step"] / result["eager"]["ms_per_step"]
     result["max_abs_parameter_difference"] = max(
         float((a - b).abs().max()) for a, b in zip(parameters["eager"], parameters["compiled"], strict=True)

@@ -131,10 +131,17 @@ def test_the_results_page_renders_a_run_cut_short_by_the_budget(quick):
         "small": suite.run_small(cpu, True, spent, 1),
         "orthogonal": suite.run_orthogonal(cpu, True, spent, 1),
         "online_steps": suite.run_online_steps(cpu, True, spent),
-        "compiled_chunk": {"status": "skipped: budget"},
+        "compiled_chunk": {
+            "status": "ok",
+            "eager": {"ms_per_step": 2.0},
+            "compiled": {"ms_per_step": 0.5, "first_chunk_s": 30.0, "graph_breaks": 0},
+            "compiled_over_eager": 0.25,
+            "max_abs_parameter_difference": 1e-7,
+        },
         "ddp": {"status": "skipped: budget: stopped after 9 s"},
     }
     text = suite.render({**quick, "sections": sections})
+    assert "Compiled chunk: 0.5 ms per time step against 2 eager (0.25x; the first, compiling chunk 30.0 s)" in text
     assert "| orthogonal | partial: " in text and "| ddp | skipped: budget: stopped after 9 s |" in text
     assert "| uoro_bandwidth | skipped: budget: the section's share was spent | | |" in text
     assert "Skipped for the budget: (d, B) = (16, 8)," in text and "the FCNN epochs." in text
@@ -331,6 +338,7 @@ def test_the_compiled_child_fits_eager_then_with_compile_from_the_same_seed(tmp_
     monkeypatch.setattr(CompileOptionModule, "given", [])
     result = children.compiled(torch.device("cpu"), True, tmp_path)
     assert CompileOptionModule.given == [False, True]
+    assert result["compiled"]["graph_breaks"] == 0  # the compiler's counters, recorded (nothing compiled here)
     assert json.loads((tmp_path / "compiled.json").read_text()) == result
     chunks = children.SIZES[1]["chunks_per_epoch"]
     for name in ("eager", "compiled"):
