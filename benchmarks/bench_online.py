@@ -149,7 +149,8 @@ def skip_reason(key: str, hidden: int, batch: int = BATCH, input_size: int = INP
 
 class Problem:
     """The cell (``TanhRNNCell(input_size, hidden)`` unless ``cell`` is given), the readout and a pool of inputs and
-    targets, all from one seed."""
+    targets, all from one seed, on ``device`` (the cell is moved there; the draws are made on the CPU, so every
+    device sees the same numbers)."""
 
     def __init__(
         self,
@@ -158,14 +159,15 @@ class Problem:
         input_size: int = INPUT_SIZE,
         seed: int = 0,
         cell: nn.Module | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         torch.manual_seed(seed)
         self.hidden, self.batch = hidden, batch
-        self.cell = TanhRNNCell(input_size, hidden) if cell is None else cell
-        self.readout = nn.Linear(hidden, OUTPUTS)
-        self.inputs = torch.randn(POOL, batch, input_size)
-        self.targets = torch.randn(POOL, batch, OUTPUTS)
-        self.h0 = torch.zeros(batch, hidden)
+        self.cell = (TanhRNNCell(input_size, hidden) if cell is None else cell).to(device)
+        self.readout = nn.Linear(hidden, OUTPUTS).to(device)
+        self.inputs = torch.randn(POOL, batch, input_size).to(device)
+        self.targets = torch.randn(POOL, batch, OUTPUTS).to(device)
+        self.h0 = torch.zeros(batch, hidden, device=device)
 
     def data(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inputs[t % POOL], self.targets[t % POOL]

@@ -53,6 +53,7 @@ from benchmarks._common import (
     parse_args,
     print_claims,
     reject,
+    synchronizer,
     write_result,
 )
 from benchmarks._render import claims_table
@@ -115,17 +116,20 @@ def _pair(timing, a: str, b: str) -> dict:
 
 
 # -- rows ----------------------------------------------------------------------------------------------------------
-def measure_aux_linear(dims, info_dims, batch: int, rounds: int, min_time: float) -> list[dict]:
+def measure_aux_linear(
+    dims, info_dims, batch: int, rounds: int, min_time: float, device: torch.device | str = "cpu"
+) -> list[dict]:
     rows = []
     for d in (*dims, *info_dims):
         torch.manual_seed(0)
-        x = torch.randn(batch, d, requires_grad=True)
-        aux, linear = AuxiliaryReflection(d), nn.Linear(d, d)
+        x = torch.randn(batch, d, requires_grad=True, device=device)
+        aux, linear = AuxiliaryReflection(d).to(device), nn.Linear(d, d).to(device)
         timing = interleave(
             {"aux": lambda: aux(x).sum().backward(), "linear": lambda: linear(x).sum().backward()},
             rounds=rounds,
             min_time=min_time,
             order="alternate",
+            synchronize=synchronizer(torch.device(device)),
         )
         pair = _pair(timing, "aux", "linear")
         what = f"AuxiliaryReflection({d}) / nn.Linear({d}, {d}), forward+backward, batch {batch}"
@@ -137,7 +141,7 @@ def measure_aux_linear(dims, info_dims, batch: int, rounds: int, min_time: float
 def _uoro_against_bptt(section: str, what: str, problem: Problem, steps: int, rounds: int, **fields) -> dict:
     """The Runner's online step (estimator step, readout loss and ``dL/dh`` in closed form, estimator gradient,
     accumulation) against a BPTT step; beside it, for the breakdown, the estimator's own ``step`` + ``gradient``
-    (with a fixed ``dL/dh``) on a stream of its own, in the same rounds."""
+    (with a fixed ``dL/dh``) on a stream of its own, in the same rounds; on the problem's device."""
     torch.manual_seed(0)
     online = Runner("uoro_state", problem, estimator=UORO(problem.cell), readout="closed_form")
     runners = {"uoro": online, "bptt": Runner("bptt", problem)}
@@ -155,7 +159,7 @@ def _uoro_against_bptt(section: str, what: str, problem: Problem, steps: int, ro
     calls["estimator"] = estimator_only
     for call in calls.values():  # warm-up: allocator, lazy initialisation, the estimator's first steps
         call()
-    timing = interleave(calls, rounds=rounds, warmup=0, order="alternate")
+    timing = interleave(calls, rounds=rounds, warmup=0, order="alternate", synchronize=synchronizer(problem.h0.device))
     pair = _pair(timing, "uoro", "bptt")
     per_step = {
         "uoro_ms_per_step": pair["uoro_ms"] / steps,
@@ -166,33 +170,40 @@ def _uoro_against_bptt(section: str, what: str, problem: Problem, steps: int, ro
     return _row(section, what, pair["ratio_median_of_rounds"], steps=steps, **fields, **pair, **per_step)
 
 
-def measure_uoro_bptt(hiddens, steps: int, rounds: int) -> list[dict]:
+def measure_uoro_bptt(hiddens, steps: int, rounds: int, device: torch.device | str = "cpu") -> list[dict]:
     rows = []
     for hidden in hiddens:
         what = f"UORO(TanhRNNCell(32, {hidden})) step + gradient (closed-form readout) / BPTT step, 8 streams"
-        rows.append(_uoro_against_bptt("uoro_bptt", what, Problem(hidden), steps, rounds, H=hidden))
+        problem = Problem(hidden, device=device)
+        rows.append(_uoro_against_bptt("uoro_bptt", what, problem, steps, rounds, H=hidden))
     return rows
 
 
-def measure_uoro_bptt_orthogonal(hidden: int, steps: int, rounds: int) -> list[dict]:
+def measure_uoro_bptt_orthogonal(
+    hidden: int, steps: int, rounds: int, device: torch.device | str = "cpu"
+) -> list[dict]:
     torch.manual_seed(0)
     cell = OrthogonalRNNCell(32, hidden, transition="aux")
     what = (
         f'UORO(OrthogonalRNNCell(32, {hidden}, transition="aux")) step + gradient (closed-form readout) / BPTT step,'
         " 8 streams"
     )
-    return [_uoro_against_bptt("uoro_bptt_orthogonal", what, Problem(hidden, cell=cell), steps, rounds, H=hidden)]
+    problem = Problem(hidden, cell=cell, device=device)
+    return [_uoro_against_bptt("uoro_bptt_orthogonal", what, problem, steps, rounds, H=hidden)]
 
 
-def measure_orthogonal_rnn(hidden: int, steps: int, batch: int, rounds: int, min_time: float) -> list[dict]:
+def measure_orthogonal_rnn(
+    hidden: int, steps: int, batch: int, rounds: int, min_time: float, device: torch.device | str = "cpu"
+) -> list[dict]:
     torch.manual_seed(0)
-    x = torch.randn(batch, steps, 1)
-    rnns = {kind: OrthogonalRNN(1, hidden, transition=kind) for kind in ("aux", "cayley")}
+    x = torch.randn(batch, steps, 1, device=device)
+    rnns = {kind: OrthogonalRNN(1, hidden, transition=kind).to(device) for kind in ("aux", "cayley")}
     timing = interleave(
         {kind: (lambda rnn=rnn: rnn(x)[1].sum().backward()) for kind, rnn in rnns.items()},
         rounds=rounds,
         min_time=min_time,
         order="alternate",
+        synchronize=synchronizer(torch.device(device)),
     )
     pair = _pair(timing, "aux", "cayley")
     what = (
@@ -202,14 +213,14 @@ def measure_orthogonal_rnn(hidden: int, steps: int, batch: int, rounds: int, min
     return [_row("orthogonal_rnn", what, pair["ratio_median_of_rounds"], H=hidden, T=steps, batch=batch, **pair)]
 
 
-def measure_uoro_bandwidth(hiddens, rounds: int, min_time: float) -> list[dict]:
+def measure_uoro_bandwidth(hiddens, rounds: int, min_time: float, device: torch.device | str = "cpu") -> list[dict]:
     rows = []
     for hidden in hiddens:
         torch.manual_seed(0)
-        cell = TanhRNNCell(32, hidden)
+        cell = TanhRNNCell(32, hidden).to(device)
         estimator = UORO(cell)
-        inputs = torch.randn(16, 8, 32)
-        state = [estimator.initial_state(torch.zeros(8, hidden))]
+        inputs = torch.randn(16, 8, 32, device=device)
+        state = [estimator.initial_state(torch.zeros(8, hidden, device=device))]
         step_index = [0]
 
         def step(estimator=estimator, inputs=inputs, state=state, step_index=step_index):
@@ -224,6 +235,7 @@ def measure_uoro_bandwidth(hiddens, rounds: int, min_time: float) -> list[dict]:
             rounds=rounds,
             min_time=min_time,
             order="alternate",
+            synchronize=synchronizer(torch.device(device)),
         )
         moved = 2 * w_tilde.nbytes  # read w_tilde once, write it once
         step_rates = [moved / s for s in timing.values("step")]
