@@ -101,8 +101,6 @@ class LightningOrthoCLI(LightningCLI):
         # Stream data modules (online training) state their sizes; a link whose source or target is missing is skipped.
         parser.link_arguments("data.input_size", "model.init_args.cell.init_args.input_size", apply_on="instantiate")
         parser.link_arguments("data.output_size", "model.init_args.output_size", apply_on="instantiate")
-        # OnlineLRUStackModule: the stack (its `cell`) has the output size; no recurrent cell has one.
-        parser.link_arguments("data.output_size", "model.init_args.cell.init_args.output_size", apply_on="instantiate")
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI (its private _parse_ckpt_path, in both Lightning packages) applies a checkpoint's saved

@@ -38,8 +38,8 @@ class OnlineLRUStackModule(OnlineRNNModule):
     Args:
         cell: the :class:`~lightning_ortho.online.LRUStack` to train, in its dtype and device (the argument has the
             name of :class:`~lightning_ortho.models.OnlineRNNModule`'s, so ``lightning-ortho`` fills in the data
-            module's ``input_size`` and ``output_size``: ``--model.init_args.cell.init_args.hidden_size=64``).
-            The model's ``output_size`` is the stack's.
+            module's ``input_size`` as for a cell: ``--model.init_args.cell.init_args.hidden_size=64``). The
+            model's ``output_size`` is the stack's, checked against the data module's when fitting.
         loss: ``"cross_entropy"`` or ``"mse"``, of the stack's outputs.
         update_every: steps per parameter update (1: fully online).
         optimizer: ``"sgd"`` or ``"adam"``.
@@ -51,8 +51,8 @@ class OnlineLRUStackModule(OnlineRNNModule):
 
     Raises:
         ValueError: ``cell`` is not an :class:`~lightning_ortho.online.LRUStack`, or another argument is invalid
-            (the message says what to set); when fitting, as :class:`~lightning_ortho.models.OnlineRNNModule`
-            (the data module's sizes or loss disagree with the model, chunks out of order).
+            (the message says what to set); when fitting, the data module's ``output_size`` is not the stack's, or as
+            :class:`~lightning_ortho.models.OnlineRNNModule` (its input size or loss disagree, chunks out of order).
     """
 
     def __init__(
@@ -93,6 +93,18 @@ class OnlineLRUStackModule(OnlineRNNModule):
         self._init_evaluation()
         self.carry = OnlineCarry()
         self._trained_with = None  # no estimator options to compare on resume
+
+    def setup(self, stage: str) -> None:
+        """Check that the data module's ``output_size`` (where it has one) is the stack's, then its ``input_size``
+        and ``loss`` as :class:`~lightning_ortho.models.OnlineRNNModule` does."""
+        data = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        found = getattr(data, "output_size", None)
+        if found is not None and found != self.output_size:
+            raise ValueError(
+                f"OnlineLRUStackModule: {type(data).__name__} has output_size={found} but the stack has"
+                f" output_size={self.output_size}; set --model.init_args.cell.init_args.output_size={found}."
+            )
+        super().setup(stage)
 
     def configure_callbacks(self) -> list:
         """The thread count of the run (``num_threads``) for the stack's widest layer, set at the stage's setup and

@@ -199,7 +199,7 @@ def test_bad_arguments_are_refused_with_what_to_do(kwargs, match):
         OnlineLRUStackModule(**{"cell": stack(), **kwargs})
 
 
-def test_the_recipe_links_the_datas_sizes_into_the_stack_and_resumes_from_its_checkpoint(tmp_path):
+def test_the_recipe_links_the_datas_input_size_into_the_stack_and_resumes_from_its_checkpoint(tmp_path):
     short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.logger=false"]
     short += ["--data.init_args.delay=3", "--data.init_args.chunk_length=8", "--trainer.enable_progress_bar=false"]
     fit = run_cli(["fit", "--config", str(RECIPE), f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1",
@@ -213,3 +213,13 @@ def test_the_recipe_links_the_datas_sizes_into_the_stack_and_resumes_from_its_ch
                        f"--ckpt_path={checkpoint}", "--trainer.max_epochs=2", *short])  # fmt: skip
     assert resumed.model.global_step == 2 * 2 * 8
     assert resumed.model.carry.state.step > 0 and resumed.model.carry.next_chunk == 4
+    tested = run_cli(["test", "--config", str(RECIPE), f"--trainer.default_root_dir={tmp_path / 'test'}",
+                      f"--ckpt_path={checkpoint}", "--trainer.limit_test_batches=1", *short])  # fmt: skip
+    assert math.isfinite(float(tested.trainer.callback_metrics["test_loss"]))
+
+
+def test_an_output_size_that_is_not_the_datas_names_the_stacks_option(tmp_path):
+    with pytest.raises(ValueError, match=r"has output_size=9 but the stack has output_size=5; set --model\.init_args"
+                       r"\.cell\.init_args\.output_size=9"):  # fmt: skip
+        run_cli(["fit", "--config", str(RECIPE), f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false",
+                 "--trainer.fast_dev_run=true", "--data.init_args.symbols=8"])  # fmt: skip
