@@ -13,6 +13,7 @@ from lightning_ortho.cli import run_cli
 from lightning_ortho.models import OnlineLRUStackModule
 from lightning_ortho.online import LRUStack, OnlineLRUStack, TanhRNNCell
 from lightning_ortho.online.losses import masked_loss_sum
+from tests.conftest import free_port
 from tests.models.test_online_rnn_module import TinyStreams, trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -223,3 +224,37 @@ def test_an_output_size_that_is_not_the_datas_names_the_stacks_option(tmp_path):
                        r"\.cell\.init_args\.output_size=9"):  # fmt: skip
         run_cli(["fit", "--config", str(RECIPE), f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false",
                  "--trainer.fast_dev_run=true", "--data.init_args.symbols=8"])  # fmt: skip
+
+
+@pytest.mark.slow  # ~25-45 s: two spawned processes
+def test_ddp_two_processes_match_one_process_on_the_same_global_streams(tmp_path, monkeypatch):
+    # Streams 0, 2 and 1, 3 in two processes (each its own blocks' states and traces) against all four in one.
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+
+    def run(root, **kwargs):
+        model = module(update_every=2, lr=0.05)
+        fit = trainer(root, max_epochs=1, precision="64-true", **kwargs)
+        fit.fit(model, TinyStreams(streams=4, steps=5, chunks_per_epoch=3, val_streams=4, reset_every=2))
+        return model, fit
+
+    ddp, ddp_fit = run(tmp_path / "ddp", strategy="ddp_spawn", devices=2)
+    single, single_fit = run(tmp_path / "single")
+    untrained = module()
+    for (name, a), b, c in zip(
+        single.state_dict().items(), ddp.state_dict().values(), untrained.state_dict().values(), strict=True
+    ):
+        # ddp_spawn hands rank 0's float64 weights back into the main process's float32 model: compare there
+        torch.testing.assert_close(b, a.to(b.dtype), rtol=1e-6, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
+        assert (a.double() - c.double()).abs().max() > 1e-3, f"{name} did not move"
+    torch.testing.assert_close(ddp_fit.callback_metrics["val_loss"], single_fit.callback_metrics["val_loss"])
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "64-true"])
+def test_mixed_and_double_precision_train_the_stack_outside_autocast(precision, tmp_path):
+    model = module()
+    fit = trainer(tmp_path, max_epochs=1, precision=precision)
+    fit.fit(model, TinyStreams())
+    dtype = torch.float64 if precision == "64-true" else torch.float32
+    assert all(p.dtype == dtype and torch.isfinite(p).all() for p in model.parameters())
+    assert all(h.dtype == model.cell.layers[0].lru.state_dtype() for h in model.carry.state.h)
+    assert torch.isfinite(fit.callback_metrics["train_loss"]) and torch.isfinite(fit.callback_metrics["val_loss"])
