@@ -258,3 +258,11 @@ def test_mixed_and_double_precision_train_the_stack_outside_autocast(precision, 
     assert all(p.dtype == dtype and torch.isfinite(p).all() for p in model.parameters())
     assert all(h.dtype == model.cell.layers[0].lru.state_dtype() for h in model.carry.state.h)
     assert torch.isfinite(fit.callback_metrics["train_loss"]) and torch.isfinite(fit.callback_metrics["val_loss"])
+
+
+def test_auto_threads_follow_the_stacks_widest_layer():
+    model = module()  # hidden 4, model 5, MLP 10
+    (threads,) = model.configure_callbacks()
+    assert threads.hidden_size == 2 * MODEL and model.estimator.num_threads == "auto"
+    model = OnlineLRUStackModule(stack(), num_threads=3)
+    assert model.configure_callbacks()[0].setting == 3 and model.estimator.num_threads is None
