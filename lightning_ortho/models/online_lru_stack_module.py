@@ -1,6 +1,6 @@
-"""Online training of a stack of linear recurrent units in Lightning: :class:`OnlineRNNModule`'s training, checkpoints
-and evaluation, with an :class:`~lightning_ortho.online.LRUStack` in the cell's place, trained by
-:class:`~lightning_ortho.online.OnlineLRUStack` (Zucchet et al. 2023)."""
+"""Online training of a stack of linear recurrent units in Lightning: the training, checkpoints and evaluation of
+:class:`~lightning_ortho.models.OnlineRNNModule`, with an :class:`~lightning_ortho.online.LRUStack` in the cell's
+place, trained by :class:`~lightning_ortho.online.OnlineLRUStack` (Zucchet et al. 2023)."""
 
 from __future__ import annotations
 
