@@ -6,6 +6,7 @@ from lightning_ortho.models.classification import ClassifierModule
 from lightning_ortho.models.factorized_checkpoint import RestoresFactorizedLayers
 from lightning_ortho.models.fast_transform_module import FastTransformModule
 from lightning_ortho.models.glow_module import GlowModule
+from lightning_ortho.models.online_lru_stack_module import OnlineLRUStackModule
 from lightning_ortho.models.online_rnn_module import OnlineRNNModule
 from lightning_ortho.models.orthogonal_classifier import OrthogonalClassifier
 from lightning_ortho.models.orthogonal_rnn_classifier import OrthogonalRNNClassifier
@@ -14,6 +15,7 @@ __all__ = [
     "ClassifierModule",
     "FastTransformModule",
     "GlowModule",
+    "OnlineLRUStackModule",
     "OnlineRNNModule",
     "OrthogonalClassifier",
     "OrthogonalRNNClassifier",

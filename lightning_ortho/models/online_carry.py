@@ -88,7 +88,7 @@ class OnlineCarry:
             )
         mine = entry["ranks"][rank]
         if mine["state"] is not None:
-            state = fresh(mine["state"]["h"].shape[0])
+            state = fresh(_saved_streams(mine["state"]))
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
@@ -112,9 +112,24 @@ class OnlineCarry:
         return self._loaded is not None
 
 
+def _saved_streams(state: Any) -> int:
+    """The streams of a saved estimator state: the rows of its ``h``, or of its first layer's for the state of a
+    stack of layers (:class:`~lightning_ortho.online.lru_stack.LRUStackState`: ``{"kind", "layers"}``); 1 where
+    there is none to read (the load that follows then says what does not fit)."""
+    if not isinstance(state, dict):
+        return 1
+    layers = state.get("layers") if "h" not in state else None
+    if isinstance(layers, list | tuple) and layers:
+        return _saved_streams(layers[0])
+    h = state.get("h")
+    return h.shape[0] if isinstance(h, torch.Tensor) and h.dim() >= 1 else 1
+
+
 def _to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().clone()
     if isinstance(value, dict):
         return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):  # a stack's layers
+        return type(value)(_to_cpu(v) for v in value)
     return value

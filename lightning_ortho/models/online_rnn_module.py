@@ -191,7 +191,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         chunk = self._read(batch)
         carry = self.carry
         self._begin_chunk(chunk)
-        x = chunk.x.to(carry.state.h.real.dtype)  # a complex state reads real inputs
+        x = chunk.x.to(self._input_dtype())
         loss_sum = torch.zeros((), device=x.device, dtype=torch.float64)
         # Which steps have a loss, at which of them every stream scores, and how many entries: read once per chunk
         # (one host sync, not one per step).
@@ -303,7 +303,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             carry.state = self._fresh_state(chunk.streams)
         carry.next_chunk = chunk.index + 1
         if bool(chunk.reset.any()):
-            carry.state = self.estimator.reset(carry.state, chunk.reset.to(carry.state.h.device))
+            carry.state = self.estimator.reset(carry.state, chunk.reset.to(self.device))
 
     def _warn_if_trained_with_other_options(self) -> None:
         """Warn (rank zero) when the checkpoint's estimator was built with other ``estimator_options``: its state
@@ -325,6 +325,10 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
 
     def _fresh_state(self, streams: int) -> OnlineState:
         return initial_state(self.estimator, self._zero_state(streams), *self._rank_and_world())
+
+    def _input_dtype(self) -> torch.dtype:
+        """The dtype the cell reads its inputs in: its parameters' (real also for a complex state)."""
+        return next(self.cell.parameters()).dtype
 
     def _zero_state(self, streams: int) -> torch.Tensor:
         """Zeros ``(streams, H)`` in the state's dtype: the parameters', or its complex counterpart for a cell with a

@@ -184,6 +184,11 @@ class LRUStackState:
         return self.layers[0].step
 
     @property
+    def kind(self) -> str:
+        """The name of the estimator that made the state, as ``OnlineState.kind``: ``OnlineLRUStack.name``."""
+        return OnlineLRUStack.name
+
+    @property
     def h(self) -> list[torch.Tensor]:
         """The blocks' states ``h^l_t``, ``(B, hidden_size)`` complex each."""
         return [s.h for s in self.layers]
