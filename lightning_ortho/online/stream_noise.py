@@ -100,7 +100,9 @@ class StreamNoise:
                 f"{type(self).__name__}: stream_ids must be {batch} indices in [0, total_streams={total}), got"
                 f" {ids.tolist()}."
             )
-        every = total == batch and (stream_ids is None or (not ids.is_meta and bool((ids == torch.arange(batch)).all())))
+        every = total == batch and (
+            stream_ids is None or (not ids.is_meta and bool((ids == torch.arange(batch)).all()))
+        )
         ids = ids.to(h0.device)
         total_tensor = torch.tensor(total, device=h0.device)
         state.tensors["stream_ids"] = ids

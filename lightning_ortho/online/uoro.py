@@ -233,7 +233,9 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             u = tau * nu
             scaled = u if self.q0 is None else u @ self.q0.T.to(u)  # Q0 u
             dual = u if self.q0 is None else u @ self.q0_inverse_t.T.to(u)  # Q0^{-T} u
-            h_new, h_tilde, w_tilde = fused.fixed(x, h, t["h_tilde"], w_tilde, scaled, dual, self.alpha_at(state.step + 1))
+            h_new, h_tilde, w_tilde = fused.fixed(
+                x, h, t["h_tilde"], w_tilde, scaled, dual, self.alpha_at(state.step + 1)
+            )
             commit, verdict = None, None
         self._verdict = verdict
         return h_new, {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}, commit
