@@ -44,14 +44,18 @@ def test_the_switch_as_a_function_holds_until_given_back_and_overrides_the_envir
         native.native_kernels(False)
         assert all(k is None for k in _getters())
         monkeypatch.setenv("LIGHTNING_ORTHO_NATIVE", "1")
+        native.load.cache_clear()  # the variable is read once per process, and again after this
         assert all(k is None for k in _getters())  # the switch wins over the variable while it is set
         native.native_kernels(True)
         monkeypatch.setenv("LIGHTNING_ORTHO_NATIVE", "0")
+        native.load.cache_clear()
         assert all(k is not None for k in _getters())
-        native.native_kernels(None)  # the variable decides again (read at every call)
+        native.native_kernels(None)  # the variable decides again
         assert all(k is None for k in _getters())
     finally:
         native.native_kernels(None)
+        monkeypatch.undo()
+        native.load.cache_clear()
 
 
 def test_the_switch_refuses_what_is_not_a_bool():

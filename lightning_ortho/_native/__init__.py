@@ -92,9 +92,17 @@ _OFF = frozenset({"0", "false", "no", "off"})
 
 def enabled() -> bool:
     """Whether the C kernels may run: the setting of :func:`native_kernels` where one is in force, else false
-    when ``LIGHTNING_ORTHO_NATIVE`` is ``0``, ``false``, ``no`` or ``off`` (read at every call)."""
+    when ``LIGHTNING_ORTHO_NATIVE`` is ``0``, ``false``, ``no`` or ``off`` (read once per process, and again after
+    ``load.cache_clear()``)."""
     if _switch is not None:
         return _switch
+    return _environment_enabled()
+
+
+@functools.cache
+def _environment_enabled() -> bool:
+    """``LIGHTNING_ORTHO_NATIVE`` read once (a lookup in ``os.environ`` costs microseconds at every kernel call);
+    ``load.cache_clear()`` reads it again."""
     return os.environ.get("LIGHTNING_ORTHO_NATIVE", "1").strip().lower() not in _OFF
 
 
@@ -288,4 +296,10 @@ def _library(name: str) -> ctypes.CDLL | None:
     return None
 
 
-load.cache_clear = _library.cache_clear  # type: ignore[attr-defined]
+def _clear_caches() -> None:
+    """Forget the loaded libraries and the reading of ``LIGHTNING_ORTHO_NATIVE`` (tests change both)."""
+    _library.cache_clear()
+    _environment_enabled.cache_clear()
+
+
+load.cache_clear = _clear_caches  # type: ignore[attr-defined]

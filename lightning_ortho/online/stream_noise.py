@@ -174,8 +174,21 @@ class StreamNoise:
             bits = torch.randint(0, 2, size, device=like.device, dtype=like.dtype)
         else:
             bits = torch.randint(0, 2, size, generator=generator, device=like.device, dtype=like.dtype)
-        signs = bits.mul_(2).sub_(1)
+        minus_one, two = self._sign_constants(like)
+        signs = torch.addcmul(minus_one, bits, two)  # 2 b - 1, exact; one call
         return signs if rows is None else signs[rows]
+
+    def _sign_constants(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(-1, 2)`` as 0-d tensors of ``like``'s dtype and device, kept per dtype and device outside compiled
+        regions: a tensor operand costs a fraction of a Python number's conversion at every call."""
+        if torch.compiler.is_compiling():
+            return like.new_full((), -1.0), like.new_full((), 2.0)
+        key = (like.dtype, like.device)
+        cache = self.__dict__.setdefault("_sign_cache", {})
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = tuple(like.new_tensor([-1.0, 2.0]).unbind())
+        return found
 
     def _overflow_cause(self, inputs: dict[str, torch.Tensor], step: int) -> str:
         """The cause of an overflowed influence approximation (error path only): an ``eps`` that rounds to zero in

@@ -242,14 +242,19 @@ class UORO(StreamNoise, OnlineGradientEstimator):
 
     def _settle_step(self, x: torch.Tensor, state: OnlineState, new_state: OnlineState) -> None:
         """The template's NaN/inf checks (:meth:`OnlineGradientEstimator._settle_step`), read with one sum where a
-        fused GIR step makes that enough: a NaN/inf in ``x``, ``h'`` or ``w_tilde`` reaches ``h_tilde'`` (see
-        :meth:`~lightning_ortho.online.uoro_fused.FusedStep.gir`), so a finite sum of ``h_tilde'`` (taken for free
-        by the C pass) is a finite step; otherwise, and whenever the checks are recorded, the template's checks run
-        and name the cause."""
+        fused step makes that enough: a NaN/inf in ``x``, ``h'`` or ``w_tilde`` reaches ``h_tilde'`` (see
+        :meth:`~lightning_ortho.online.uoro_fused.FusedStep.gir`), so with GIR a finite sum of ``h_tilde'`` (taken
+        for free by the C pass) is a finite step, and with a fixed rescaling a finite sum of ``x``, ``h_tilde'`` and
+        ``w_tilde'``; otherwise, and whenever the checks are recorded, the template's checks run and name the
+        cause."""
         verdict, self._verdict = self._verdict, None
-        if self._fused is not None and self.gir and not self._recording() and not new_state.h.is_meta:
+        if self._fused is not None and not self._recording() and not new_state.h.is_meta:
             if verdict is None:
-                verdict = new_state.tensors["h_tilde"].sum(dtype=torch.float64).item()
+                t, dtype = new_state.tensors, _sum_dtype(x.dtype)
+                total = t["h_tilde"].sum(dtype=torch.float64)
+                if not self.gir:
+                    total = total + x.sum(dtype=dtype) + t["w_tilde"].sum(dtype=dtype)
+                verdict = total.item()
             if math.isfinite(verdict):
                 return
         super()._settle_step(x, state, new_state)
