@@ -270,7 +270,7 @@ def load(name: str) -> ctypes.CDLL | None:
     rebuilt), and what is mapped is a private copy of those bytes (see the module docstring).
 
     Cached per process; ``load.cache_clear()`` makes the next call look again (tests use it)."""
-    if not enabled():
+    if _switch is False or (_switch is None and not _environment_enabled()):  # enabled(), one call fewer
         return None
     return _library(name)
 

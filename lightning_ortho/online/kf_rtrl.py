@@ -118,9 +118,9 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     # -- one step ----------------------------------------------------------------------------------------------
     def _signs(self, state: OnlineState, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(c1, c2)``, each ``(B,)`` in ``{-1, +1}`` of ``like``'s dtype: independent fair signs per stream
-        (:meth:`~lightning_ortho.online.stream_noise.StreamNoise._draw_signs`: the state's generator, or the
+        (:meth:`~lightning_ortho.online.stream_noise.StreamNoise._draw`: the state's generator, or the
         default one under ``torch.compile`` and ``noise_scope``)."""
-        signs = self._draw_signs(state, (2,), like)
+        _, signs = self._draw(state, like, None, (2,))
         return signs[:, 0], signs[:, 1]
 
     def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:

@@ -1,6 +1,5 @@
 """Noise drawn per stream, identical however the streams are split between processes: what the randomised
-estimators (UORO, KF-RTRL) share, and the one place where they draw it (:meth:`StreamNoise._draw_normal`,
-:meth:`StreamNoise._draw_signs`).
+estimators (UORO, KF-RTRL) share, and the one place where they draw it (:meth:`StreamNoise._draw`).
 
 A state holds ``stream_ids`` ``(B,)`` and ``total_streams``: its streams are rows ``stream_ids`` of
 ``total_streams``. Every step draws the noise of all ``total_streams`` from the state's generator and keeps these
@@ -67,8 +66,8 @@ def check_eps(eps: object, owner: str) -> float:
 class StreamNoise:
     """Mixin for an :class:`~lightning_ortho.online.OnlineGradientEstimator` with a ``generator`` attribute (a seed,
     a ``torch.Generator`` or ``None``): :meth:`initial_state` records the state's streams and decides which rows of
-    a draw over all streams are the state's, :meth:`_new_generator` starts the state's generator, :meth:`_draw_normal`
-    and :meth:`_draw_signs` draw the noise (the only draws of the estimators), :meth:`noise_scope` lets compiled calls
+    a draw over all streams are the state's, :meth:`_new_generator` starts the state's generator, :meth:`_draw`
+    draws the noise (the only draws of the estimators), :meth:`noise_scope` lets compiled calls
     draw the state's noise (see the module docstring)."""
 
     generator: int | torch.Generator | None
@@ -77,6 +76,8 @@ class StreamNoise:
     _rows_cache: tuple | None = None
     #: The generator of the state inside :meth:`noise_scope`, whose draws come from the default generator.
     _scoped: torch.Generator | None = None
+    #: ``(-1, 2)`` in the dtype and device of the last draw (:meth:`_sign_constants`).
+    _sign_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def initial_state(
         self, h0: torch.Tensor, *, stream_ids: torch.Tensor | None = None, total_streams: int | None = None
@@ -152,42 +153,40 @@ class StreamNoise:
         generator = state.generator
         return None if generator is self._scoped and generator is not None else generator
 
-    def _draw_normal(self, state: OnlineState, size: int, like: torch.Tensor) -> torch.Tensor:
-        """Standard normal noise ``(B, size)`` in ``like``'s dtype and device: drawn for all ``total_streams`` and
-        cut to the state's rows (one ``randn`` call)."""
+    def _draw(
+        self, state: OnlineState, like: torch.Tensor, normal: int | None, signs: tuple[int, ...]
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(nu, signs)``: standard normal noise ``(B, normal)`` (``None`` when ``normal`` is ``None``: nothing
+        drawn), then independent fair signs ``(B, *signs)`` in ``{-1, +1}``, in ``like``'s dtype and device. Every
+        draw of the randomised estimators: one ``randn`` and one ``randint`` (in the float dtype, which draws the
+        integers an int64 ``randint`` draws) for all ``total_streams``, cut to the state's rows; from the state's
+        generator, or the default one while compiling and inside :meth:`noise_scope`."""
         total, rows = self._rows(state)
         generator = self._generator_of(state)
+        device, dtype = like.device, like.dtype
+        nu = None
         if generator is None:
-            nu = torch.randn(total, size, device=like.device, dtype=like.dtype)
+            if normal is not None:
+                nu = torch.randn(total, normal, device=device, dtype=dtype)
+            bits = torch.randint(0, 2, (total, *signs), device=device, dtype=dtype)
         else:
-            nu = torch.randn(total, size, generator=generator, device=like.device, dtype=like.dtype)
-        return nu if rows is None else nu[rows]
-
-    def _draw_signs(self, state: OnlineState, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """Independent fair signs ``(B, *shape)`` in ``{-1, +1}`` of ``like``'s dtype and device: drawn for all
-        ``total_streams`` (one ``randint`` call in the float dtype, which draws the integers an int64 ``randint``
-        draws) and cut to the state's rows."""
-        total, rows = self._rows(state)
-        generator = self._generator_of(state)
-        size = (total, *shape)
-        if generator is None:
-            bits = torch.randint(0, 2, size, device=like.device, dtype=like.dtype)
-        else:
-            bits = torch.randint(0, 2, size, generator=generator, device=like.device, dtype=like.dtype)
+            if normal is not None:
+                nu = torch.randn(total, normal, generator=generator, device=device, dtype=dtype)
+            bits = torch.randint(0, 2, (total, *signs), generator=generator, device=device, dtype=dtype)
         minus_one, two = self._sign_constants(like)
-        signs = torch.addcmul(minus_one, bits, two)  # 2 b - 1, exact; one call
-        return signs if rows is None else signs[rows]
+        tau = torch.addcmul(minus_one, bits, two)  # 2 b - 1, exact; one call
+        if rows is not None:
+            nu, tau = (None if nu is None else nu[rows]), tau[rows]
+        return nu, tau
 
     def _sign_constants(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(-1, 2)`` as 0-d tensors of ``like``'s dtype and device, kept per dtype and device outside compiled
         regions: a tensor operand costs a fraction of a Python number's conversion at every call."""
         if torch.compiler.is_compiling():
             return like.new_full((), -1.0), like.new_full((), 2.0)
-        key = (like.dtype, like.device)
-        cache = self.__dict__.setdefault("_sign_cache", {})
-        found = cache.get(key)
-        if found is None:
-            found = cache[key] = tuple(like.new_tensor([-1.0, 2.0]).unbind())
+        found = self._sign_cache
+        if found is None or found[0].dtype is not like.dtype or found[0].device != like.device:
+            found = self._sign_cache = tuple(like.new_tensor([-1.0, 2.0]).unbind())
         return found
 
     def _overflow_cause(self, inputs: dict[str, torch.Tensor], step: int) -> str:

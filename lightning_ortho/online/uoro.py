@@ -196,10 +196,10 @@ class UORO(StreamNoise, OnlineGradientEstimator):
     # -- noise -------------------------------------------------------------------------------------------------
     def _noise(self, state: OnlineState, size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``nu`` ``(B, size)`` standard normal and ``tau`` ``(B,)`` uniform on ``{-1, 1}``: every draw of UORO, fused
-        or not (:meth:`~lightning_ortho.online.stream_noise.StreamNoise._draw_normal` and ``_draw_signs``: the
+        or not (:meth:`~lightning_ortho.online.stream_noise.StreamNoise._draw`: the
         state's generator, all ``total_streams`` cut to the state's rows; the default generator under
         ``torch.compile`` and :meth:`noise_scope`)."""
-        return self._draw_normal(state, size, like), self._draw_signs(state, (), like)
+        return self._draw(state, like, size, ())
 
     # -- the fused step (TanhRNNCell cut at h or z, OrthogonalRNNCell cut at h) -----------------------------------
     def _advance_step(self, x: torch.Tensor, state: OnlineState):

@@ -227,7 +227,7 @@ class TanhUOROStep:
         step, so the caller can check its sum before anything is changed in place.
         """
         kernels = self._kernels(h, x, h_tilde, w_tilde, nu, tau)
-        if not torch.compiler.is_compiling():
+        if kernels is not None or not torch.compiler.is_compiling():  # (kernels run outside compiled regions only)
             # commit then takes the same path without checking again (its other operands come from here)
             self._checked = (w_tilde, kernels)
         if kernels is not None:  # the row work in one C pass around the GEMMs
@@ -307,7 +307,7 @@ class TanhUOROStep:
         updated and has not changed since (same ``_version``), else a pass over it: with the C ``kernels``
         (``inputs`` the cell's input size), the pass sums as the C commit does, so a state loaded from a checkpoint
         (a new tensor) steps on exactly as the uninterrupted run."""
-        cached = None if torch.compiler.is_compiling() else self._norms
+        cached = None if kernels is None and torch.compiler.is_compiling() else self._norms
         if cached is not None and cached[0] is w_tilde and cached[1] == w_tilde._version:
             return cached[2]
         if kernels is not None:
