@@ -194,12 +194,15 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         return super()._reset_tensor(name, value, keep) if name in _ESTIMATE_TENSORS else value
 
     # -- noise -------------------------------------------------------------------------------------------------
-    def _noise(self, state: OnlineState, size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``nu`` ``(B, size)`` standard normal and ``tau`` ``(B,)`` uniform on ``{-1, 1}``: every draw of UORO, fused
+    def _noise(
+        self, state: OnlineState, size: int, like: torch.Tensor, signs: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``nu`` ``(B, size)`` standard normal and ``tau`` ``(B, *signs)`` uniform on ``{-1, 1}`` (``(B,)``, or
+        ``(B, 1)`` for the fused steps: the same numbers): every draw of UORO, fused
         or not (:meth:`~lightning_ortho.online.stream_noise.StreamNoise._draw`: the
         state's generator, all ``total_streams`` cut to the state's rows; the default generator under
         ``torch.compile`` and :meth:`noise_scope`)."""
-        return self._draw(state, like, size, ())
+        return self._draw(state, like, size, signs)
 
     # -- the fused step (TanhRNNCell cut at h or z, OrthogonalRNNCell cut at h) -----------------------------------
     def _advance_step(self, x: torch.Tensor, state: OnlineState):
@@ -222,8 +225,7 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             raise ValueError(
                 f"UORO: Q0 is {tuple(self.q0.shape)} but the cut vertex ({self.projection!r}) has {h.shape[1]} entries."
             )
-        nu, tau = self._noise(state, h.shape[1], h)
-        tau = tau[:, None]
+        nu, tau = self._noise(state, h.shape[1], h, (1,))  # tau (B, 1)
         w_tilde = t["w_tilde"]
         if self.gir:
             # w_tilde is read here and updated in place by commit, after the checks
