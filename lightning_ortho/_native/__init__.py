@@ -32,7 +32,12 @@ The private copy goes into the cache folder, else the temporary folder.
 
 Where no C compiler is found, or the build or the load fails, :func:`load` warns once
 (:class:`NativeKernelsUnavailableWarning`) and returns ``None``; callers then use their PyTorch implementation,
-which computes the same expression. ``LIGHTNING_ORTHO_NATIVE=0`` turns the kernels off without a warning.
+which computes the same expression.
+
+**The one switch.** ``LIGHTNING_ORTHO_NATIVE=0`` (also ``false``, ``no``, ``off``) turns every kernel off without a
+warning, and :func:`native_kernels` does the same from Python (``native_kernels(False)``, for the whole process, or
+``with native_kernels(False): ...`` for a block), overriding the variable while it is set. Every kernel getter
+asks :func:`load`, which asks :func:`enabled`: there is no other switch.
 """
 
 from __future__ import annotations
@@ -55,7 +60,15 @@ from pathlib import Path
 
 from lightning_ortho._native.guard import real_cpu
 
-__all__ = ["NativeKernelsUnavailableWarning", "cache_dir", "compiler", "enabled", "load", "real_cpu"]
+__all__ = [
+    "NativeKernelsUnavailableWarning",
+    "cache_dir",
+    "compiler",
+    "enabled",
+    "load",
+    "native_kernels",
+    "real_cpu",
+]
 
 #: Compiler flags: optimised, portable (no ``-march=native``: the cache may be shared between machines; the AVX2
 #: clones of ``vector_clones.h`` are chosen per CPU at load), IEEE semantics (no ``-ffast-math``, and
@@ -72,9 +85,53 @@ class NativeKernelsUnavailableWarning(UserWarning):
     """The C kernels could not be built or loaded; the PyTorch implementation (slower at small sizes) is used."""
 
 
+#: The setting of :func:`native_kernels` (``None``: the environment variable decides).
+_switch: bool | None = None
+_OFF = frozenset({"0", "false", "no", "off"})
+
+
 def enabled() -> bool:
-    """False when ``LIGHTNING_ORTHO_NATIVE`` is ``0``, ``false``, ``no`` or ``off``."""
-    return os.environ.get("LIGHTNING_ORTHO_NATIVE", "1").strip().lower() not in {"0", "false", "no", "off"}
+    """Whether the C kernels may run: the setting of :func:`native_kernels` where one is in force, else false
+    when ``LIGHTNING_ORTHO_NATIVE`` is ``0``, ``false``, ``no`` or ``off`` (read once per process, and again after
+    ``load.cache_clear()``)."""
+    if _switch is not None:
+        return _switch
+    return _environment_enabled()
+
+
+@functools.cache
+def _environment_enabled() -> bool:
+    """``LIGHTNING_ORTHO_NATIVE`` read once (a lookup in ``os.environ`` costs microseconds at every kernel call);
+    ``load.cache_clear()`` reads it again."""
+    return os.environ.get("LIGHTNING_ORTHO_NATIVE", "1").strip().lower() not in _OFF
+
+
+class native_kernels:  # noqa: N801 - a function to the user, like torch.set_grad_enabled
+    """Turn the C kernels on or off for the whole process: ``native_kernels(False)``; or for a block, given back
+    on exit (nested blocks restore in order)::
+
+        with native_kernels(False):
+            ...  # PyTorch ops only: the same results to rounding
+
+    It overrides ``LIGHTNING_ORTHO_NATIVE`` while in force; ``native_kernels(None)`` gives the decision back to the
+    variable. Process-wide (not per thread). The one switch of every kernel (:func:`enabled`).
+
+    Raises:
+        TypeError: ``enabled`` is not a bool or ``None``.
+    """
+
+    def __init__(self, enabled: bool | None) -> None:
+        global _switch
+        if enabled is not None and not isinstance(enabled, bool):
+            raise TypeError(f"native_kernels: enabled must be True, False or None, got {enabled!r}.")
+        self._previous, _switch = _switch, enabled
+
+    def __enter__(self) -> native_kernels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _switch
+        _switch = self._previous
 
 
 def cache_dir() -> Path:
@@ -206,16 +263,21 @@ def _load_private_copy(data: bytes, name: str) -> ctypes.CDLL:
     raise OSError("; ".join(problems))
 
 
-@functools.cache
 def load(name: str) -> ctypes.CDLL | None:
     """The shared library built from ``<name>.c`` beside this module, or ``None`` (after one warning) where it cannot
-    be built or loaded, or ``None`` silently when the kernels are turned off (``LIGHTNING_ORTHO_NATIVE=0``).
-    The cached library is used only when its bytes match its record (else it is rebuilt), and what is mapped is a
-    private copy of those bytes (see the module docstring).
+    be built or loaded, or ``None`` silently when the kernels are turned off (:func:`enabled`: ``native_kernels`` or
+    ``LIGHTNING_ORTHO_NATIVE=0``). The cached library is used only when its bytes match its record (else it is
+    rebuilt), and what is mapped is a private copy of those bytes (see the module docstring).
 
     Cached per process; ``load.cache_clear()`` makes the next call look again (tests use it)."""
-    if not enabled():
+    if _switch is False or (_switch is None and not _environment_enabled()):  # enabled(), one call fewer
         return None
+    return _library(name)
+
+
+@functools.cache
+def _library(name: str) -> ctypes.CDLL | None:
+    """:func:`load` once the kernels are on: built or taken from the cache, loaded; ``None`` after one warning."""
     command = compiler()
     problem = None
     if command is None:
@@ -229,6 +291,15 @@ def load(name: str) -> ctypes.CDLL | None:
         f"lightning_ortho: the C kernels '{name}' are not available ({problem}); using the PyTorch implementation, "
         "which gives the same results and is slower at small sizes. Set LIGHTNING_ORTHO_NATIVE=0 to silence this.",
         NativeKernelsUnavailableWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
     return None
+
+
+def _clear_caches() -> None:
+    """Forget the loaded libraries and the reading of ``LIGHTNING_ORTHO_NATIVE`` (tests change both)."""
+    _library.cache_clear()
+    _environment_enabled.cache_clear()
+
+
+load.cache_clear = _clear_caches  # type: ignore[attr-defined]

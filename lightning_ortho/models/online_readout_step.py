@@ -4,6 +4,8 @@ a linear readout of float32/float64 CPU tensors, one C pass: :mod:`lightning_ort
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -21,7 +23,7 @@ def readout_step(
     loss: str,
     streams: float,
     *,
-    native: bool = True,
+    native: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The step's masked loss sum, ``dL/dh`` and the readout's parameter gradients, with ``L = loss_sum / streams``.
 
@@ -39,7 +41,9 @@ def readout_step(
 
     A linear readout whose ``h``, weight, bias and float targets share one dtype, float32 or float64, on the CPU,
     of at most ``LARGEST_PRODUCT`` streams x outputs x units, runs as one C pass (the same expressions, equal to
-    rounding); ``native=False`` (or ``LIGHTNING_ORTHO_NATIVE=0``) keeps the PyTorch ops.
+    rounding); :func:`lightning_ortho._native.native_kernels` ``(False)`` (or ``LIGHTNING_ORTHO_NATIVE=0``) keeps the
+    PyTorch ops. ``native=False`` does the same for this call but is deprecated (a ``DeprecationWarning``): use the
+    switch.
 
     Returns:
         ``(loss_sum, grad_h, readout_grads)``: the sum of ``l`` over the masked streams as a detached float64
@@ -49,8 +53,21 @@ def readout_step(
     Raises:
         ValueError: ``loss`` is neither ``"mse"`` nor ``"cross_entropy"``, or int64 targets with ``"mse"``.
     """
+    if native is not None:
+        warnings.warn(
+            "readout_step(native=...) is deprecated: use the package's one switch,"
+            " lightning_ortho._native.native_kernels(False) (a function and a context manager), or"
+            " LIGHTNING_ORTHO_NATIVE=0.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return _readout_step(readout, h, y, mask, loss, streams, native is not False)
+
+
+def _readout_step(readout, h, y, mask, loss, streams, native):
+    """:func:`readout_step` with ``native`` a bool (``False``: the deprecated per-call switch is off)."""
     if h.is_complex():  # the readout reads [Re h, Im h] interleaved; dL/dh = dL/dRe h + i dL/dIm h (autograd's)
-        loss_sum, grad_features, grads = readout_step(readout, real_features(h), y, mask, loss, streams, native=native)
+        loss_sum, grad_features, grads = _readout_step(readout, real_features(h), y, mask, loss, streams, native)
         return loss_sum, torch.view_as_complex(grad_features.view(*h.shape, 2)), grads
     if loss not in ("mse", "cross_entropy"):
         raise ValueError(f"readout_step: loss must be 'mse' or 'cross_entropy', got {loss!r}.")

@@ -100,7 +100,6 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         self.weight_columns = _weight_columns(cell)
         self.inputs = sum(columns for _, columns, _ in self.weight_columns)  # n_a
         self.preactivations = _weight_rows(cell, self.weight_columns)  # Z
-        self._rows_cache: tuple | None = None
 
     # -- state -------------------------------------------------------------------------------------------------
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -118,13 +117,10 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
 
     # -- one step ----------------------------------------------------------------------------------------------
     def _signs(self, state: OnlineState, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(c1, c2)``, each ``(B,)`` in ``{-1, +1}`` of ``like``'s dtype: independent fair signs per stream, drawn
-        for all ``total_streams`` from the state's generator and sliced to this state's rows."""
-        total, rows = self._rows(state)
-        signs = torch.randint(0, 2, (total, 2), generator=state.generator, device=like.device, dtype=like.dtype)
-        signs = signs.mul_(2).sub_(1)
-        if rows is not None:
-            signs = signs[rows]
+        """``(c1, c2)``, each ``(B,)`` in ``{-1, +1}`` of ``like``'s dtype: independent fair signs per stream
+        (:meth:`~lightning_ortho.online.stream_noise.StreamNoise._draw`: the state's generator, or the
+        default one under ``torch.compile`` and ``noise_scope``)."""
+        _, signs = self._draw(state, like, None, (2,))
         return signs[:, 0], signs[:, 1]
 
     def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
 """UORO's step on :class:`~lightning_ortho.nn.OrthogonalRNNCell` in one pass over its closed-form linearisation.
 
-The same interface as :class:`~lightning_ortho.online.uoro_fused.TanhUOROStep` (``gir`` and ``fixed``), for the
+The :class:`~lightning_ortho.online.uoro_fused.FusedStep` protocol (``fits``, ``gir``, ``commit``, ``fixed``), for the
 cut vertex ``h`` (Tallec & Ollivier's UORO, the default projection): the estimator draws the noise and checks the
 result; this object computes, with the products of
 :class:`~lightning_ortho.online.orthogonal_linearization.OrthogonalStepLinearization`::
@@ -48,12 +48,10 @@ class OrthogonalUOROStep:
         self.layout = ParameterLayout(cell)
         self._views: tuple | None = None
 
-    def noise(self, generator: torch.Generator, streams: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``nu`` ``(streams, H)`` standard normal and ``tau`` ``(streams, 1)`` uniform on ``{-1, 1}``, drawn from
-        ``generator`` with the calls (and so the numbers) of :meth:`lightning_ortho.online.UORO._noise`."""
-        nu = torch.randn(streams, like.shape[1], generator=generator, device=like.device, dtype=like.dtype)
-        bits = torch.randint(0, 2, (streams, 1), generator=generator, device=like.device, dtype=like.dtype)
-        return nu, bits.mul_(2).sub_(1)
+    @classmethod
+    def fits(cls, cell: nn.Module, projection: str, layout: ParameterLayout) -> bool:
+        """Cut at ``h`` of an orthogonal cell with a closed form (:func:`fusable_orthogonal_cell`)."""
+        return fusable_orthogonal_cell(cell, projection)
 
     def gir(
         self,
@@ -63,9 +61,9 @@ class OrthogonalUOROStep:
         w_tilde: torch.Tensor,
         nu: torch.Tensor,
         tau: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, None]:
         """The step with greedy iterative rescaling, up to its update of ``w_tilde``: ``(h', h_tilde', 1 / gamma,
-        pending, the float64 sum of h_tilde')`` from ``x`` ``(B, I)``, ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only), the noise
+        pending, None)`` (no sum of ``h_tilde'`` comes for free: the estimator takes it) from ``x`` ``(B, I)``, ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only), the noise
         ``nu`` ``(B, H)`` and the signs ``tau`` ``(B, 1)``; :meth:`commit` then updates ``w_tilde`` in place.
 
         A NaN/inf in ``x`` reaches ``h_tilde'`` through ``||x||`` and ``beta``, a NaN in ``h'`` is copied into its
@@ -85,7 +83,7 @@ class OrthogonalUOROStep:
             h_tilde_new,
             gamma.reciprocal(),
             (lin, nu, tau.div(beta)[:, 0]),
-            h_tilde_new.sum(dtype=torch.float64),
+            None,
         )
 
     def commit(
@@ -108,6 +106,8 @@ class OrthogonalUOROStep:
 
     def _blocks_of(self, w_tilde: torch.Tensor, weight: str) -> tuple[torch.Tensor, ...]:
         """The bias, input-kernel and ``W`` blocks of ``w_tilde`` as views, kept while it is the same tensor."""
+        if torch.compiler.is_compiling():  # views of a traced tensor are not kept on the object
+            return tuple(self.layout.block(w_tilde, name) for name in ("bias", "input_kernel.weight", weight))
         if self._views is None or self._views[0] is not w_tilde:
             blocks = tuple(self.layout.block(w_tilde, name) for name in ("bias", "input_kernel.weight", weight))
             self._views = (w_tilde, blocks)

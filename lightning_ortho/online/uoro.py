@@ -6,7 +6,9 @@ and their preactivation estimator that avoids the spatial projection.
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -18,10 +20,10 @@ from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.linearization import StepLinearization, factorisation_problem, weight_columns
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
-from lightning_ortho.online.uoro_fused import TanhUOROStep, fusable_tanh_cell
+from lightning_ortho.online.uoro_fused import FusedStep, fused_step_for
 from lightning_ortho.online.uoro_rescaling import Alpha, FixedRescaling, alpha_at, check_alpha, prepare_q0
 
-__all__ = ["PROJECTIONS", "UORO", "Alpha", "FixedRescaling", "Projection"]
+__all__ = ["PROJECTIONS", "UORO", "Alpha", "FixedRescaling", "FusedStep", "Projection"]
 
 Projection = Literal["state", "preactivation", "parameter", "none"]
 PROJECTIONS: tuple[str, ...] = Projection.__args__  # type: ignore[attr-defined]
@@ -80,8 +82,13 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             ``False`` keeps the step on the cell's closed-form linearisation.
 
     On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde`` and the fused tanh step's row
-    work two (:mod:`lightning_ortho._native.uoro`; the same expressions); ``estimator.native = False`` or
-    ``LIGHTNING_ORTHO_NATIVE=0`` keeps them in PyTorch ops.
+    work two (:mod:`lightning_ortho._native.uoro`; the same expressions);
+    :func:`lightning_ortho._native.native_kernels` ``(False)`` or ``LIGHTNING_ORTHO_NATIVE=0`` keeps them in
+    PyTorch ops (as does ``torch.compile``, whose graph they could not enter).
+
+    The noise is drawn in one place (:meth:`_noise`, from the state's generator:
+    :mod:`~lightning_ortho.online.stream_noise`); under ``torch.compile`` wrap the compiled calls in
+    ``with estimator.noise_scope(state):`` to draw the state's own numbers (see that module).
 
     Raises:
         ValueError: an unknown projection, a cell that lacks what the projection needs or whose ``forward`` is
@@ -89,9 +96,6 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             train it), a ``Q0`` of the wrong shape, not finite or not invertible, a non-positive ``alpha``, an
             ``eps`` that is not a positive finite number.
     """
-
-    #: Use the C kernels where they apply (see above).
-    native: bool = True
 
     name = "uoro"
 
@@ -124,20 +128,28 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             self.alpha, q0 = rescaling
             check_alpha(self.alpha)
             self.q0, self.q0_inverse_t = prepare_q0(q0, projection)
-        self._fused = self._fused_step(cell, projection) if fused and closed_form else None
+        # the fused step for this cell and cut (uoro_fused.FusedStep), or None: the cell's linearisation
+        self._fused: FusedStep | None = (
+            fused_step_for(cell, projection, self.layout, self.eps) if fused and closed_form else None
+        )
+        self._native = True  # the deprecated per-estimator switch (see native)
         self._estimate_sum: tuple[torch.Tensor, float] | None = None  # (estimate, its sum) from the C pass
-        # (stream_ids, total_streams, total as an int, rows to keep or None for all): read once per state's tensors
-        self._rows_cache: tuple | None = None
+        self._verdict: float | None = None  # the fused step's sum of h_tilde' when the C pass took it (free)
 
-    def _fused_step(self, cell: nn.Module, projection: str):
-        """The object that runs the whole step for this cell and cut (``noise``, ``gir``, ``commit``, ``fixed``), or
-        ``None``: :class:`~lightning_ortho.online.uoro_fused.TanhUOROStep` for a plain ``TanhRNNCell``,
-        ``OrthogonalUOROStep`` for an ``OrthogonalRNNCell`` with a closed form cut at ``h``."""
-        if projection in ("state", "preactivation") and fusable_tanh_cell(cell, self.layout):
-            return TanhUOROStep(cell, projection, self.eps)
-        from lightning_ortho.online.orthogonal_uoro import OrthogonalUOROStep, fusable_orthogonal_cell  # noqa: PLC0415
+    @property
+    def native(self) -> bool:
+        """Deprecated: whether this estimator may use the C kernels. Use the one switch of the package,
+        :func:`lightning_ortho._native.native_kernels` (or ``LIGHTNING_ORTHO_NATIVE=0``); setting this still turns
+        this estimator's kernels off, with a ``DeprecationWarning``."""
+        _warn_native()
+        return self._native
 
-        return OrthogonalUOROStep(cell, projection, self.eps) if fusable_orthogonal_cell(cell, projection) else None
+    @native.setter
+    def native(self, value: bool) -> None:
+        _warn_native()
+        self._native = bool(value)
+        if self._fused is not None and hasattr(self._fused, "_native"):
+            self._fused._native = self._native
 
     # -- configuration checks -----------------------------------------------------------------------------------
     @classmethod
@@ -182,56 +194,72 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         return super()._reset_tensor(name, value, keep) if name in _ESTIMATE_TENSORS else value
 
     # -- noise -------------------------------------------------------------------------------------------------
-    def _noise(self, state: OnlineState, size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``nu`` ``(B, size)`` and ``tau`` ``(B,)``, drawn for all ``total_streams`` and sliced to this state's rows."""
-        total, rows = self._rows(state)
-        gen = state.generator
-        nu = torch.randn(total, size, generator=gen, device=like.device, dtype=like.dtype)
-        # randint in the float dtype draws the integers that an int64 randint draws (the same generator calls)
-        tau = torch.randint(0, 2, (total,), generator=gen, device=like.device, dtype=like.dtype).mul_(2).sub_(1)
-        return (nu, tau) if rows is None else (nu[rows], tau[rows])
+    def _noise(
+        self, state: OnlineState, size: int, like: torch.Tensor, signs: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``nu`` ``(B, size)`` standard normal and ``tau`` ``(B, *signs)`` uniform on ``{-1, 1}`` (``(B,)``, or
+        ``(B, 1)`` for the fused steps: the same numbers): every draw of UORO, fused
+        or not (:meth:`~lightning_ortho.online.stream_noise.StreamNoise._draw`: the
+        state's generator, all ``total_streams`` cut to the state's rows; the default generator under
+        ``torch.compile`` and :meth:`noise_scope`)."""
+        return self._draw(state, like, size, signs)
 
-    # -- the fused step (TanhRNNCell, cut at h or z) -------------------------------------------------------------
-    def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
-        """Advance every stream one step (see :meth:`OnlineGradientEstimator.step`).
+    # -- the fused step (TanhRNNCell cut at h or z, OrthogonalRNNCell cut at h) -----------------------------------
+    def _advance_step(self, x: torch.Tensor, state: OnlineState):
+        """One step (see :meth:`OnlineGradientEstimator._advance_step`): the cell's linearisation and
+        :meth:`_advance`, or on a fused cell (``fused``) the whole step as the fused step's sequence of calls
+        (:class:`~lightning_ortho.online.uoro_fused.FusedStep`), with the same noise (:meth:`_noise`).
 
-        On a fused cell (``fused``) the inputs and the result share one host synchronisation, after the noise is
-        drawn (a NaN/inf ``x`` raises the same ``ValueError``) and before anything is written; with GIR the new
-        state then holds the ``w_tilde`` tensor of ``state``, updated in place (the state passed in is spent, as
-        its noise generator already is: continue from the state returned, copy with ``state_dict``).
+        With GIR the fused step updates ``w_tilde`` in place, in its ``commit``, which the template calls after the
+        NaN/inf checks: an error leaves the state passed in as it was; after a step the new state holds the
+        ``w_tilde`` tensor of ``state``, updated (continue from the state returned, copy with ``state_dict``).
+
+        Raises:
+            ValueError: a fixed rescaling's ``Q0`` whose size is not the cut vertex's.
         """
-        if self._fused is None:
-            return super()._step(x, state)
-        self._check_step_input(x, state)
+        fused = self._fused
+        if fused is None:
+            return super()._advance_step(x, state)
         t, h = state.tensors, state.h
         if not self.gir and self.q0 is not None and self.q0.shape[0] != h.shape[1]:
             raise ValueError(
                 f"UORO: Q0 is {tuple(self.q0.shape)} but the cut vertex ({self.projection!r}) has {h.shape[1]} entries."
             )
-        fused, w_tilde, dtype = self._fused, t["w_tilde"], _sum_dtype(x.dtype)
-        with torch.no_grad():
-            total_streams, rows = self._rows(state)
-            nu, tau = fused.noise(state.generator, total_streams, h)  # tau (B, 1)
-            if rows is not None:
-                nu, tau = nu[rows], tau[rows]
-            if self.gir:
-                # the sum of h_tilde' covers x, h' and w_tilde (TanhUOROStep.gir)
-                h_new, h_tilde, inverse_gamma, g, total = fused.gir(x, h, t["h_tilde"], w_tilde, nu, tau)
-            else:
-                u = tau * nu
-                scaled = u if self.q0 is None else u @ self.q0.T.to(u)  # Q0 u
-                dual = u if self.q0 is None else u @ self.q0_inverse_t.T.to(u)  # Q0^{-T} u
-                alpha = self.alpha_at(state.step + 1)
-                h_new, h_tilde, w_tilde = fused.fixed(x, h, t["h_tilde"], w_tilde, scaled, dual, alpha)
-                total = x.sum(dtype=dtype) + h_tilde.sum(dtype=dtype) + w_tilde.sum(dtype=dtype)
-            tensors = {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}
-            # (a meta tensor has no value to read: shape inference skips the check, as the base step does)
-            if not (h_new.is_meta or math.isfinite(total if isinstance(total, float) else total.item())):
-                self._check_finite(x, "x")  # or a sum that overflowed: the checks below look entry by entry
-                self._check_finite_step(h_new, tensors, state.step + 1, inputs={"x": x, "h": h})
-            if self.gir:  # checked first: an error leaves the state passed in as it was
-                fused.commit(w_tilde, inverse_gamma, g, h, x)
-        return h_new, state.replace(h=h_new, tensors=tensors, step=state.step + 1)
+        nu, tau = self._noise(state, h.shape[1], h, (1,))  # tau (B, 1)
+        w_tilde = t["w_tilde"]
+        if self.gir:
+            # w_tilde is read here and updated in place by commit, after the checks
+            h_new, h_tilde, inverse_gamma, pending, verdict = fused.gir(x, h, t["h_tilde"], w_tilde, nu, tau)
+            commit = functools.partial(fused.commit, w_tilde, inverse_gamma, pending, h, x)
+        else:
+            u = tau * nu
+            scaled = u if self.q0 is None else u @ self.q0.T.to(u)  # Q0 u
+            dual = u if self.q0 is None else u @ self.q0_inverse_t.T.to(u)  # Q0^{-T} u
+            h_new, h_tilde, w_tilde = fused.fixed(
+                x, h, t["h_tilde"], w_tilde, scaled, dual, self.alpha_at(state.step + 1)
+            )
+            commit, verdict = None, None
+        self._verdict = verdict
+        return h_new, {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}, commit
+
+    def _settle_step(self, x: torch.Tensor, state: OnlineState, new_state: OnlineState) -> None:
+        """The template's NaN/inf checks (:meth:`OnlineGradientEstimator._settle_step`), read with one sum where a
+        fused step makes that enough: a NaN/inf in ``x``, ``h'`` or ``w_tilde`` reaches ``h_tilde'`` (see
+        :meth:`~lightning_ortho.online.uoro_fused.FusedStep.gir`), so with GIR a finite sum of ``h_tilde'`` (taken
+        for free by the C pass) is a finite step, and with a fixed rescaling a finite sum of ``x``, ``h_tilde'`` and
+        ``w_tilde'``; otherwise, and whenever the checks are recorded, the template's checks run and name the
+        cause."""
+        verdict, self._verdict = self._verdict, None
+        if self._fused is not None and not self._recording() and not new_state.h.is_meta:
+            if verdict is None:
+                t, dtype = new_state.tensors, _sum_dtype(x.dtype)
+                total = t["h_tilde"].sum(dtype=torch.float64)
+                if not self.gir:
+                    total = total + x.sum(dtype=dtype) + t["w_tilde"].sum(dtype=dtype)
+                verdict = total.item()
+            if math.isfinite(verdict):
+                return
+        super()._settle_step(x, state, new_state)
 
     # -- one step ----------------------------------------------------------------------------------------------
     def _cut(self, lin: StepLinearization) -> tuple[int, Callable, Callable, Callable]:
@@ -337,7 +365,7 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         if self.projection == "none":
             return super()._gradient_summed(state, grad_h)
         w_tilde, h_tilde = state.tensors["w_tilde"], state.tensors["h_tilde"]
-        if self.native and grad_h.is_contiguous() and w_tilde.is_contiguous() and h_tilde.is_contiguous():
+        if self._native and grad_h.is_contiguous() and w_tilde.is_contiguous() and h_tilde.is_contiguous():
             kernel = uoro_gradient_kernel(w_tilde, grad_h, h_tilde)
             if kernel is not None and grad_h.dtype is w_tilde.dtype is h_tilde.dtype:
                 # one C pass over w_tilde, its sum taken on the way for _finite_estimate
@@ -376,3 +404,12 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             )
             start += columns
         return self.layout.flatten(parts, lead=1)
+
+
+def _warn_native() -> None:
+    warnings.warn(
+        "UORO.native is deprecated: use the package's one switch, lightning_ortho._native.native_kernels(False)"
+        " (a function and a context manager), or LIGHTNING_ORTHO_NATIVE=0.",
+        DeprecationWarning,
+        stacklevel=3,
+    )

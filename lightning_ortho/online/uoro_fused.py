@@ -13,9 +13,17 @@ takes one, each stream's norm read right after its update while the row is still
 :class:`~lightning_ortho.online.linearization.StepLinearization`, no ``c^T J`` materialised, no host
 synchronisation. It computes what :meth:`lightning_ortho.online.UORO._advance` computes on the cell's closed
 form, to float rounding (the tests compare it with the ``torch.func`` path in float64).
+
+Every fused step plugs into :class:`~lightning_ortho.online.UORO`'s one step template behind the
+:class:`FusedStep` protocol (:class:`TanhUOROStep` here, :class:`~lightning_ortho.online.orthogonal_uoro.OrthogonalUOROStep`
+for the orthogonal cell): the estimator draws the noise, checks the result and calls ``commit`` after the checks;
+:func:`fused_step_for` picks the class whose ``fits`` takes the cell. A new fused kernel is one more such class.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -34,6 +42,71 @@ ROW_UPDATE_MIN = 1 << 16
 #: of their stack) on the CPU: past a core's L2 cache the second read would come from memory; below it the stack
 #: costs more than the read it saves.
 STACKED_FORWARD_MIN = 1 << 21
+
+
+@runtime_checkable
+class FusedStep(Protocol):
+    """A whole UORO step for one kind of cell and cut vertex, in a few fused calls: what
+    :class:`~lightning_ortho.online.UORO`'s template needs of it.
+
+    The estimator draws the noise ``nu`` ``(B, H)`` and the signs ``tau`` ``(B, 1)`` (one place for every path),
+    calls :meth:`gir` or :meth:`fixed`, checks NaN/inf, then calls :meth:`commit` (GIR only). Parameters are read at
+    every call (optimiser updates between steps are seen). Implementations: :class:`TanhUOROStep`,
+    :class:`~lightning_ortho.online.orthogonal_uoro.OrthogonalUOROStep`; :func:`fused_step_for` chooses.
+    """
+
+    @classmethod
+    def fits(cls, cell: nn.Module, projection: str, layout: ParameterLayout) -> bool:
+        """Whether this class computes UORO's step on ``cell`` with ``projection`` (to float rounding)."""
+        ...
+
+    def gir(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        h_tilde: torch.Tensor,
+        w_tilde: torch.Tensor,
+        nu: torch.Tensor,
+        tau: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, float | None]:
+        """The step with greedy iterative rescaling up to its update of ``w_tilde`` (read only here):
+        ``(h', h_tilde', 1 / gamma (B, 1), pending, verdict)``; ``pending`` is what :meth:`commit` needs, and
+        ``verdict`` the sum of ``h_tilde'`` as a Python float when it came for free (a C pass), else ``None``. A
+        NaN/inf in ``x``, ``h'`` or ``w_tilde`` must reach ``h_tilde'``, so that a finite ``h_tilde'`` is a finite
+        step (the estimator checks only it)."""
+        ...
+
+    def commit(
+        self, w_tilde: torch.Tensor, inverse_gamma: torch.Tensor, pending: Any, h: torch.Tensor, x: torch.Tensor
+    ) -> None:
+        """``w_tilde <- w_tilde / gamma + (tau / beta) nu^T J^z_theta`` in place, after the checks."""
+        ...
+
+    def fixed(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        h_tilde: torch.Tensor,
+        w_tilde: torch.Tensor,
+        scaled: torch.Tensor,
+        dual: torch.Tensor,
+        alpha: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step with a fixed rescaling ``Q_t = alpha Q0``: ``(h', h_tilde', w_tilde')``, new tensors, from
+        ``scaled = Q0 u`` and ``dual = Q0^{-T} u`` for ``u = tau nu``."""
+        ...
+
+
+def fused_step_for(cell: nn.Module, projection: str, layout: ParameterLayout, eps: float) -> FusedStep | None:
+    """The fused step for ``cell`` and ``projection`` (the first class of :class:`FusedStep` whose ``fits`` takes
+    it), or ``None`` (UORO then steps on the cell's linearisation)."""
+    # imported here: the orthogonal step needs lightning_ortho.nn, which a plain tanh run never loads
+    from lightning_ortho.online.orthogonal_uoro import OrthogonalUOROStep  # noqa: PLC0415
+
+    for kind in (TanhUOROStep, OrthogonalUOROStep):
+        if kind.fits(cell, projection, layout):
+            return kind(cell, projection, eps)
+    return None
 
 
 def fusable_tanh_cell(cell: nn.Module, layout: ParameterLayout) -> bool:
@@ -66,31 +139,43 @@ class TanhUOROStep:
         if projection not in ("state", "preactivation"):
             raise ValueError(f"TanhUOROStep: projection must be 'state' or 'preactivation', got {projection!r}.")
         self.cell, self.state_cut, self.eps = cell, projection == "state", float(eps)
-        self.native = True  # the C kernels where they apply (see the class docstring)
+        self._native = True  # the deprecated per-object switch (see native)
         self._blocks: tuple[torch.Tensor, ...] | None = None
         self._rows: tuple | None = None  # (w_tilde, its views per stream: _rows_of)
         self._norms: tuple | None = None  # (w_tilde, its _version, ||w_tilde|| (B, 1)) after commit
         self._constants: tuple = (None,) * 5
         self._checked: tuple | None = None  # (w_tilde, the kernels or None) that gir chose for its commit
 
+    @classmethod
+    def fits(cls, cell: nn.Module, projection: str, layout: ParameterLayout) -> bool:
+        """Cut at ``h`` or ``z`` of a plain tanh cell (:func:`fusable_tanh_cell`)."""
+        return projection in ("state", "preactivation") and fusable_tanh_cell(cell, layout)
+
+    @property
+    def native(self) -> bool:
+        """Deprecated: whether this step may use the C kernels; use :func:`lightning_ortho._native.native_kernels`
+        (or ``LIGHTNING_ORTHO_NATIVE=0``). Setting it still turns them off here, with a ``DeprecationWarning``."""
+        _warn_native()
+        return self._native
+
+    @native.setter
+    def native(self, value: bool) -> None:
+        _warn_native()
+        self._native = bool(value)
+
     def _constants_like(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``(1, eps, -1, 2, ones (B, 1))`` in ``h``'s dtype and device: a 0-d tensor of the operands' dtype is the
         cheapest scalar operand (a Python number or another dtype costs a conversion per call)."""
+        compiling = torch.compiler.is_compiling()
         constants = self._constants
         ones = constants[-1]
-        if ones is None or ones.shape[0] != h.shape[0] or ones.dtype != h.dtype or ones.device != h.device:
+        if compiling or ones is None or ones.shape[0] != h.shape[0] or ones.dtype != h.dtype or ones.device != h.device:
             ones = h.new_ones(h.shape[0], 1)
             one, eps, minus_one, two = ones.new_tensor([1.0, self.eps, -1.0, 2.0]).unbind()
-            constants = self._constants = (one, eps, minus_one, two, ones)
+            constants = (one, eps, minus_one, two, ones)
+            if not compiling:  # a compiled graph makes its own: nothing of a trace is kept on the object
+                self._constants = constants
         return constants
-
-    def noise(self, generator: torch.Generator, streams: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``nu`` ``(streams, H)`` standard normal and ``tau`` ``(streams, 1)`` uniform on ``{-1, 1}``, drawn from
-        ``generator`` with the calls (and so the numbers) of :meth:`lightning_ortho.online.UORO._noise`."""
-        _, _, minus_one, two, _ = self._constants_like(like)
-        nu = torch.randn(streams, like.shape[1], generator=generator, device=like.device, dtype=like.dtype)
-        bits = torch.randint(0, 2, (streams, 1), generator=generator, device=like.device, dtype=like.dtype)
-        return nu, torch.addcmul(minus_one, bits, two)
 
     def _products(self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(W_h h + W_x x + b, W_h h_tilde)``, ``(B, H)``: the step's GEMMs."""
@@ -114,7 +199,7 @@ class TanhUOROStep:
         """The C kernels (:mod:`lightning_ortho._native.uoro_tanh`) when every tensor is a C-contiguous CPU tensor
         of the cell's dtype, else ``None`` (the PyTorch ops then run)."""
         dtype = self.cell.weight_hh.dtype
-        if not self.native or any(t.dtype is not dtype or not t.is_contiguous() for t in tensors):
+        if not self._native or any(t.dtype is not dtype or not t.is_contiguous() for t in tensors):
             return None
         return uoro_tanh_kernels(*tensors, self.cell.weight_hh, self.cell.weight_ih, self.cell.bias)
 
@@ -126,9 +211,9 @@ class TanhUOROStep:
         w_tilde: torch.Tensor,
         nu: torch.Tensor,
         tau: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | float]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
         """The step with greedy iterative rescaling, up to its update of ``w_tilde``: ``(h', h_tilde', 1 / gamma,
-        (tau / beta) g, the sum of h_tilde')`` (the sum a float64 0-d tensor or a float) from ``x`` ``(B, I)``,
+        (tau / beta) g, the sum of h_tilde')`` (the sum a float from the C pass, else ``None``) from ``x`` ``(B, I)``,
         ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (read only), the noise ``nu`` ``(B, H)`` and signs
         ``tau`` ``(B, 1)``; :meth:`commit` then updates ``w_tilde``::
 
@@ -142,8 +227,9 @@ class TanhUOROStep:
         step, so the caller can check its sum before anything is changed in place.
         """
         kernels = self._kernels(h, x, h_tilde, w_tilde, nu, tau)
-        # commit then takes the same path without checking again (its other operands come from here)
-        self._checked = (w_tilde, kernels)
+        if kernels is not None or not torch.compiler.is_compiling():  # (kernels run outside compiled regions only)
+            # commit then takes the same path without checking again (its other operands come from here)
+            self._checked = (w_tilde, kernels)
         if kernels is not None:  # the row work in one C pass around the GEMMs
             preactivation, propagated = self._products(x, h, h_tilde)
             norms = self._norm_of(w_tilde, kernels, x.shape[1])
@@ -157,7 +243,7 @@ class TanhUOROStep:
         gamma = self._norm_of(w_tilde).add(eps).div_(norm(propagated, 2, 1, True).add_(eps)).sqrt_()
         beta = norm(g, 2, 1, True).mul_(inputs).add_(eps).div_(norm(psi, 2, 1, True).add_(eps)).sqrt_()
         h_tilde_new = torch.addcmul(propagated.mul_(gamma), beta * tau, psi)
-        return h_new, h_tilde_new, gamma.reciprocal(), g * (tau / beta), h_tilde_new.sum(dtype=torch.float64)
+        return h_new, h_tilde_new, gamma.reciprocal(), g * (tau / beta), None
 
     def commit(
         self, w_tilde: torch.Tensor, inverse_gamma: torch.Tensor, g: torch.Tensor, h: torch.Tensor, x: torch.Tensor
@@ -180,7 +266,7 @@ class TanhUOROStep:
             if not w_tilde.is_inference():  # inference tensors have no version counter to check the norms by
                 self._norms = (w_tilde, w_tilde._version, norms)
             return
-        if w_tilde.device.type == "cpu" and w_tilde.shape[1] >= ROW_UPDATE_MIN:
+        if w_tilde.device.type == "cpu" and w_tilde.shape[1] >= ROW_UPDATE_MIN and not tracing():
             self._blocks_of(w_tilde, g, x)[3].mul_(inverse_gamma).add_(g)  # first: each row is final in its turn
             norm, norms, rows = torch.linalg.vector_norm, [], self._rows_of(w_tilde)
             for stream, scale in enumerate(inverse_gamma.view(-1).tolist()):
@@ -221,7 +307,7 @@ class TanhUOROStep:
         updated and has not changed since (same ``_version``), else a pass over it: with the C ``kernels``
         (``inputs`` the cell's input size), the pass sums as the C commit does, so a state loaded from a checkpoint
         (a new tensor) steps on exactly as the uninterrupted run."""
-        cached = self._norms
+        cached = None if kernels is None and torch.compiler.is_compiling() else self._norms
         if cached is not None and cached[0] is w_tilde and cached[1] == w_tilde._version:
             return cached[2]
         if kernels is not None:
@@ -240,12 +326,14 @@ class TanhUOROStep:
     def _blocks_of(self, out: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``(out, W_h block (B, H, H), W_x block (B, H, I), b block (B, H))``: views of ``out`` ``(B, P)``, kept
         while ``out`` is the same tensor."""
-        blocks = self._blocks
+        compiling = torch.compiler.is_compiling()
+        blocks = None if compiling else self._blocks
         if blocks is None or blocks[0] is not out:
             batch, hidden = g.shape
             block_hh, block_ih, block_b = out.split_with_sizes((hidden * hidden, hidden * x.shape[1], hidden), 1)
             blocks = (out, block_hh.view(batch, hidden, hidden), block_ih.view(batch, hidden, -1), block_b)
-            self._blocks = blocks
+            if not compiling:  # views of a traced tensor are not kept on the object
+                self._blocks = blocks
         return blocks
 
     def _accumulate(self, out: torch.Tensor, g: torch.Tensor, h: torch.Tensor, x: torch.Tensor) -> None:
@@ -255,3 +343,12 @@ class TanhUOROStep:
         blocks[1].addcmul_(column, h.unsqueeze(1))
         blocks[2].addcmul_(column, x.unsqueeze(1))
         blocks[3].add_(g)
+
+
+def _warn_native() -> None:
+    warnings.warn(
+        "TanhUOROStep.native is deprecated: use the package's one switch, lightning_ortho._native.native_kernels(False)"
+        " (a function and a context manager), or LIGHTNING_ORTHO_NATIVE=0.",
+        DeprecationWarning,
+        stacklevel=3,
+    )

@@ -7,6 +7,7 @@ from torch import nn
 
 import lightning_ortho.models.online_readout_step as online_readout_step
 import lightning_ortho.models.online_rnn_module as online_rnn_module
+from lightning_ortho._native import native_kernels
 from lightning_ortho._native.readout import LARGEST_PRODUCT, linear_readout_kernel
 from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout
 from lightning_ortho.models.online_readout_step import readout_step
@@ -43,6 +44,12 @@ def targets(kind, dtype, mask, g):
 
 
 NATIVE = pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+
+
+def step_with(native, *args):
+    """``readout_step(*args)`` with the C kernels left to the environment (``native``) or turned off."""
+    with native_kernels(None if native else False):
+        return readout_step(*args)
 
 
 @pytest.fixture
@@ -90,11 +97,11 @@ def test_equals_autograd_in_float64(readout_kind, loss, kind, mask, native, kern
     streams = B + 2  # not the batch size: the division is by the given number of streams
     expected = autograd_step(readout, h, y, mask, loss, streams)
     h_before = h.clone()
-    got = readout_step(readout, h, y, mask, loss, streams, native=native)
+    got = step_with(native, readout, h, y, mask, loss, streams)
     assert native_ran(kernel_runs, native, readout_kind)
     assert torch.equal(h, h_before)  # the "units" readout's outputs are a view of h: never written in place
     if mask is None:  # the same as saying every stream scores with a mask
-        with_mask = readout_step(readout, h, y, torch.ones(B, dtype=torch.bool), loss, streams, native=native)
+        with_mask = step_with(native, readout, h, y, torch.ones(B, dtype=torch.bool), loss, streams)
         for a, b in zip([got[0], got[1], *got[2]], [with_mask[0], with_mask[1], *with_mask[2]], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-15, atol=0)
         mask = torch.ones(B, dtype=torch.bool)
@@ -120,7 +127,7 @@ def test_frozen_readout_parameters_are_skipped(frozen, native, kernel_runs):
     mask = torch.tensor(MASKS["some"])
     h, y = torch.randn(B, H, generator=g, dtype=torch.float64), targets("index", torch.float64, mask, g)
     expected = autograd_step(readout, h, y, mask, "cross_entropy", B)
-    got = readout_step(readout, h, y, mask, "cross_entropy", B, native=native)
+    got = step_with(native, readout, h, y, mask, "cross_entropy", B)
     assert native_ran(kernel_runs, native, "linear")
     assert len(got[2]) == len(expected[2]) == (0 if frozen == "both" else 1)
     for a, b in zip([got[1], *got[2]], [expected[1], *expected[2]], strict=True):
@@ -135,7 +142,7 @@ def test_no_bias_and_ignore_index_at_a_scored_entry_as_cross_entropy_ignores_it(
     mask = torch.ones(B, dtype=torch.bool)  # -100 is scored by the mask but ignored by the loss
     h, y = torch.randn(B, H, generator=g, dtype=torch.float64), torch.tensor([0, IGNORE_INDEX, 3, 1, 2, 0])
     expected = autograd_step(readout, h, y, mask, "cross_entropy", B)
-    got = readout_step(readout, h, y, mask, "cross_entropy", B, native=native)
+    got = step_with(native, readout, h, y, mask, "cross_entropy", B)
     assert native_ran(kernel_runs, native, "linear")
     for a, b in zip([got[0], got[1], *got[2]], [expected[0], expected[1], *expected[2]], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -151,7 +158,7 @@ def test_float32_and_bfloat16_within_their_precision(readout_kind, loss, kind, d
     mask = torch.tensor(MASKS["some"])
     h, y = torch.randn(B, H, generator=g).to(dtype), targets(kind, dtype, mask, g)
     expected = autograd_step(readout, h, y, mask, loss, B)
-    got = readout_step(readout, h, y, mask, loss, B, native=native)
+    got = step_with(native, readout, h, y, mask, loss, B)
     assert native_ran(kernel_runs, native, readout_kind, dtype)
     assert got[0].dtype == torch.float64 and got[1].dtype == dtype
     assert [t.dtype for t in got[2]] == [dtype] * len(got[2]) and len(got[2]) == len(expected[2])
@@ -229,12 +236,12 @@ def test_the_c_pass_declines_and_the_pytorch_ops_answer(what, kernel_runs):
     c_pass = linear_readout_kernel(h) is not None  # the kernels on (LIGHTNING_ORTHO_NATIVE) and built
     if what == "out_of_range_class":
         with pytest.raises((IndexError, RuntimeError)):
-            readout_step(readout, h, y, mask, loss, B, native=False)
+            step_with(False, readout, h, y, mask, loss, B)
         with pytest.raises((IndexError, RuntimeError)):
             readout_step(readout, h, y, mask, loss, B)
         assert kernel_runs == ([False] if c_pass else [])
         return
-    expected = readout_step(readout, h, y, mask, loss, B, native=False)
+    expected = step_with(False, readout, h, y, mask, loss, B)
     got = readout_step(readout, h, y, mask, loss, B)
     assert kernel_runs == ([False] if what == "nan_h" and c_pass else [])
     for a, b in zip([got[0], got[1], *got[2]], [expected[0], expected[1], *expected[2]], strict=True):

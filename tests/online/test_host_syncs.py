@@ -16,11 +16,6 @@ from tests.sync_counter import HostSyncCounter
 
 #: Cases that still read on the host (being fixed): strict, so a fixed case must leave this set.
 KNOWN_READS = {
-    "uoro/tanh",
-    "uoro-preactivation/tanh",
-    "uoro-fixed/tanh",
-    "uoro/orthogonal",
-    "uoro-fixed/orthogonal",
     "tbptt/orthogonal",
 }
 
