@@ -45,7 +45,7 @@ def _assert_same(case, eager, compiled):
 
 
 #: Cases whose graph still breaks (being fixed): strict, so a fixed case must leave this set.
-KNOWN_BREAKS = {c for c in cases() if c.split("/")[0].startswith(("uoro", "kf_rtrl", "tbptt"))}
+KNOWN_BREAKS = {c for c in cases() if c.split("/")[0].startswith(("uoro", "kf_rtrl"))}
 
 
 def _marked(case):
