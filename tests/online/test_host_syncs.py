@@ -21,7 +21,6 @@ KNOWN_READS = {
     "uoro-fixed/tanh",
     "uoro/orthogonal",
     "uoro-fixed/orthogonal",
-    "tbptt/orthogonal",
 }
 
 
