@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.online.estimator_cases import build, cases
+from tests.online.estimator_cases import CELLS, build, cases
 from tests.sync_counter import HostSyncCounter
 
 #: Cases that still read on the host (being fixed): strict, so a fixed case must leave this set.
@@ -21,7 +21,7 @@ KNOWN_READS = {
     "uoro-fixed/tanh",
     "uoro/orthogonal",
     "uoro-fixed/orthogonal",
-}
+} | {f"{name}/{cell}" for name in ("uoro", "uoro-fixed") for cell in CELLS if cell.startswith("orthogonal-")}
 
 
 @pytest.mark.parametrize(
