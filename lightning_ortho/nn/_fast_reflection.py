@@ -1,5 +1,11 @@
 """The fast path of ``f(x) = H(W x) x`` for well-scaled, finite rows: few kernels and one host read per call.
 
+It runs only where that read is free: on tensors the C kernels may touch
+(:func:`~lightning_ortho._native.guard.real_cpu`: real CPU memory, nothing tracing, no dispatch or torch-function
+mode, no ``torch.func`` transform). Everywhere else (an accelerator, ``torch.compile``, a dispatch mode,
+``torch.func``) the careful path runs without the read: it is exact for every row, and reading there would stall a
+device's queue or break a compiled graph.
+
 ``v = x W^T``, ``c = v.x / v.v``, ``y = x - 2 c v`` (section 1.1 / Theorem 1 of "One Reflection Suffice"). The
 careful path (:func:`~lightning_ortho.nn.reflection.reflect_linear_with_summary`) masks undefined reflections
 (``H(0) := I``), reflects every row at unit scale and names the input holding a NaN. Here none of that is needed as long
@@ -24,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch.autograd import forward_ad
 
+from lightning_ortho._native.guard import real_cpu
 from lightning_ortho._native.reflection_rows import reflect_rows, reflect_rows_backward, row_kernels
 from lightning_ortho.nn._undefined import accurate_range
 
@@ -140,7 +147,12 @@ def _is_dual(tensor: torch.Tensor) -> bool:
 def well_scaled_linear_reflection(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """``H(x W^T) x`` for ``(N, d)`` rows and a ``(d, d)`` ``W`` of the same dtype (float32 or float64), or ``None``
     when some row has ``v.v`` outside the accurate range or a non-finite ``c``. Then the result is discarded:
-    zero, 1e-20 and 1e19 rows, NaN and inf go to the careful path, which handles or names them."""
+    zero, 1e-20 and 1e19 rows, NaN and inf go to the careful path, which handles or names them.
+
+    Also ``None``, before computing anything, where the verdict would cost a host read that is not free: unless
+    :func:`~lightning_ortho._native.guard.real_cpu` holds for ``x`` and ``W`` (see the module docstring)."""
+    if not real_cpu(x, weight):
+        return None
     span: list = []
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         y = _WellScaledLinearReflection.apply(x, weight, span)
@@ -152,10 +164,8 @@ def well_scaled_linear_reflection(x: torch.Tensor, weight: torch.Tensor) -> torc
         y, _, c, vv = _reflect(x, weight)
         span.extend(torch.aminmax(torch.add(vv, c, alpha=0.0)))
     low, high = _RANGES[x.dtype]
-    if isinstance(span[0], float):  # from the C kernels: already on the host
-        lowest, highest = span
-    else:  # on the CPU two reads cost less than a stack; on an accelerator one synchronisation beats two
-        lowest, highest = (span[0].item(), span[1].item()) if x.is_cpu else torch.stack(span).tolist()
+    # From the C kernels the span is already on the host; else two reads of CPU memory (cheaper than a stack).
+    lowest, highest = span if isinstance(span[0], float) else (span[0].item(), span[1].item())
     if lowest >= low and highest <= high:  # False for NaN
         return y
     return None

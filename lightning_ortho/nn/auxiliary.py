@@ -8,6 +8,7 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
+from lightning_ortho._native.guard import real_cpu
 from lightning_ortho.nn._checks import (
     LOW_PRECISION,
     check_features,
@@ -16,7 +17,6 @@ from lightning_ortho.nn._checks import (
     check_parameters_finite,
     compute_dtype,
     full_precision,
-    has_values,
     prepare_input,
 )
 from lightning_ortho.nn._fast_reflection import well_scaled_linear_reflection
@@ -75,10 +75,11 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
     Mixed precision: float16/bfloat16 inputs are promoted to float32 and autocast is disabled inside, so the
     reflection math (and ``n(x)``) run in full precision; the output has the input's dtype.
 
-    Speed: for ``n(x) = W x`` a batch whose rows are all finite and well scaled runs as one fused Function with
-    hand-written derivatives and a single host read (:mod:`~lightning_ortho.nn._fast_reflection`); any other batch
-    (a zero, 1e-20 or 1e19 row, NaN/inf, ``torch.func`` transforms, ``torch.compile``, meta tensors) takes the
-    careful path, which reflects every row at unit scale (exact power-of-two scales, so gradients are those of the
+    Speed: for ``n(x) = W x`` on the CPU a batch whose rows are all finite and well scaled runs as one fused
+    Function with hand-written derivatives and a single host read (:mod:`~lightning_ortho.nn._fast_reflection`);
+    any other batch (a zero, 1e-20 or 1e19 row, NaN/inf), and every batch where that read is not free (an
+    accelerator, whose queue it would stall; ``torch.func`` transforms, ``torch.compile``, dispatch modes, meta
+    tensors: :func:`~lightning_ortho._native.guard.real_cpu`) takes the careful path, which reflects every row at unit scale (exact power-of-two scales, so gradients are those of the
     unit row: finite and exact) and names a NaN. Both compute the same expression (equal to float rounding).
     ``layer.fused_forward = False`` turns the fused path off.
 
@@ -259,16 +260,13 @@ class AuxiliaryReflection(AuxiliaryNewtonInverse, OrthogonalMap):
         """``H(W x) x`` from :func:`~lightning_ortho.nn._fast_reflection.well_scaled_linear_reflection`, or ``None``
         where it does not apply (the caller then takes the careful path, which also raises for bad input)."""
         # Under finite_checks(False) too: the one host read here is what makes the path exact (it finds zero and
-        # badly scaled rows), not a NaN check, and the careful path without checks is slower at small sizes.
-        if (
-            not isinstance(x, torch.Tensor)
-            or torch.compiler.is_compiling()
-            or torch._C._functorch.is_functorch_wrapped_tensor(x)
-            or not has_values(x)  # meta/fake: the host read that decides the path has nothing to read
-        ):
+        # badly scaled rows), not a NaN check, and the careful path without checks is slower at small sizes. Only
+        # where that read is free (real CPU memory, nothing tracing): elsewhere the careful path, exact for every
+        # row, runs without it.
+        if not isinstance(x, torch.Tensor) or not real_cpu(x):
             return None
         weight = self.constraint() if self.invertible else self.weight
-        if torch._C._functorch.is_functorch_wrapped_tensor(weight):  # torch.func over the parameters
+        if not real_cpu(weight):  # torch.func over the parameters
             return None
         dtype, shape = x.dtype, x.shape
         if (

@@ -16,12 +16,14 @@ cell (:func:`estimators_for`, which asks every estimator's ``cell_problem``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from lightning_ortho.nn._checks import finite_checks
 from lightning_ortho.online.health import GRADIENT, STEP, new_record, read_failure, record_failure
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
 from lightning_ortho.online.state import OnlineState
@@ -262,7 +264,7 @@ class OnlineGradientEstimator:
         at once or recorded: :attr:`check_every`), then lets the step write what it writes in place (its
         ``commit``), so that an error raised at once leaves the state passed in as it was."""
         self._check_step_input(x, state)
-        with torch.no_grad():
+        with torch.no_grad(), self._cell_checks():
             h_new, tensors, commit = self._advance_step(x, state)
         h_new = h_new.detach()
         step = state.step + 1
@@ -307,6 +309,15 @@ class OnlineGradientEstimator:
     def _recording(self) -> bool:
         """Whether this call records its NaN/inf verdict instead of reading it (:attr:`check_every`)."""
         return self._check_every != 1 or torch.compiler.is_compiling()
+
+    def _cell_checks(self) -> contextlib.AbstractContextManager:
+        """The context of the cell's calls in a step or a gradient: the layers of :mod:`lightning_ortho.nn` keep their own NaN/inf
+        checks (a host read each) when the step reads its verdict at once, and drop them (``finite_checks(False)``)
+        when it records (:meth:`_recording`): the record already covers the cell's output, and a recording step
+        reads nothing. Under ``torch.compile`` the layers check nothing anyway."""
+        if self._recording() and not torch.compiler.is_compiling():
+            return finite_checks(False)
+        return contextlib.nullcontext()
 
     def _check_due(self, step: int) -> bool:
         """Whether the step ``step`` reads the record (``check_every = k > 1`` and ``k`` divides it, outside
@@ -377,7 +388,7 @@ class OnlineGradientEstimator:
     def _gradient(self, state: OnlineState, grad_h: torch.Tensor, per_stream: bool) -> dict[str, torch.Tensor]:
         """:meth:`gradient` on the current thread count."""
         self._check(grad_h, "grad_h", dims=2, like=state.h, same_shape=True)
-        with torch.no_grad():
+        with torch.no_grad(), self._cell_checks():  # a gradient that replays the cell (TruncatedBPTT) calls it
             flat = self._gradient_flat(state, grad_h) if per_stream else self._gradient_summed(state, grad_h)
         if self._recording():  # no synchronisation: read by check() (check_every)
             if state.health is None:  # a state made by hand: it gets a record of its own

@@ -8,7 +8,13 @@ import torch
 from torch import nn
 
 from lightning_ortho.online.estimator import OnlineGradientEstimator
-from lightning_ortho.online.linearization import StepLinearization, factorisation_problem, weight_columns, weight_rows
+from lightning_ortho.online.linearization import (
+    StepLinearization,
+    factorisation_problem,
+    flatten_weight,
+    weight_columns,
+    weight_rows,
+)
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
 
@@ -157,21 +163,13 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         t = state.tensors
         row = torch.einsum("bh,bhz->bz", grad_h, t["hidden_factor"])  # A_t^T g_t (B, Z)
-        return self._flatten_weight(row[:, :, None] * t["input_factor"][:, None, :], lead=1)
+        return flatten_weight(self.layout, self.weight_columns, row[:, :, None] * t["input_factor"][:, None, :], 1)
 
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         t = state.tensors
         row = torch.einsum("bh,bhz->bz", grad_h, t["hidden_factor"])
-        return self._flatten_weight(row.T @ t["input_factor"], lead=0)  # sum_b (A^T g)_b u_b^T, (Z, n_a)
-
-    def _flatten_weight(self, weight: torch.Tensor, lead: int) -> torch.Tensor:
-        """``W``-shaped ``(*lead, Z, n_a)`` -> the layout's flat ``(*lead, P)``, column blocks to parameters."""
-        parts, start = {}, 0
-        for name, columns, is_vector in self.weight_columns:
-            block = weight[..., start : start + columns]
-            parts[name] = block[..., 0] if is_vector else block
-            start += columns
-        return self.layout.flatten(parts, lead=lead)
+        # sum_b (A^T g)_b u_b^T, (Z, n_a)
+        return flatten_weight(self.layout, self.weight_columns, row.T @ t["input_factor"], lead=0)
 
 
 def _weight_columns(cell: nn.Module) -> list[tuple[str, int, bool]]:

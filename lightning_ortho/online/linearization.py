@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -228,6 +228,25 @@ def weight_columns(cell: nn.Module, layout: ParameterLayout | None = None) -> li
     if problem is not None:
         raise ValueError(problem)
     return list(_factorisation_record(cell, layout).columns)
+
+
+def flatten_weight(
+    layout: ParameterLayout, columns: Sequence[tuple[str, int, bool]], weight: torch.Tensor, lead: int
+) -> torch.Tensor:
+    """A ``W``-shaped ``(*lead, Z, n_a)`` (e.g. an estimate of ``dL/dW``) -> the layout's flat ``(*lead, P)``: each
+    column block of ``W`` to its parameter, in the order of ``columns`` (:func:`weight_columns`), a one-column block
+    of a vector parameter as ``(*lead, Z)``. ``columns`` must cover every parameter of ``layout`` (a ``"complete"``
+    factorisation); the blocks are views of ``weight``, copied once by :meth:`ParameterLayout.flatten`.
+
+    Raises:
+        KeyError: a parameter of ``layout`` has no block in ``columns``.
+    """
+    parts, start = {}, 0
+    for name, width, is_vector in columns:
+        block = weight[..., start : start + width]
+        parts[name] = block[..., 0] if is_vector else block
+        start += width
+    return layout.flatten(parts, lead=lead)
 
 
 def weight_rows(cell: nn.Module, layout: ParameterLayout | None = None) -> int:

@@ -15,7 +15,13 @@ import torch
 from torch import nn
 
 from lightning_ortho.online.estimator import OnlineGradientEstimator
-from lightning_ortho.online.linearization import StepLinearization, factorisation_problem, weight_columns, weight_rows
+from lightning_ortho.online.linearization import (
+    StepLinearization,
+    factorisation_problem,
+    flatten_weight,
+    weight_columns,
+    weight_rows,
+)
 from lightning_ortho.online.state import OnlineState
 
 __all__ = ["RFLO"]
@@ -126,22 +132,13 @@ class RFLO(OnlineGradientEstimator):
         trace = state.tensors["trace"]
         if not self.factored:
             return torch.einsum("bh,bhp->bp", grad_h, trace)
-        return self._flatten_weight(grad_h[:, :, None] * trace, lead=1)  # diag(g_t) E_t per stream
+        return flatten_weight(self.layout, self.weight_columns, grad_h[:, :, None] * trace, lead=1)  # diag(g_t) E_t
 
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         trace = state.tensors["trace"]
         if not self.factored:
             return torch.einsum("bh,bhp->p", grad_h, trace)
-        return self._flatten_weight(torch.einsum("bh,bha->ha", grad_h, trace), lead=0)
-
-    def _flatten_weight(self, weight: torch.Tensor, lead: int) -> torch.Tensor:
-        """``W``-shaped ``(*lead, H, n_a)`` -> the layout's flat ``(*lead, P)``, column blocks to parameters."""
-        parts, start = {}, 0
-        for name, columns, is_vector in self.weight_columns:
-            block = weight[..., start : start + columns]
-            parts[name] = block[..., 0] if is_vector else block
-            start += columns
-        return self.layout.flatten(parts, lead=lead)
+        return flatten_weight(self.layout, self.weight_columns, torch.einsum("bh,bha->ha", grad_h, trace), lead=0)
 
 
 def _elementwise_factorisation(cell: nn.Module, hidden: int | None) -> list[tuple[str, int, bool]] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, vjp, vmap
 
 from lightning_ortho.online.estimator import OnlineGradientEstimator
 from lightning_ortho.online.linearization import StepLinearization
@@ -95,14 +95,23 @@ class TruncatedBPTT(OnlineGradientEstimator):
         return self.layout.flatten(grads, lead=1)
 
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
-        # Summed over streams, one ordinary backward pass is enough (no per-stream vmap).
+        """``(P,)``: one reverse pass through the replayed window for all streams at once (no per-stream ``vmap``).
+
+        The pass is ``torch.func.vjp`` of :meth:`_replay` under ``torch.compile`` (Dynamo traces it into the graph,
+        where ``torch.autograd.grad`` would break it), and ``torch.autograd.grad`` in eager, where it costs less
+        per operation than ``torch.func``'s wrapped tensors; both are the same products."""
         t = state.tensors
         grad_h = self._drop_reset_streams(t, grad_h)
-        params = {name: p.detach().requires_grad_(True) for name, p in self.cell.named_parameters()}
         if t["inputs"].shape[1] == 0:
             return grad_h.new_zeros(self.layout.size)
+        starts = t["starts"].detach()
+        if torch.compiler.is_compiling():
+            params = {name: p.detach() for name, p in self.cell.named_parameters()}
+            _, pull = vjp(lambda p: self._replay(p, t["inputs"], starts, t["cut"]), params)
+            return self.layout.flatten(pull(grad_h)[0], lead=0)
+        params = {name: p.detach().requires_grad_(True) for name, p in self.cell.named_parameters()}
         with torch.enable_grad():
-            h = self._replay(params, t["inputs"], t["starts"].detach(), t["cut"])
+            h = self._replay(params, t["inputs"], starts, t["cut"])
             grads = torch.autograd.grad(h, list(params.values()), grad_h, allow_unused=True)
         found = {n: (g if g is not None else torch.zeros_like(params[n])) for n, g in zip(params, grads, strict=True)}
         return self.layout.flatten(found, lead=0)

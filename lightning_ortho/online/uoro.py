@@ -17,7 +17,12 @@ from torch import nn
 
 from lightning_ortho._native.uoro import summed_estimate, uoro_gradient_kernel
 from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
-from lightning_ortho.online.linearization import StepLinearization, factorisation_problem, weight_columns
+from lightning_ortho.online.linearization import (
+    StepLinearization,
+    factorisation_problem,
+    flatten_weight,
+    weight_columns,
+)
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
 from lightning_ortho.online.uoro_fused import FusedStep, fused_step_for
@@ -174,9 +179,10 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             others = "'preactivation', 'state' or 'parameter'"
         return f"UORO: projection={projection!r} needs a cell {need}: {reason}; use projection={others}."
 
-    def _check_linear_preactivation(self, cell: nn.Module) -> list[tuple[str, int]]:
-        """``[(name, columns)]`` of ``W`` for ``projection="none"`` (the cell was checked by :meth:`cell_problem`)."""
-        return [(name, columns) for name, columns, _ in weight_columns(cell, self.layout)]
+    def _check_linear_preactivation(self, cell: nn.Module) -> list[tuple[str, int, bool]]:
+        """``[(name, columns, is_vector)]`` of ``W`` for ``projection="none"`` (the cell was checked by
+        :meth:`cell_problem`)."""
+        return weight_columns(cell, self.layout)
 
     def alpha_at(self, step: int) -> float:
         """``alpha_t`` of a fixed rescaling at step ``t`` (1-based)."""
@@ -186,7 +192,7 @@ class UORO(StreamNoise, OnlineGradientEstimator):
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         batch, hidden = h0.shape
         if self.projection == "none":
-            columns = sum(c for _, c in self._weight_columns)
+            columns = sum(c for _, c, _ in self._weight_columns)
             return {"h_tilde": h0.new_zeros(batch, hidden, hidden), "a_tilde": h0.new_zeros(batch, columns)}
         return {"h_tilde": h0.new_zeros(batch, hidden), "w_tilde": h0.new_zeros(batch, self.layout.size)}
 
@@ -396,14 +402,7 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             return (grad_h * t["h_tilde"]).sum(1, keepdim=True) * t["w_tilde"]
         row = torch.einsum("bh,bhz->bz", grad_h, t["h_tilde"])  # H_tilde^T dL/dh, (B, Z)
         weight = row[:, :, None] * t["a_tilde"][:, None, :]  # (B, Z, A): the estimate of dL/dW
-        parts, start = {}, 0
-        for name, columns in self._weight_columns:
-            block = weight[:, :, start : start + columns]
-            parts[name] = (
-                block[:, :, 0] if columns == 1 and dict(self.cell.named_parameters())[name].dim() == 1 else block
-            )
-            start += columns
-        return self.layout.flatten(parts, lead=1)
+        return flatten_weight(self.layout, self._weight_columns, weight, lead=1)
 
 
 def _warn_native() -> None:

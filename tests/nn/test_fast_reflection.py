@@ -223,3 +223,20 @@ def test_a_strided_output_gradient_and_a_strided_input(dtype):
     torch.testing.assert_close(y, expected, **tolerance)
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, **tolerance)
+
+
+def test_where_a_read_is_not_free_the_careful_path_runs_without_one(fused_calls):
+    """Under a dispatch mode (as on an accelerator, under torch.compile or torch.func) the fused path's host read is
+    not free: the careful path runs instead, reads nothing (its NaN checks off), and gives the same rows."""
+    from tests.sync_counter import HostSyncCounter
+
+    torch.manual_seed(7)
+    layer = AuxiliaryReflection(5).double()
+    x = torch.randn(6, 5, dtype=DTYPE, requires_grad=True)
+    with finite_checks(False), HostSyncCounter() as counter:
+        y = layer(x)
+        assert fast_module.well_scaled_linear_reflection(x.detach(), layer.weight.detach()) is None
+    assert counter.reads == [] and fused_calls == {"ran": 0, "kept": 0}
+    torch.testing.assert_close(y, reference(x, layer.weight), rtol=1e-12, atol=1e-12)
+    layer(x)  # plain CPU memory, nothing watching: the fused path, whose read is free here
+    assert fused_calls == {"ran": 1, "kept": 1}

@@ -29,9 +29,22 @@ CELLS: dict[str, Callable[[], nn.Module]] = {
     "tanh": lambda: TanhRNNCell(INPUT, HIDDEN),
     "modrelu": lambda: ModReLURNNCell(INPUT, HIDDEN),
     "gru": lambda: GRUCell(INPUT, HIDDEN),
-    "orthogonal": lambda: OrthogonalRNNCell(INPUT, HIDDEN),
+    "orthogonal": lambda: OrthogonalRNNCell(INPUT, HIDDEN),  # transition="aux", nonlinearity="modrelu"
     "lru": lambda: LinearRecurrentUnit(INPUT, HIDDEN),
 }
+#: The orthogonal cell with every other transition and nonlinearity: ``orthogonal-<transition>-<nonlinearity>``.
+CELLS.update(
+    {
+        f"orthogonal-{transition}-{nonlinearity}": (
+            lambda transition=transition, nonlinearity=nonlinearity: OrthogonalRNNCell(
+                INPUT, HIDDEN, transition=transition, nonlinearity=nonlinearity
+            )
+        )
+        for transition in ("aux", "householder", "cayley", "matrix_exp")
+        for nonlinearity in ("modrelu", "tanh")
+        if (transition, nonlinearity) != ("aux", "modrelu")  # "orthogonal" above
+    }
+)
 
 #: ``name: (class, options)``; each is tried on every cell and kept where ``cell_problem`` takes the cell.
 ESTIMATORS: dict[str, tuple[type[OnlineGradientEstimator], dict]] = {

@@ -57,7 +57,7 @@ def _assert_same(case, eager, compiled):
 
 
 #: Cases whose graph still breaks (being fixed): strict, so a fixed case must leave this set.
-KNOWN_BREAKS = {c for c in cases() if c.split("/")[0].startswith("tbptt")}
+KNOWN_BREAKS: set[str] = set()
 
 
 def _marked(case):

@@ -4,7 +4,13 @@ from torch import nn
 
 from lightning_ortho.online import InfluenceBalancingCell, ParameterLayout, StepLinearization, linearize
 from lightning_ortho.online.gru_linearization import GRUStepLinearization
-from lightning_ortho.online.linearization import TanhStepLinearization
+from lightning_ortho.online.linearization import (
+    TanhStepLinearization,
+    factorisation_problem,
+    flatten_weight,
+    weight_columns,
+    weight_rows,
+)
 
 from . import references as ref
 from .references import CELLS, DTYPE, PREACTIVATION_CELLS
@@ -245,3 +251,23 @@ def test_parameter_layout_of_a_cell_without_parameters_raises():
         ParameterLayout(Free())
     with pytest.raises(ValueError, match="ReLU has no parameters"):
         ParameterLayout(nn.ReLU())
+
+
+@pytest.mark.parametrize("name", [c for c in CELLS if factorisation_problem(ref.make_cell(c), ("complete",)) is None])
+def test_flatten_weight_lays_out_dl_dw_as_autograd_does(name):
+    """``z = W a``: ``dL/dW = g a^T`` for ``g = dL/dz``, laid out by ``flatten_weight`` = autograd's gradient of
+    ``g . z`` with respect to the parameters, per stream and summed (a vector parameter is one column of ``W``)."""
+    cell, x, h, layout, gen = _setup(name)
+    g = torch.randn(B, weight_rows(cell), generator=gen, dtype=DTYPE)
+    a = cell.preactivation_input(x, h)
+    columns = weight_columns(cell)
+    assert any(is_vector for _, _, is_vector in columns)  # the one-column case is exercised
+    per_stream = flatten_weight(layout, columns, g[:, :, None] * a[:, None, :], lead=1)
+    summed = flatten_weight(layout, columns, g.T @ a, lead=0)
+    for b in range(B):
+        grads = torch.autograd.grad(
+            (cell.preactivation(x[b : b + 1], h[b : b + 1])[0] * g[b]).sum(), ref.parameters(cell)
+        )
+        want = torch.cat([grad.reshape(-1) for grad in grads])
+        torch.testing.assert_close(per_stream[b], want, **TOL)
+    torch.testing.assert_close(summed, per_stream.sum(0), **TOL)
