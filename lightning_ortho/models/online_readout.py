@@ -4,7 +4,6 @@ non-finite loss gradient at its readout."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -150,7 +149,7 @@ def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss:
     if reset.dtype != torch.bool or tuple(reset.shape) != (b,):
         raise ValueError(f"{where}: batch['reset'] must be bool ({b},), got {reset.dtype} {tuple(reset.shape)}.")
     if hard:
-        mask = _check_classes(y, mask, output_size, read=not batch.get(CHECKED_ON_HOST, False))
+        mask = _check_classes(y, mask, output_size)
     index = batch["chunk"]
     index = int(index.item()) if isinstance(index, torch.Tensor) and index.numel() == 1 else index
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
@@ -165,45 +164,13 @@ def is_integer(tensor: torch.Tensor) -> bool:
     return not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)
 
 
-def check_on_host(batch: dict[str, Any], output_size: int) -> dict[str, Any]:
-    """The batch with its chunk index read and its class targets checked (:func:`read_chunk`'s two host reads),
-    for a batch whose tensors are still in host memory, before they move to the device: there the reads stall
-    nothing. Returns a shallow copy with ``chunk`` as an ``int`` and :data:`CHECKED_ON_HOST` set, which
-    :func:`read_chunk` then trusts; any other batch is returned as it is (``read_chunk`` checks it).
-
-    Raises:
-        ValueError: a scored class target is outside ``[0, output_size)`` (and not -100).
-    """
-    if not isinstance(batch, dict) or not {"x", "y", "chunk"} <= set(batch):
-        return batch
-    tensors = [v for v in batch.values() if isinstance(v, torch.Tensor)]
-    if any(t.device.type != "cpu" for t in tensors) or torch.compiler.is_compiling():
-        return batch
-    index, y = batch["chunk"], batch["y"]
-    if not (isinstance(index, torch.Tensor) and index.numel() == 1 and is_integer(index)):
-        return batch
-    if is_integer(y):
-        mask = batch.get("mask")
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != y.shape:
-            return batch  # read_chunk says what is wrong
-        _check_classes(y.long(), mask, output_size)
-    return {**batch, "chunk": int(index.item()), CHECKED_ON_HOST: True}
-
-
-#: The key :func:`check_on_host` sets in a batch whose class targets it checked.
-CHECKED_ON_HOST = "_checked_on_host"
-
-
-def _check_classes(y: torch.Tensor, mask: torch.Tensor, output_size: int, read: bool = True) -> torch.Tensor:
-    """The mask without the ``IGNORE_INDEX`` targets; raise if a scored class is outside ``[0, output_size)``
-    (``read=False``: checked before, on the host, by :func:`check_on_host`; no host read here).
+def _check_classes(y: torch.Tensor, mask: torch.Tensor, output_size: int) -> torch.Tensor:
+    """The mask without the ``IGNORE_INDEX`` targets; raise if a scored class is outside ``[0, output_size)``.
 
     Without the check, cross-entropy fails with a bare ``IndexError`` (or a device assert on a GPU) at the step
     of the bad target; masked-out entries may hold anything (padding).
     """
     mask = mask & (y != IGNORE_INDEX)
-    if not read:
-        return mask
     bad = mask & ((y < 0) | (y >= output_size))
     if bool(bad.any()):  # one host synchronisation per chunk
         found = y[bad].unique()

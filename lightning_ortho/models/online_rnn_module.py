@@ -16,14 +16,7 @@ from lightning_ortho.models.online_chunk import _NOTHING, CompiledSteps, Gradien
 from lightning_ortho.models.online_chunk import no_autocast as _no_autocast
 from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, differing_options, initial_state
 from lightning_ortho.models.online_evaluation import OnlineEvaluation
-from lightning_ortho.models.online_readout import (
-    LOSSES,
-    Chunk,
-    Readout,
-    check_on_host,
-    explain_nonfinite_grad_h,
-    read_chunk,
-)
+from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, explain_nonfinite_grad_h, read_chunk
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.models.online_threads import StageThreads, check_num_threads
 from lightning_ortho.models.optimizers import build_optimizer
@@ -332,13 +325,6 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             self.clip_gradients(
                 optimizer, gradient_clip_val=self.hparams.clip_gradient_norm, gradient_clip_algorithm="norm"
             )
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """While a training batch is still in host memory, read its chunk index and check its class targets
-        (:func:`~lightning_ortho.models.online_readout.check_on_host`): on the device those reads would stall it."""
-        if self._trainer is not None and self.trainer.training:
-            return check_on_host(batch, self.output_size)
-        return batch
 
     def _read(self, batch: dict[str, torch.Tensor]) -> Chunk:
         return read_chunk(
