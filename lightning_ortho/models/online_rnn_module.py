@@ -16,7 +16,14 @@ from lightning_ortho.models.online_chunk import _NOTHING, CompiledSteps, Gradien
 from lightning_ortho.models.online_chunk import no_autocast as _no_autocast
 from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, differing_options, initial_state
 from lightning_ortho.models.online_evaluation import OnlineEvaluation
-from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, explain_nonfinite_grad_h, read_chunk
+from lightning_ortho.models.online_readout import (
+    LOSSES,
+    Chunk,
+    Readout,
+    bad_classes_error,
+    explain_nonfinite_grad_h,
+    read_chunk,
+)
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.models.online_threads import StageThreads, check_num_threads
 from lightning_ortho.models.optimizers import build_optimizer
@@ -152,6 +159,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         self._plan: tuple[tuple[str, ...], GradientPlan] | None = None
         self._chunk: tuple[Chunk, int, list[torch.Tensor]] | None = None  # this chunk, its first step, its states
         self._last_train_loss: torch.Tensor | None = None
+        self._bad_chunk: torch.Tensor | None = None  # see _record_bad_classes
         self._estimator_threads()
         self._init_evaluation()  # val_* and test_* metrics, the state carried across an evaluation pass
         self.carry = OnlineCarry()  # estimator state, chunk order, update window: between steps and in checkpoints
@@ -205,9 +213,10 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         (``check_every = None``) and :meth:`_update` reads the record once per update window. The chunk is split
         where a window ends; each piece runs eagerly or, with ``compile=True``, as compiled calls of
         :func:`~lightning_ortho.models.online_chunk.block_length` steps."""
-        chunk = self._read(batch)
+        chunk = self._read(batch, check_classes=False)  # out-of-range classes: recorded, read with the window
         carry = self.carry
         self._begin_chunk(chunk)
+        self._record_bad_classes(chunk)
         x = chunk.x.to(carry.state.h.real.dtype)  # a complex state reads real inputs
         self._chunk = (chunk, carry.state.step, [])  # the error path finds a failing step's h, y and mask here
         block = (
@@ -292,10 +301,33 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         optimizer.zero_grad()
         self.carry.pending, self.carry.window_steps = None, 0
 
+    def _record_bad_classes(self, chunk: Chunk) -> None:
+        """Record (on the device, no host read) the first training chunk with scored class targets outside
+        ``[0, output_size)``: ``_bad_chunk`` holds its index + 1 (0: none)."""
+        if chunk.bad_classes is None:
+            return
+        record = self._bad_chunk
+        if record is None or record.device != chunk.bad_classes.device:
+            record = self._bad_chunk = torch.zeros(1, dtype=torch.int64, device=chunk.bad_classes.device)
+        record.copy_(torch.where((record == 0) & chunk.bad_classes.any(), chunk.index + 1, record))
+
     def _check_window(self) -> None:
-        """``estimator.check`` of the carried state; a non-finite ``dL/dh`` at a step of this chunk is explained
-        by :func:`~lightning_ortho.models.online_readout.explain_nonfinite_grad_h` where it finds the cause."""
+        """The window's one host read: the record of out-of-range class targets and the estimator's NaN/inf record,
+        read together. A bad class raises (naming the values if it is in this chunk); an estimator failure raises
+        ``estimator.check``'s error, or, for a non-finite ``dL/dh`` at a step of this chunk, the module's cause
+        (:func:`~lightning_ortho.models.online_readout.explain_nonfinite_grad_h`) where it finds one."""
         state = self.carry.state
+        records = [r for r in (self._bad_chunk, state.health) if r is not None]
+        values = torch.cat(records).tolist() if records else []
+        if self._bad_chunk is not None and values[0]:
+            bad = values[0] - 1
+            here = self._chunk is not None and self._chunk[0].index == bad
+            chunk = self._chunk[0] if here else None
+            raise bad_classes_error(
+                chunk.y if here else None, chunk.bad_classes if here else None, self.output_size, bad
+            )
+        if state.health is None or values[-3] == 0:
+            return
         try:
             self.estimator.check(state)
         except (ValueError, FloatingPointError) as error:  # the error path: name the cause if the module can
@@ -319,6 +351,12 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             grad_h, h, y, mask, self.readout, list(self.named_parameters()), self.global_step, self.hparams.lr
         )
 
+    def on_train_epoch_end(self) -> None:
+        """Read the records of the window still open (one host read per epoch): a failure in steps that no update
+        has closed yet is raised here, not left unread when the fit ends."""
+        if self.carry.state is not None and self.carry.window_steps:
+            self._check_window()
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Here the gradient is unscaled (16-mixed) and all-reduced (DDP): clip the update that is applied.
         if self.hparams.clip_gradient_norm is not None:
@@ -326,9 +364,13 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
                 optimizer, gradient_clip_val=self.hparams.clip_gradient_norm, gradient_clip_algorithm="norm"
             )
 
-    def _read(self, batch: dict[str, torch.Tensor]) -> Chunk:
+    def _read(self, batch: dict[str, torch.Tensor], check_classes: bool = True) -> Chunk:
         return read_chunk(
-            batch, input_size=getattr(self.cell, "input_size", None), output_size=self.output_size, loss=self.loss_name
+            batch,
+            input_size=getattr(self.cell, "input_size", None),
+            output_size=self.output_size,
+            loss=self.loss_name,
+            check_classes=check_classes,
         )
 
     def _begin_chunk(self, chunk: Chunk) -> None:
