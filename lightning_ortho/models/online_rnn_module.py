@@ -112,11 +112,33 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             times over on a busy machine, where the pool's threads wait for cores;
             :mod:`~lightning_ortho.models.online_threads`) and leaves torch's count otherwise; an ``int`` sets
             that many; ``None`` leaves torch's count.
+        compile: run the steps of each chunk (estimator step, readout step, gradient accumulation) as one compiled
+            region, ``torch.compile(fullgraph=True)``, called once per piece of a chunk between two updates (a
+            window that ends inside a chunk splits it there; the updates, ``optimizer.step``, run outside). Every
+            call has the same number of steps (:func:`~lightning_ortho.models.online_chunk.block_length`), so the
+            chunks after the first compile nothing. Worth it on a GPU and with many streams, where each step's
+            kernel launches cost more than their arithmetic; on a CPU at one stream the first chunk pays the
+            compile time and each call a fixed overhead (see the online guide). Equal to the eager module to
+            rounding. Estimators that draw noise run inside their ``noise_scope(state)`` where they have one.
+        compile_backend: ``torch.compile``'s backend (``"inductor"``; ``"aot_eager"`` compiles in seconds, for
+            tests).
+        compile_mode: ``torch.compile``'s mode; ``None``: ``"reduce-overhead"`` (CUDA graphs) for the inductor on
+            CUDA (if the inductor cannot capture the steps it warns and they run compiled without CUDA graphs), the
+            default mode elsewhere.
+
+    **Host reads.** A chunk's steps read nothing on the host: the mask enters as a tensor (a step where no stream
+    scores adds exact zeros), streams restart by a tensor selection, the estimator records NaN/inf on the device
+    (``check_every = None``) and out-of-range class targets are recorded too; both records are read together once
+    per update window, before its update (and at the end of each epoch for a window still open), and the error
+    names the step and the tensor (or the chunk and the classes). What remains per chunk is reading its index
+    (``batch["chunk"]``) for the order check.
 
     Raises:
         ValueError: an argument is invalid (the message says what to set), or the estimator cannot train the cell
             (the message gives the reason and names the estimators that can); when fitting, the data module's
-            ``input_size``, ``output_size`` or ``loss`` disagree with the model, or chunks arrive out of order.
+            ``input_size``, ``output_size`` or ``loss`` disagree with the model, or chunks arrive out of order;
+            ``compile=True`` with UORO's fixed rescaling whose ``alpha`` is a schedule (a compiled call counts its
+            steps from 0, so that one graph serves every call).
     """
 
     def __init__(
