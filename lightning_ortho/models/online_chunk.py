@@ -35,33 +35,48 @@ __all__ = ["CompiledSteps", "GradientPlan", "block_length", "run_steps"]
 class GradientPlan:
     """Where each buffer of the update window's gradient comes from: ``("cell", name)`` (the estimator's gradient
     of the cell's parameter ``name``) or ``("readout", i)`` (the ``i``-th gradient that ``readout_step`` returns).
+    A parameter of neither (a module a subclass adds) gets no gradient from the steps: its buffer stays zero.
 
     Args:
-        names: the buffers' parameter names, in the order the buffers are given (``cell.*`` and ``readout.*``).
+        names: the buffers' parameter names, in the order the buffers are given (``cell.*``, ``readout.*``, others).
         readout_names: the readout's parameters that require a gradient, as ``readout_step`` orders its gradients
             (``readout.<name>``).
     """
 
     def __init__(self, names: Sequence[str], readout_names: Sequence[str]) -> None:
         position = {name: i for i, name in enumerate(readout_names)}
-        self.sources: list[tuple[str, Any]] = []
-        for name in names:
+        #: ``(buffer index, kind, key)`` of the buffers that the steps add to
+        self.sources: list[tuple[int, str, Any]] = []
+        for index, name in enumerate(names):
             if name.startswith("cell."):
-                self.sources.append(("cell", name[len("cell.") :]))
+                self.sources.append((index, "cell", name[len("cell.") :]))
             elif name in position:
-                self.sources.append(("readout", position[name]))
-            else:  # a parameter outside the cell and the readout: the module has none
-                raise ValueError(f"OnlineRNNModule: no gradient for the parameter {name!r}.")
+                self.sources.append((index, "readout", position[name]))
 
-    def gradients(
-        self, cell_grads: dict[str, torch.Tensor], readout_grads: list[torch.Tensor], like: Sequence[torch.Tensor]
+    def add(
+        self,
+        buffers: list[torch.Tensor],
+        cell_grads: dict[str, torch.Tensor],
+        readout_grads: list[torch.Tensor],
+        functional: bool,
     ) -> list[torch.Tensor]:
-        """The step's gradients in the buffers' order and dtypes (``like``)."""
-        found = []
-        for (kind, key), buffer in zip(self.sources, like, strict=True):
+        """``buffers`` with the step's gradients added (in their dtypes): in place (one ``_foreach_add_``), or
+        as new tensors with ``functional``."""
+        targets, grads = [], []
+        for index, kind, key in self.sources:
             g = cell_grads[key] if kind == "cell" else readout_grads[key]
-            found.append(g if g.dtype == buffer.dtype else g.to(buffer.dtype))
-        return found
+            buffer = buffers[index]
+            targets.append(buffer)
+            grads.append(g if g.dtype == buffer.dtype else g.to(buffer.dtype))
+        if not targets:
+            return buffers
+        if not functional:  # one call for all of them: each add_ costs more than its arithmetic
+            torch._foreach_add_(targets, grads)
+            return buffers
+        buffers = list(buffers)
+        for (index, _, _), total in zip(self.sources, torch._foreach_add(targets, grads), strict=True):
+            buffers[index] = total
+        return buffers
 
 
 def run_steps(
@@ -105,11 +120,7 @@ def run_steps(
         step_loss, grad_h, readout_grads = readout_step(readout, h, targets[t], masks[t], loss, streams)
         with no_autocast(h):
             cell_grads = estimator.gradient(state, grad_h.to(h.dtype))
-        grads = plan.gradients(cell_grads, readout_grads, buffers)
-        if functional:
-            buffers = list(torch._foreach_add(buffers, grads))
-        elif buffers:  # one call for all of them: each add_ costs more than its arithmetic
-            torch._foreach_add_(buffers, grads)
+        buffers = plan.add(buffers, cell_grads, readout_grads, functional)
         loss_sum = loss_sum + step_loss
         hs.append(h)
     return state, buffers, loss_sum, hs
