@@ -216,3 +216,28 @@ def test_compiled_fit_with_inductor_equals_eager_fit(estimator, tmp_path):
     compiled = _fit(tmp_path / "compiled", estimator, compile=True, backend="inductor")
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     _assert_close_fits(eager, compiled)
+
+
+def test_the_cli_option_compiles_the_recipes_chunks(tmp_path):
+    from lightning_ortho.cli import run_cli
+    from tests.test_cli import ROOT
+
+    counters.clear()
+    torch._dynamo.reset()
+    options = [
+        "--model.init_args.compile=true",
+        "--model.init_args.compile_backend=aot_eager",
+        "--model.init_args.estimator=rflo",
+        "--model.init_args.estimator_options={tau: 10}",
+        "--model.init_args.update_every=4",
+        "--data.init_args.streams=2",
+        "--data.init_args.chunk_length=4",
+        "--data.init_args.chunks_per_epoch=2",
+    ]
+    recipe = ROOT / "recipes" / "online_adding.yaml"
+    cli = run_cli(
+        ["fit", "--config", str(recipe), f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1"]
+        + ["--trainer.limit_val_batches=0", *options]
+    )
+    assert cli.model.hparams.compile is True and cli.model.global_step == 2
+    assert counters["stats"]["unique_graphs"] == 1  # the recipe's chunks ran as compiled calls
