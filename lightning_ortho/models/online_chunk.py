@@ -152,6 +152,10 @@ class CompiledSteps:
         self._compiled: dict[str, Any] = {}
         self._warned = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        # copies and pickles of the module compile afresh: compiled functions are neither copied nor pickled
+        return {**self.__dict__, "_compiled": {}}
+
     def mode_for(self, device: torch.device) -> str | None:
         """The compile mode on ``device``: the one given, else CUDA graphs for the inductor on CUDA."""
         if self.mode is not None:

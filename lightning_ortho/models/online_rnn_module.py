@@ -343,6 +343,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         values = torch.cat(records).tolist() if records else []
         if self._bad_chunk is not None and values[0]:
             bad = values[0] - 1
+            self._bad_chunk.zero_()  # raised once: a later fit of this model starts with a clear record
             here = self._chunk is not None and self._chunk[0].index == bad
             chunk = self._chunk[0] if here else None
             raise bad_classes_error(

@@ -7,6 +7,8 @@ where a graph breaks, without inductor's code generation); the inductor variant 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -125,6 +127,8 @@ def test_compiled_fit_then_resume_equals_uninterrupted_compiled_fit(tmp_path):
         {k: v for k, v in carried(resumed).items() if k != "state"},
     )
     assert straight.carry.state.step == resumed.carry.state.step == 24
+    copied = copy.deepcopy(straight)  # a copy compiles afresh: compiled functions are not copied
+    assert copied._compiled_steps._compiled == {} and straight._compiled_steps._compiled
 
 
 def _steady_state_reads(tmp_path, update_every, **kwargs):
