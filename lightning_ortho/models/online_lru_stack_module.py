@@ -89,6 +89,7 @@ class OnlineLRUStackModule(OnlineRNNModule):
         self.readout = Readout("units", cell.output_size, cell.output_size)
         self.output_size, self.loss_name, self.update_every = cell.output_size, loss, update_every
         self.estimator = OnlineLRUStack(cell)
+        self._init_chunks(None)  # eager steps: OnlineLRUStack backpropagates through the blocks inside a step
         self._estimator_threads()
         self._init_evaluation()
         self.carry = OnlineCarry()

@@ -59,13 +59,15 @@ def real_features(h: torch.Tensor) -> torch.Tensor:
 class Chunk:
     """One chunk of ``b >= 1`` parallel streams, checked: ``x`` ``(b, T, I)``, ``y`` ``(b, T)`` int64 or ``(b, T, O)``,
     ``mask`` ``(b, T)`` bool (false also where a class target is ``IGNORE_INDEX``), ``reset`` ``(b,)`` bool,
-    ``index`` the chunk's position in its stream."""
+    ``index`` the chunk's position in its stream; ``bad_classes`` ``None``, or (read with ``check_classes=False``) the
+    ``(b, T)`` bool tensor of the scored class targets outside ``[0, output_size)`` (those entries left the mask)."""
 
     x: torch.Tensor
     y: torch.Tensor
     mask: torch.Tensor
     reset: torch.Tensor
     index: int
+    bad_classes: torch.Tensor | None = None
 
     @property
     def streams(self) -> int:
@@ -76,7 +78,9 @@ class Chunk:
         return self.x.shape[1]
 
 
-def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss: str) -> Chunk:
+def read_chunk(
+    batch: object, *, input_size: int | None, output_size: int, loss: str, check_classes: bool = True
+) -> Chunk:
     """Check a batch of the stream contract (``lightning_ortho.datamodules.StreamDataModule``) and unpack it.
 
     ``mask`` (all true) and ``reset`` (none) may be left out; ``x``, ``y`` and ``chunk`` are required. Class
@@ -88,7 +92,9 @@ def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss:
         ValueError: the batch is not such a dict, has no streams, or a shape, dtype or size disagrees with the
             model (a ``y`` that is neither integer nor floating, or float class indices: the message names the
             conversion), or a scored class target is outside ``[0, output_size)`` (and not -100); the message names the
-            option to change. The class check is one host synchronisation per chunk.
+            option to change. The class check is one host synchronisation per chunk; with ``check_classes=False``
+            it is not read: out-of-range class targets leave the mask and ``Chunk.bad_classes`` says whether there
+            were any (the caller reads it later, raising :func:`bad_classes_error`).
     """
     where = "OnlineRNNModule"
     if not isinstance(batch, dict) or not {"x", "y", "chunk"} <= set(batch):
@@ -148,15 +154,20 @@ def read_chunk(batch: object, *, input_size: int | None, output_size: int, loss:
         raise ValueError(f"{where}: batch['mask'] must be bool ({b}, {steps}), got {mask.dtype} {tuple(mask.shape)}.")
     if reset.dtype != torch.bool or tuple(reset.shape) != (b,):
         raise ValueError(f"{where}: batch['reset'] must be bool ({b},), got {reset.dtype} {tuple(reset.shape)}.")
-    if hard:
+    bad = None
+    if hard and check_classes:
         mask = _check_classes(y, mask, output_size)
+    elif hard:
+        mask = mask & (y != IGNORE_INDEX)
+        outside = mask & ((y < 0) | (y >= output_size))
+        mask, bad = mask & ~outside, outside
     index = batch["chunk"]
     index = int(index.item()) if isinstance(index, torch.Tensor) and index.numel() == 1 else index
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(
             f"{where}: batch['chunk'] must be the chunk's non-negative index in its stream, got {index!r}."
         )
-    return Chunk(x, y, mask, reset, index)
+    return Chunk(x, y, mask, reset, index, bad)
 
 
 def is_integer(tensor: torch.Tensor) -> bool:
@@ -173,14 +184,25 @@ def _check_classes(y: torch.Tensor, mask: torch.Tensor, output_size: int) -> tor
     mask = mask & (y != IGNORE_INDEX)
     bad = mask & ((y < 0) | (y >= output_size))
     if bool(bad.any()):  # one host synchronisation per chunk
-        found = y[bad].unique()
-        shown = ", ".join(str(v) for v in found[:5].tolist()) + (", ..." if found.numel() > 5 else "")
-        raise ValueError(
-            f"OnlineRNNModule: batch['y'] holds the class indices [{shown}] at scored (masked) entries, but the model"
-            f" has output_size={output_size} classes (0 .. {output_size - 1}); set --model.init_args.output_size to"
-            f" the number of classes, give unscored entries a false mask or the target {IGNORE_INDEX} (ignored)."
-        )
+        raise bad_classes_error(y, bad, output_size)
     return mask
+
+
+def bad_classes_error(
+    y: torch.Tensor | None, bad: torch.Tensor | None, output_size: int, chunk: int | None = None
+) -> ValueError:
+    """The ``ValueError`` for scored class targets outside ``[0, output_size)``: naming them where ``y`` and ``bad``
+    (where they are) are given (error path: host reads), else the training ``chunk`` that held them."""
+    shown = ""
+    if y is not None and bad is not None:
+        found = y[bad].unique()
+        shown = " [" + ", ".join(str(v) for v in found[:5].tolist()) + (", ..." if found.numel() > 5 else "") + "]"
+    where = f" of training chunk {chunk}" if chunk is not None else ""
+    return ValueError(
+        f"OnlineRNNModule: batch['y'] holds the class indices{shown} at scored (masked) entries{where}, but the model"
+        f" has output_size={output_size} classes (0 .. {output_size - 1}); set --model.init_args.output_size to"
+        f" the number of classes, give unscored entries a false mask or the target {IGNORE_INDEX} (ignored)."
+    )
 
 
 def explain_nonfinite_grad_h(

@@ -31,8 +31,8 @@ def readout_step(
     reads :func:`~lightning_ortho.models.online_readout.real_features`, and ``dL/dh = dL/dRe h + i dL/dIm h``, as
     autograd gives it); ``y`` ``(b,)`` int64
     class indices, or ``(b, O)`` float (probabilities for ``"cross_entropy"``, real targets for ``"mse"``); ``mask``
-    ``(b,)`` bool, or ``None`` when every stream scores (the same result, without the masking kernels: the caller
-    knows it from the chunk's mask, read once per chunk); ``streams`` the divisor. With ``o = readout(h)`` computed
+    ``(b,)`` bool, or ``None`` when every stream scores (the same result, without the masking kernels, for a
+    caller that knows it without reading the mask on the host); ``streams`` the divisor. With ``o = readout(h)`` computed
     in at least float32 (autocast off) and per stream ``l = 0.5 ||o - y||^2`` (``dl/do = o - y``) or
     ``l = -sum_k y_k log softmax(o)_k`` (``dl/do = softmax(o) sum_k y_k - y``; a class index is its one-hot row),
     ``g = dL/do = (dl/do) * mask / streams``; then ``dL/dh = g W`` (kind ``"linear"``, ``o = h W^T + c``) or ``g``

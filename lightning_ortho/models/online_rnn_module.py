@@ -12,13 +12,23 @@ from torch import nn
 
 from lightning_ortho._lightning import pl, rank_zero_warn
 from lightning_ortho.models.online_carry import OnlineCarry
+from lightning_ortho.models.online_chunk import _NOTHING, CompiledSteps, GradientPlan, block_length, run_steps
+from lightning_ortho.models.online_chunk import no_autocast as _no_autocast
 from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, differing_options, initial_state
 from lightning_ortho.models.online_evaluation import OnlineEvaluation
-from lightning_ortho.models.online_readout import LOSSES, Chunk, Readout, explain_nonfinite_grad_h, read_chunk
+from lightning_ortho.models.online_readout import (
+    LOSSES,
+    Chunk,
+    Readout,
+    bad_classes_error,
+    explain_nonfinite_grad_h,
+    read_chunk,
+)
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.models.online_threads import StageThreads, check_num_threads
 from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.online import OnlineState
+from lightning_ortho.online.health import GRADIENT, read_failure
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 _CHECKPOINT_KEY = "online_rnn_module"
@@ -102,11 +112,33 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             times over on a busy machine, where the pool's threads wait for cores;
             :mod:`~lightning_ortho.models.online_threads`) and leaves torch's count otherwise; an ``int`` sets
             that many; ``None`` leaves torch's count.
+        compile: run the steps of each chunk (estimator step, readout step, gradient accumulation) as one compiled
+            region, ``torch.compile(fullgraph=True)``, called once per piece of a chunk between two updates (a
+            window that ends inside a chunk splits it there; the updates, ``optimizer.step``, run outside). Every
+            call has the same number of steps (:func:`~lightning_ortho.models.online_chunk.block_length`), so the
+            chunks after the first compile nothing. Worth it on a GPU and with many streams, where each step's
+            kernel launches cost more than their arithmetic; on a CPU at one stream the first chunk pays the
+            compile time and each call a fixed overhead (see the online guide). Equal to the eager module to
+            rounding. Estimators that draw noise run inside their ``noise_scope(state)`` where they have one.
+        compile_backend: ``torch.compile``'s backend (``"inductor"``; ``"aot_eager"`` compiles in seconds, for
+            tests).
+        compile_mode: ``torch.compile``'s mode; ``None``: ``"reduce-overhead"`` (CUDA graphs) for the inductor on
+            CUDA (if the inductor cannot capture the steps it warns and they run compiled without CUDA graphs), the
+            default mode elsewhere.
+
+    **Host reads.** A chunk's steps read nothing on the host: the mask enters as a tensor (a step where no stream
+    scores adds exact zeros), streams restart by a tensor selection, the estimator records NaN/inf on the device
+    (``check_every = None``) and out-of-range class targets are recorded too; both records are read together once
+    per update window, before its update (and at the end of each epoch for a window still open), and the error
+    names the step and the tensor (or the chunk and the classes). What remains per chunk is reading its index
+    (``batch["chunk"]``) for the order check.
 
     Raises:
         ValueError: an argument is invalid (the message says what to set), or the estimator cannot train the cell
             (the message gives the reason and names the estimators that can); when fitting, the data module's
-            ``input_size``, ``output_size`` or ``loss`` disagree with the model, or chunks arrive out of order.
+            ``input_size``, ``output_size`` or ``loss`` disagree with the model, or chunks arrive out of order;
+            ``compile=True`` with UORO's fixed rescaling whose ``alpha`` is a schedule (a compiled call counts its
+            steps from 0, so that one graph serves every call).
     """
 
     def __init__(
@@ -123,6 +155,9 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         seed: int = 0,
         clip_gradient_norm: float | None = None,
         num_threads: int | Literal["auto"] | None = "auto",
+        compile: bool = False,
+        compile_backend: str = "inductor",
+        compile_mode: str | None = None,
     ) -> None:
         super().__init__()
         _check_arguments(
@@ -140,10 +175,21 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         self.readout = Readout(readout, cell.hidden_size, output_size, complex_state=_complex_state(cell))
         self.output_size, self.loss_name, self.update_every = output_size, loss, update_every
         self.estimator = build_estimator(estimator, cell, dict(estimator_options or {}), seed)
+        self.estimator.check_every = None  # NaN/inf recorded on the device, read once per update window (_update)
+        _check_compile(compile, compile_backend, compile_mode, self.estimator)
+        self._init_chunks(CompiledSteps(compile_backend, compile_mode) if compile else None)
         self._estimator_threads()
         self._init_evaluation()  # val_* and test_* metrics, the state carried across an evaluation pass
         self.carry = OnlineCarry()  # estimator state, chunk order, update window: between steps and in checkpoints
         self._trained_with: tuple[str, dict[str, Any]] | None = None  # a loaded checkpoint's estimator and options
+
+    def _init_chunks(self, compiled_steps: CompiledSteps | None) -> None:
+        """What the training loop keeps between chunks (also for subclasses that build the module themselves)."""
+        self._compiled_steps = compiled_steps
+        self._plan: tuple[tuple[str, ...], GradientPlan] | None = None
+        self._chunk: tuple[Chunk, int, list[torch.Tensor]] | None = None  # this chunk, its first step, its states
+        self._last_train_loss: torch.Tensor | None = None
+        self._bad_chunk: torch.Tensor | None = None  # see _record_bad_classes
 
     # -- setup -----------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -187,65 +233,80 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
 
     # -- training --------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        """Run one chunk through the estimator, updating the parameters every ``update_every`` steps."""
-        chunk = self._read(batch)
+        """Run one chunk through the estimator, updating the parameters every ``update_every`` steps.
+
+        The chunk's steps read nothing on the host: the mask enters as a tensor, the estimator records NaN/inf
+        (``check_every = None``) and :meth:`_update` reads the record once per update window. The chunk is split
+        where a window ends; each piece runs eagerly or, with ``compile=True``, as compiled calls of
+        :func:`~lightning_ortho.models.online_chunk.block_length` steps."""
+        chunk = self._read(batch, check_classes=False)  # out-of-range classes: recorded, read with the window
         carry = self.carry
         self._begin_chunk(chunk)
-        x = chunk.x.to(self._input_dtype())
-        loss_sum = torch.zeros((), device=x.device, dtype=torch.float64)
-        # Which steps have a loss, at which of them every stream scores, and how many entries: read once per chunk
-        # (one host sync, not one per step).
-        mask = chunk.mask
-        active, everywhere = torch.stack((mask.any(0), mask.all(0))).tolist()
-        count = int(mask.sum())
-        inputs, targets = x.unbind(1), chunk.y.unbind(1)  # the steps' views, made at once
-        for t in range(chunk.steps):
-            with _no_autocast(x):
-                h, carry.state = self.estimator.step(inputs[t], carry.state)
-            if active[t]:
-                step_mask = None if everywhere[t] else mask[:, t]  # None: readout_step skips the masking
-                loss_sum = loss_sum + self._accumulate(h, targets[t], step_mask, chunk.streams)
-            carry.window_steps += 1
-            if carry.window_steps >= self.update_every:  # ">": resumed with a smaller update_every (warned)
+        self._record_bad_classes(chunk)
+        x = chunk.x.to(self._input_dtype())  # a complex state reads real inputs
+        self._chunk = (chunk, carry.state.step, [])  # the error path finds a failing step's h, y and mask here
+        block = (
+            block_length(chunk.steps, self.update_every, carry.window_steps) if self._compiled_steps else chunk.steps
+        )
+        losses = []
+        start = 0
+        while start < chunk.steps:
+            # this piece ends where the window does (">=": resumed with a smaller update_every, warned)
+            end = min(chunk.steps, start + max(self.update_every - carry.window_steps, 1))
+            for a in range(start, end, block):
+                b = min(a + block, end)
+                losses.append(self._steps(x[:, a:b], chunk.y[:, a:b], chunk.mask[:, a:b], chunk.streams))
+            carry.window_steps += end - start
+            if carry.window_steps >= self.update_every:
                 self._update()
-        if count:
-            mean = loss_sum / count
-            self.log("train_loss", mean.float(), prog_bar=True, batch_size=chunk.streams, sync_dist=True)
-            if self.loss_name == "cross_entropy":
-                self.log("train_bits", (mean / math.log(2)).float(), batch_size=chunk.streams, sync_dist=True)
+            start = end
+        loss_sum = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+        self._log_train_loss(loss_sum, chunk)
 
-    def _accumulate(self, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, streams: int) -> torch.Tensor:
-        """Add step t's gradient estimate to the window's buffer; return the step's masked loss sum (detached).
-
-        ``dL_t/dh_t`` and the readout's gradients come in closed form (``readout_step``: a few kernels, no autograd
-        graph per step), equal to autograd through ``masked_loss_sum(readout(h), y, mask) / streams``.
-        """
-        readout = [f"readout.{n}" for n, p in self.readout.named_parameters() if p.requires_grad]
-        loss_sum, grad_h, readout_grads = readout_step(self.readout, h, y, mask, self.loss_name, streams)
-        with _no_autocast(h):
-            try:
-                cell_grads = self.estimator.gradient(self.carry.state, grad_h.to(h.dtype))
-            except (ValueError, FloatingPointError) as error:  # the error path: name the cause if the module can
-                scored = torch.ones(h.shape[0], dtype=torch.bool, device=h.device) if mask is None else mask
-                cause = explain_nonfinite_grad_h(
-                    grad_h, h, y, scored, self.readout, list(self.named_parameters()), self.global_step, self.hparams.lr
-                )
-                if cause is None:
-                    raise
-                raise cause from error
+    def _steps(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, streams: int) -> torch.Tensor:
+        """Run the steps of ``x`` ``(b, n, I)`` (eager, or compiled with ``compile=True``), adding their gradient
+        to the window's buffers; return their masked loss sum (float64)."""
+        carry = self.carry
         pending = self._pending_buffer()
-        found = [
-            *((f"cell.{n}", g) for n, g in cell_grads.items()),
-            *zip(readout, readout_grads, strict=True),
-        ]
-        buffers, grads = [], []
-        for name, g in found:
-            if name in pending:  # frozen parameters have no buffer
-                buffers.append(pending[name])
-                grads.append(g if g.dtype == pending[name].dtype else g.to(pending[name].dtype))
-        if buffers:  # one call for all of them: each add_ costs more than its arithmetic
-            torch._foreach_add_(buffers, grads)
+        names = list(pending)
+        plan = self._gradient_plan(names)
+        buffers = [pending[n] for n in names]
+        arguments = (self.estimator, self.readout, self.loss_name, x, y, mask, carry.state, buffers, plan, streams)
+        if self._compiled_steps is not None:
+            with self._noise_scope(carry.state):
+                carry.state, buffers, loss_sum, hs = self._compiled_steps(*arguments)
+            carry.pending = dict(zip(names, buffers, strict=True))
+        else:
+            carry.state, _, loss_sum, hs = run_steps(*arguments)
+        self._chunk[2].extend(hs)
         return loss_sum
+
+    def _noise_scope(self, state: OnlineState) -> contextlib.AbstractContextManager:
+        """The context the compiled steps run in: the estimator's ``noise_scope(state)`` where it has one (an
+        estimator that draws noise from the state's generator moves it into the default generator around a
+        compiled call), else nothing."""
+        scope = getattr(self.estimator, "noise_scope", None)
+        return scope(state) if scope is not None else _NOTHING
+
+    def _gradient_plan(self, names: list[str]) -> GradientPlan:
+        key = tuple(names)
+        if self._plan is None or self._plan[0] != key:
+            readout = [f"readout.{n}" for n, p in self.readout.named_parameters() if p.requires_grad]
+            self._plan = (key, GradientPlan(names, readout))
+        return self._plan[1]
+
+    def _log_train_loss(self, loss_sum: torch.Tensor, chunk: Chunk) -> None:
+        """Log the chunk's loss per scored entry without reading it: a chunk that scores nothing logs nothing new
+        (the last value stands), by a tensor selection instead of a host read of the count."""
+        count = chunk.mask.sum()
+        previous = self._last_train_loss
+        if previous is None or previous.device != loss_sum.device:
+            previous = torch.full((), math.nan, dtype=torch.float64, device=loss_sum.device)
+        mean = torch.where(count > 0, loss_sum / count.clamp(min=1), previous)
+        self._last_train_loss = mean
+        self.log("train_loss", mean.float(), prog_bar=True, batch_size=chunk.streams, sync_dist=True)
+        if self.loss_name == "cross_entropy":
+            self.log("train_bits", (mean / math.log(2)).float(), batch_size=chunk.streams, sync_dist=True)
 
     def _pending_buffer(self) -> dict[str, torch.Tensor]:
         if self.carry.pending is None:
@@ -253,7 +314,11 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         return self.carry.pending
 
     def _update(self) -> None:
-        """One optimizer step with the window's gradient: ``manual_backward`` of ``sum_p (p * g_p).sum()``."""
+        """One optimizer step with the window's gradient: ``manual_backward`` of ``sum_p (p * g_p).sum()``.
+
+        First the window's one host read: the estimator's record of NaN/inf (``estimator.check``), whose error
+        names the step and the tensor (and, for a non-finite ``dL/dh``, the module's cause where it finds one)."""
+        self._check_window()
         pending = self._pending_buffer()
         surrogate = sum((p * pending[n]).sum() for n, p in self.named_parameters() if n in pending)
         optimizer = self.optimizers()
@@ -262,6 +327,63 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         optimizer.zero_grad()
         self.carry.pending, self.carry.window_steps = None, 0
 
+    def _record_bad_classes(self, chunk: Chunk) -> None:
+        """Record (on the device, no host read) the first training chunk with scored class targets outside
+        ``[0, output_size)``: ``_bad_chunk`` holds its index + 1 (0: none)."""
+        if chunk.bad_classes is None:
+            return
+        record = self._bad_chunk
+        if record is None or record.device != chunk.bad_classes.device:
+            record = self._bad_chunk = torch.zeros(1, dtype=torch.int64, device=chunk.bad_classes.device)
+        record.copy_(torch.where((record == 0) & chunk.bad_classes.any(), chunk.index + 1, record))
+
+    def _check_window(self) -> None:
+        """The window's one host read: the record of out-of-range class targets and the estimator's NaN/inf record,
+        read together. A bad class raises (naming the values if it is in this chunk); an estimator failure raises
+        ``estimator.check``'s error, or, for a non-finite ``dL/dh`` at a step of this chunk, the module's cause
+        (:func:`~lightning_ortho.models.online_readout.explain_nonfinite_grad_h`) where it finds one."""
+        state = self.carry.state
+        records = [r for r in (self._bad_chunk, state.health) if r is not None]
+        values = torch.cat(records).tolist() if records else []
+        if self._bad_chunk is not None and values[0]:
+            bad = values[0] - 1
+            self._bad_chunk.zero_()  # raised once: a later fit of this model starts with a clear record
+            here = self._chunk is not None and self._chunk[0].index == bad
+            chunk = self._chunk[0] if here else None
+            raise bad_classes_error(
+                chunk.y if here else None, chunk.bad_classes if here else None, self.output_size, bad
+            )
+        if state.health is None or values[-3] == 0:
+            return
+        try:
+            self.estimator.check(state)
+        except (ValueError, FloatingPointError) as error:  # the error path: name the cause if the module can
+            cause = self._explain(read_failure(state.health))
+            if cause is None:
+                raise
+            raise cause from error
+
+    def _explain(self, failure: tuple[int, int, int] | None) -> Exception | None:
+        """The module's cause of a recorded failure of ``grad_h`` (``(step, GRADIENT, 0)``) at a step of the current
+        chunk, or ``None``."""
+        if failure is None or self._chunk is None or failure[1] != GRADIENT or failure[2] != 0:
+            return None
+        chunk, first, hs = self._chunk
+        t = failure[0] - first - 1
+        if not 0 <= t < len(hs):
+            return None
+        h, y, mask = hs[t], chunk.y[:, t], chunk.mask[:, t]
+        _, grad_h, _ = readout_step(self.readout, h, y, mask, self.loss_name, chunk.streams)
+        return explain_nonfinite_grad_h(
+            grad_h, h, y, mask, self.readout, list(self.named_parameters()), self.global_step, self.hparams.lr
+        )
+
+    def on_train_epoch_end(self) -> None:
+        """Read the records of the window still open (one host read per epoch): a failure in steps that no update
+        has closed yet is raised here, not left unread when the fit ends."""
+        if self.carry.state is not None and self.carry.window_steps:
+            self._check_window()
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Here the gradient is unscaled (16-mixed) and all-reduced (DDP): clip the update that is applied.
         if self.hparams.clip_gradient_norm is not None:
@@ -269,9 +391,13 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
                 optimizer, gradient_clip_val=self.hparams.clip_gradient_norm, gradient_clip_algorithm="norm"
             )
 
-    def _read(self, batch: dict[str, torch.Tensor]) -> Chunk:
+    def _read(self, batch: dict[str, torch.Tensor], check_classes: bool = True) -> Chunk:
         return read_chunk(
-            batch, input_size=getattr(self.cell, "input_size", None), output_size=self.output_size, loss=self.loss_name
+            batch,
+            input_size=getattr(self.cell, "input_size", None),
+            output_size=self.output_size,
+            loss=self.loss_name,
+            check_classes=check_classes,
         )
 
     def _begin_chunk(self, chunk: Chunk) -> None:
@@ -302,8 +428,8 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         if carry.state is None or chunk.index == 0:
             carry.state = self._fresh_state(chunk.streams)
         carry.next_chunk = chunk.index + 1
-        if bool(chunk.reset.any()):
-            carry.state = self.estimator.reset(carry.state, chunk.reset.to(self.device))
+        # Unconditionally (a stream that does not restart keeps its values): deciding would read reset on the host.
+        carry.state = self.estimator.reset(carry.state, chunk.reset.to(self.device))
 
     def _warn_if_trained_with_other_options(self) -> None:
         """Warn (rank zero) when the checkpoint's estimator was built with other ``estimator_options``: its state
@@ -375,17 +501,6 @@ def _complex_state(cell: nn.Module) -> bool:
     return bool(getattr(cell, "complex_state", False))
 
 
-def _no_autocast(like: torch.Tensor) -> torch.autocast | contextlib.nullcontext:
-    """Run the estimator and the cell outside autocast: their recursions stay in the parameters' dtype (a context
-    that does nothing where autocast is off, the common case: entering ``torch.autocast`` costs more than an online
-    step's small operations)."""
-    device = like.device.type
-    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else _NOTHING
-
-
-_NOTHING = contextlib.nullcontext()
-
-
 def _check_arguments(
     cell, output_size, loss, estimator, estimator_options, update_every, optimizer, lr, seed, clip
 ) -> None:
@@ -418,3 +533,24 @@ def _check_arguments(
         raise ValueError(f"{where}: seed must be a non-negative integer (the estimator's noise), got {seed!r}.")
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
         raise ValueError(f"{where}: clip_gradient_norm must be a positive number or None (no clipping), got {clip!r}.")
+
+
+def _check_compile(compile, backend, mode, estimator) -> None:
+    where = "OnlineRNNModule"
+    if not isinstance(compile, bool):
+        raise ValueError(f"{where}: compile must be True or False, got {compile!r}.")
+    if not isinstance(backend, str) or not backend:
+        raise ValueError(
+            f"{where}: compile_backend must be a torch.compile backend's name, e.g. 'inductor', got {backend!r}."
+        )
+    if mode is not None and not isinstance(mode, str):
+        raise ValueError(
+            f"{where}: compile_mode must be None or a torch.compile mode, e.g. 'reduce-overhead', got {mode!r}."
+        )
+    alpha = getattr(estimator, "alpha", None)
+    if compile and alpha is not None and not isinstance(alpha, (int, float)):
+        # A compiled call counts its steps from 0 (one graph for every call), so a schedule alpha(step) cannot run.
+        raise ValueError(
+            f"{where}: compile=True needs a constant UORO alpha (a compiled call does not know the step number), got"
+            f" a schedule {type(alpha).__name__}; use a number, or compile=False."
+        )

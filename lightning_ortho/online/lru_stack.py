@@ -184,6 +184,12 @@ class LRUStackState:
         return self.layers[0].step
 
     @property
+    def health(self) -> None:
+        """No record of NaN/inf to read later (:attr:`OnlineState.health`): :class:`OnlineLRUStack` checks its
+        inputs and the blocks at every call and raises from the call that meets NaN/inf."""
+        return None
+
+    @property
     def kind(self) -> str:
         """The name of the estimator that made the state, as ``OnlineState.kind``: ``OnlineLRUStack.name``."""
         return OnlineLRUStack.name
