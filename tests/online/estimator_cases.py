@@ -97,3 +97,15 @@ def build(case: str, dtype: torch.dtype = torch.float64, seed: int = 0):
     xs = torch.randn(8, STREAMS, INPUT, dtype=dtype)
     grad_hs = torch.randn(8, STREAMS, HIDDEN, dtype=state_dtype)
     return estimator, state, xs, grad_hs
+
+
+def covering_cases() -> list[str]:
+    """A subset of :func:`cases` for the default suite's share of the costly tests (the rest run with ``-m slow``):
+    every estimator configuration on the tanh cell, every other cell with RTRL (the generic products or its closed
+    form; DiagonalRTRL for the LRU), and the fused UORO step of the orthogonal cell."""
+    chosen = []
+    for case in cases():
+        name, cell = case.split("/")
+        if cell == "tanh" or name in ("rtrl", "diagonal_rtrl") or case == "uoro/orthogonal":
+            chosen.append(case)
+    return chosen
