@@ -300,10 +300,13 @@ def test_fused_step_is_offered_for_the_state_cut_of_closed_form_cells_only():
         OrthogonalUOROStep(make_cell("aux", "tanh"), "parameter", 1e-7)
 
 
-def test_fused_noise_draws_what_uoro_draws():
-    """nu = randn(streams, H), then tau = 2 randint(0, 2, (streams,)) - 1 from the same generator (UORO._noise)."""
-    fused = OrthogonalUOROStep(make_cell("aux", "tanh"), "state", 1e-7)
-    nu, tau = fused.noise(torch.Generator().manual_seed(3), 5, torch.zeros(2, HIDDEN, dtype=DTYPE))
+def test_the_fused_orthogonal_step_draws_what_uoro_draws():
+    """nu = randn(streams, H), then tau = 2 randint(0, 2, (streams,)) - 1 from the state's generator: the one draw
+    of UORO, which its fused orthogonal step takes as tau (B, 1)."""
+    estimator = UORO(make_cell("aux", "tanh"), generator=3)
+    assert isinstance(estimator._fused, OrthogonalUOROStep)
+    state = estimator.initial_state(torch.zeros(5, HIDDEN, dtype=DTYPE))
+    nu, tau = estimator._noise(state, HIDDEN, state.h, (1,))
     reference = torch.Generator().manual_seed(3)
     expected_nu = torch.randn(5, HIDDEN, generator=reference, dtype=DTYPE)
     expected_tau = torch.randint(0, 2, (5,), generator=reference).to(DTYPE) * 2 - 1
