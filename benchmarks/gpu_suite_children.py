@@ -160,7 +160,7 @@ class RankReport(pl.Callback):
 def ddp(device: torch.device, quick: bool, out: Path) -> None:
     """Fit the recipe on two processes of ``device`` (this one and the one Lightning starts) and write each rank's
     report into ``out``."""
-    from lightning.pytorch.strategies import DDPStrategy
+    DDPStrategy = pl.strategies.DDPStrategy  # the Lightning package the program uses (lightning or pytorch_lightning)
 
     os.environ.setdefault("MASTER_ADDR", DEFAULT_MASTER_ADDR)
     sizes = SIZES[int(quick)]
