@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacfwd, jacrev, jvp, vjp, vmap
 
-from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
+from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.health import new_record
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
 from lightning_ortho.online.state import OnlineState
@@ -502,7 +502,7 @@ class DiagonalRTRL(OnlineGradientEstimator):
                 f"DiagonalRTRL.step: the cell returned {h_new.dtype} {tuple(h_new.shape)} from h of {state.h.dtype}"
                 f" {tuple(state.h.shape)}; h0 must have one column per unit of the cell (its hidden size)."
             )
-        return h_new, tensors, None
+        return Advance(h_new, tensors)
 
     def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
         # One sum of grad_h and the estimate (false on an overflowed sum too: the caller confirms entry by entry).

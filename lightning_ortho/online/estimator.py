@@ -16,18 +16,60 @@ cell (:func:`estimators_for`, which asks every estimator's ``cell_problem``).
 
 from __future__ import annotations
 
-import contextlib
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from lightning_ortho.nn._checks import finite_checks
+from lightning_ortho.nn import _checks
 from lightning_ortho.online.health import GRADIENT, STEP, new_record, read_failure, record_failure
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.threads import ThreadSetting, call_thread_count, check_num_threads
+
+
+class Advance(NamedTuple):
+    """What a step computes (:meth:`OnlineGradientEstimator._advance_step`), before its checks.
+
+    Attributes:
+        h_new: ``(B, H)`` the new state.
+        tensors: the new influence entries.
+        commit: ``None``, or a function that writes in place what the step updates in place (called after the
+            NaN/inf checks, so that an error raised at once leaves the state passed in as it was).
+        verdict: ``None``, or the sum of ``x``, ``h_new`` and every watched influence entry as a Python float,
+            where it came for free (a fused C pass): a finite verdict is a finite step (a NaN/inf entry makes the sum
+            NaN/inf), so the template reads no tensor; a NaN/inf one sends the step to the template's checks, which
+            look entry by entry (finite entries whose sum overflowed raise nothing).
+    """
+
+    h_new: torch.Tensor
+    tensors: dict[str, torch.Tensor]
+    commit: Callable[[], None] | None = None
+    verdict: float | None = None
+
+
+class _StepContext:
+    """The context of a step's or a gradient's arithmetic outside ``torch.compile``: autograd off (what
+    ``torch.no_grad()`` does, at a tenth of its cost: a step at one stream is a few microseconds) and, when
+    ``quiet``, the NaN/inf checks of the layers of :mod:`lightning_ortho.nn` off (:attr:`check_every`)."""
+
+    __slots__ = ("quiet", "grad", "checks")
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __enter__(self) -> None:
+        self.grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        if self.quiet:
+            self.checks, _checks._FINITE_CHECKS = _checks._FINITE_CHECKS, False
+
+    def __exit__(self, *exc: object) -> None:
+        torch._C._set_grad_enabled(self.grad)
+        if self.quiet:
+            _checks._FINITE_CHECKS = self.checks
 
 
 class OnlineGradientEstimator:
@@ -264,33 +306,30 @@ class OnlineGradientEstimator:
         at once or recorded: :attr:`check_every`), then lets the step write what it writes in place (its
         ``commit``), so that an error raised at once leaves the state passed in as it was."""
         self._check_step_input(x, state)
-        with torch.no_grad(), self._cell_checks():
-            h_new, tensors, commit = self._advance_step(x, state)
-        h_new = h_new.detach()
+        with self._call_context():
+            h_new, tensors, commit, verdict = self._advance_step(x, state)
+        if h_new.requires_grad:
+            h_new = h_new.detach()
         step = state.step + 1
         new_state = state.replace(h=h_new, tensors=tensors, step=step)
-        self._settle_step(x, state, new_state)
+        self._settle_step(x, state, new_state, verdict)
         if commit is not None:
             commit()
         if self._check_due(step):
             self.check(new_state)
         return h_new, new_state
 
-    def _advance_step(
-        self, x: torch.Tensor, state: OnlineState
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], Callable[[], None] | None]:
-        """``(h_new, tensors, commit)`` of one step under ``no_grad``: the new state ``(B, H)``, the new influence
-        entries and ``None`` or a function that writes in place what the step updates in place (called after the
-        checks). The default linearises the cell (:func:`~lightning_ortho.online.linearization.linearize`) and
-        calls :meth:`_advance`; an estimator with a step of its own (a fused step, traces of its own) overrides
-        this, not :meth:`_step`.
+    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
+        """One step under ``no_grad``: :class:`Advance` ``(h_new, tensors, commit, verdict)``. The default
+        linearises the cell (:func:`~lightning_ortho.online.linearization.linearize`) and calls :meth:`_advance`;
+        an estimator with a step of its own (a fused step, traces of its own) overrides this, not :meth:`_step`.
 
         Raises:
             ValueError: the cell returned another shape or dtype than the state's.
         """
         lin = linearize(self.cell, x, state.h, self.layout, closed_form=self.closed_form)
         self._check_step_output(lin.h_new, state)
-        return lin.h_new, self._advance(lin, x, state), None
+        return Advance(lin.h_new, self._advance(lin, x, state))
 
     def _check_step_output(self, h_new: torch.Tensor, state: OnlineState) -> None:
         """The cell's new state must have the shape and dtype of ``state.h`` (Python comparisons)."""
@@ -310,14 +349,14 @@ class OnlineGradientEstimator:
         """Whether this call records its NaN/inf verdict instead of reading it (:attr:`check_every`)."""
         return self._check_every != 1 or torch.compiler.is_compiling()
 
-    def _cell_checks(self) -> contextlib.AbstractContextManager:
-        """The context of the cell's calls in a step or a gradient: the layers of :mod:`lightning_ortho.nn` keep their own NaN/inf
-        checks (a host read each) when the step reads its verdict at once, and drop them (``finite_checks(False)``)
-        when it records (:meth:`_recording`): the record already covers the cell's output, and a recording step
-        reads nothing. Under ``torch.compile`` the layers check nothing anyway."""
-        if self._recording() and not torch.compiler.is_compiling():
-            return finite_checks(False)
-        return contextlib.nullcontext()
+    def _call_context(self):
+        """The context of the arithmetic of a step or a gradient: autograd off and, when the call records its
+        verdict (:meth:`_recording`), the layers of :mod:`lightning_ortho.nn` without their own NaN/inf checks (a
+        host read each: the record already covers the cell's output, and a recording step reads nothing). Under
+        ``torch.compile``, ``torch.no_grad()`` (the layers check nothing there anyway)."""
+        if torch.compiler.is_compiling():
+            return torch.no_grad()
+        return _StepContext(self._check_every != 1)
 
     def _check_due(self, step: int) -> bool:
         """Whether the step ``step`` reads the record (``check_every = k > 1`` and ``k`` divides it, outside
@@ -325,13 +364,19 @@ class OnlineGradientEstimator:
         every = self._check_every
         return every is not None and every > 1 and step % every == 0 and not torch.compiler.is_compiling()
 
-    def _settle_step(self, x: torch.Tensor, state: OnlineState, new_state: OnlineState) -> None:
+    def _settle_step(
+        self, x: torch.Tensor, state: OnlineState, new_state: OnlineState, verdict: float | None = None
+    ) -> None:
         """The NaN/inf checks of a step: ``x``, the new state and the watched influence entries.
 
-        At once (:attr:`check_every` ``= 1``): one host synchronisation for all of them (one sum per entry; on a
-        failure the entries are examined one by one, so finite entries whose sum overflowed raise nothing).
-        Recorded otherwise (:func:`~lightning_ortho.online.health.record_failure`, no synchronisation). Nothing
-        on meta tensors (shape inference)."""
+        A finite ``verdict`` (:attr:`Advance.verdict`, a fused pass's sum of them all) settles the step without
+        reading a tensor, checked at once or recorded alike. Otherwise, at once (:attr:`check_every` ``= 1``): one
+        host synchronisation for all of them (one sum per entry; on a failure the entries are examined one by one,
+        so finite entries whose sum overflowed raise nothing); recorded
+        (:func:`~lightning_ortho.online.health.record_failure`, no synchronisation) where the call records.
+        Nothing on meta tensors (shape inference)."""
+        if verdict is not None and math.isfinite(verdict):
+            return
         h_new = new_state.h
         if h_new.is_meta:
             return
@@ -341,12 +386,13 @@ class OnlineGradientEstimator:
                 new_state.health = state.health = new_record(h_new.device)
             record_failure(new_state.health, new_state.step, STEP, [x, h_new, *watched.values()])
             return
-        dtype = _sum_dtype(x.dtype)
-        finite = torch.isfinite(x.sum(dtype=dtype)) & torch.isfinite(h_new).all()
-        for value in watched.values():
-            finite = finite & torch.isfinite(value.sum(dtype=_sum_dtype(value.dtype)))
-        if bool(finite):
-            return
+        if verdict is None:
+            dtype = _sum_dtype(x.dtype)
+            finite = torch.isfinite(x.sum(dtype=dtype)) & torch.isfinite(h_new).all()
+            for value in watched.values():
+                finite = finite & torch.isfinite(value.sum(dtype=_sum_dtype(value.dtype)))
+            if bool(finite):
+                return
         self._check_finite(x, "x")  # else finite entries whose sum overflowed: the checks below look one by one
         self._check_finite_step(h_new, new_state.tensors, new_state.step, inputs={"x": x, "h": state.h})
 
@@ -388,8 +434,13 @@ class OnlineGradientEstimator:
     def _gradient(self, state: OnlineState, grad_h: torch.Tensor, per_stream: bool) -> dict[str, torch.Tensor]:
         """:meth:`gradient` on the current thread count."""
         self._check(grad_h, "grad_h", dims=2, like=state.h, same_shape=True)
-        with torch.no_grad(), self._cell_checks():  # a gradient that replays the cell (TruncatedBPTT) calls it
-            flat = self._gradient_flat(state, grad_h) if per_stream else self._gradient_summed(state, grad_h)
+        with self._call_context():  # a gradient that replays the cell (TruncatedBPTT) calls it
+            if per_stream:
+                flat, verdict = self._gradient_flat(state, grad_h), None
+            else:
+                flat, verdict = self._gradient_estimate(state, grad_h)
+        if verdict is not None and math.isfinite(verdict):  # a fused pass summed grad_h and the estimate: finite
+            return self.layout.views(flat)
         if self._recording():  # no synchronisation: read by check() (check_every)
             if state.health is None:  # a state made by hand: it gets a record of its own
                 state.health = new_record(flat.device)
@@ -397,7 +448,7 @@ class OnlineGradientEstimator:
             return self.layout.views(flat)
         # One host synchronisation for both the input and the result; the diagnosis runs only when one fails.
         # A meta tensor has no values to check (shape inference): its shapes are all there is.
-        if not flat.is_meta and not self._finite_estimate(grad_h, flat):
+        if not flat.is_meta and (verdict is not None or not self._finite_estimate(grad_h, flat)):
             self._check_finite(grad_h, "grad_h")
             if not bool(torch.isfinite(flat).all()):  # else finite entries whose sum overflowed: no error
                 raise FloatingPointError(
@@ -528,6 +579,12 @@ class OnlineGradientEstimator:
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         """``(P,)``: the estimate summed over streams (subclasses may skip the per-stream ``(B, P)`` temporary)."""
         return self._gradient_flat(state, grad_h).sum(0)
+
+    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """``(estimate (P,), verdict)``: :meth:`_gradient_summed` and ``None``, or, from a fused pass, the sum of
+        ``grad_h`` and the estimate as a Python float (a finite verdict settles the gradient's NaN/inf check
+        without reading a tensor; see :class:`Advance`)."""
+        return self._gradient_summed(state, grad_h), None
 
     def _new_generator(self, h0: torch.Tensor) -> torch.Generator | None:
         return None

@@ -8,6 +8,9 @@ from typing import Any
 
 import torch
 
+#: The fields :meth:`OnlineState.replace` changes.
+_FIELDS = frozenset(("h", "tensors", "generator", "step", "health"))
+
 
 class OnlineState:
     """What an estimator carries from one step to the next, for ``B`` independent streams.
@@ -62,17 +65,23 @@ class OnlineState:
         return self.h.shape[0]
 
     def replace(self, **changes: Any) -> OnlineState:
-        """A new state with some fields changed; it shares the generator (one noise stream per estimator run) and
-        the health record."""
-        fields = {
-            "h": self.h,
-            "tensors": self.tensors,
-            "generator": self.generator,
-            "step": self.step,
-            "health": self.health,
-        }
-        fields.update(changes)
-        return type(self)(**fields, kind=self.kind, varying_dims=self.varying_dims, windows=self.windows)
+        """A new state with some fields changed (``h``, ``tensors``, ``generator``, ``step``, ``health``); it shares
+        the generator (one noise stream per estimator run), the health record, ``kind``, ``varying_dims`` and
+        ``windows``. Called at every step: it copies the attributes instead of running ``__init__`` again (a
+        subclass keeps its own attributes too).
+
+        Raises:
+            TypeError: a field that a state does not have.
+        """
+        unknown = changes.keys() - _FIELDS
+        if unknown:
+            raise TypeError(f"OnlineState.replace: unknown fields {sorted(unknown)}; a state has {sorted(_FIELDS)}.")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        if "tensors" in changes:
+            changes["tensors"] = dict(changes["tensors"] or {})
+        new.__dict__.update(changes)
+        return new
 
     def state_dict(self) -> dict[str, Any]:
         """A detached copy of the state, for ``torch.save`` and checkpoints (restore it with :meth:`load_state_dict`).

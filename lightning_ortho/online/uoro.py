@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from lightning_ortho._native.uoro import summed_estimate, uoro_gradient_kernel
-from lightning_ortho.online.estimator import OnlineGradientEstimator, _sum_dtype
+from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.linearization import (
     StepLinearization,
     factorisation_problem,
@@ -138,8 +138,6 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             fused_step_for(cell, projection, self.layout, self.eps) if fused and closed_form else None
         )
         self._native = True  # the deprecated per-estimator switch (see native)
-        self._estimate_sum: tuple[torch.Tensor, float] | None = None  # (estimate, its sum) from the C pass
-        self._verdict: float | None = None  # the fused step's sum of h_tilde' when the C pass took it (free)
 
     @property
     def native(self) -> bool:
@@ -245,27 +243,18 @@ class UORO(StreamNoise, OnlineGradientEstimator):
                 x, h, t["h_tilde"], w_tilde, scaled, dual, self.alpha_at(state.step + 1)
             )
             commit, verdict = None, None
-        self._verdict = verdict
-        return h_new, {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}, commit
+        if verdict is None and not self._recording() and not h_new.is_meta:
+            total = h_tilde.sum(dtype=torch.float64)
+            if not self.gir:
+                dtype = _sum_dtype(x.dtype)
+                total = total + x.sum(dtype=dtype) + w_tilde.sum(dtype=dtype)
+            verdict = total.item()
+        return Advance(h_new, {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}, commit, verdict)
 
-    def _settle_step(self, x: torch.Tensor, state: OnlineState, new_state: OnlineState) -> None:
-        """The template's NaN/inf checks (:meth:`OnlineGradientEstimator._settle_step`), read with one sum where a
-        fused step makes that enough: a NaN/inf in ``x``, ``h'`` or ``w_tilde`` reaches ``h_tilde'`` (see
-        :meth:`~lightning_ortho.online.uoro_fused.FusedStep.gir`), so with GIR a finite sum of ``h_tilde'`` (taken
-        for free by the C pass) is a finite step, and with a fixed rescaling a finite sum of ``x``, ``h_tilde'`` and
-        ``w_tilde'``; otherwise, and whenever the checks are recorded, the template's checks run and name the
-        cause."""
-        verdict, self._verdict = self._verdict, None
-        if self._fused is not None and not self._recording() and not new_state.h.is_meta:
-            if verdict is None:
-                t, dtype = new_state.tensors, _sum_dtype(x.dtype)
-                total = t["h_tilde"].sum(dtype=torch.float64)
-                if not self.gir:
-                    total = total + x.sum(dtype=dtype) + t["w_tilde"].sum(dtype=dtype)
-                verdict = total.item()
-            if math.isfinite(verdict):
-                return
-        super()._settle_step(x, state, new_state)
+    # The fused step's verdict (Advance.verdict) is one sum where the fused step makes that enough: a NaN/inf in ``x``,
+    # ``h'`` or ``w_tilde`` reaches ``h_tilde'`` (see FusedStep.gir), so with GIR a finite sum of ``h_tilde'`` (taken
+    # for free by the C pass) is a finite step, and with a fixed rescaling a finite sum of ``x``, ``h_tilde'`` and
+    # ``w_tilde'``; otherwise, and whenever a non-finite verdict comes, the template's checks run and name the cause.
 
     # -- one step ----------------------------------------------------------------------------------------------
     def _cut(self, lin: StepLinearization) -> tuple[int, Callable, Callable, Callable]:
@@ -371,22 +360,22 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         if self.projection == "none":
             return super()._gradient_summed(state, grad_h)
         w_tilde, h_tilde = state.tensors["w_tilde"], state.tensors["h_tilde"]
-        if self._native and grad_h.is_contiguous() and w_tilde.is_contiguous() and h_tilde.is_contiguous():
-            kernel = uoro_gradient_kernel(w_tilde, grad_h, h_tilde)
-            if kernel is not None and grad_h.dtype is w_tilde.dtype is h_tilde.dtype:
-                # one C pass over w_tilde, its sum taken on the way for _finite_estimate
-                flat, total = summed_estimate(kernel, w_tilde, grad_h, h_tilde)
-                self._estimate_sum = (flat, total)
-                return flat
         # sum_b (dL/dh_b . h_tilde_b) w_tilde_b as one matrix-vector product: no (B, P) temporary.
         return torch.mv(w_tilde.T, (grad_h * h_tilde).sum(1))
 
-    def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
+    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
         # grad_h enters the estimate only through products with it, so a NaN/inf in grad_h makes the estimate
-        # NaN/inf (inf * 0 is NaN): one sum of the estimate covers both.
-        cached, self._estimate_sum = self._estimate_sum, None
-        if cached is not None and cached[0] is flat:  # taken by the C pass that made the estimate
-            return math.isfinite(cached[1])
+        # NaN/inf (inf * 0 is NaN): one sum of the estimate covers both, taken for free by the C pass.
+        if self.projection != "none":
+            w_tilde, h_tilde = state.tensors["w_tilde"], state.tensors["h_tilde"]
+            if self._native and grad_h.is_contiguous() and w_tilde.is_contiguous() and h_tilde.is_contiguous():
+                kernel = uoro_gradient_kernel(w_tilde, grad_h, h_tilde)
+                if kernel is not None and grad_h.dtype is w_tilde.dtype is h_tilde.dtype:
+                    return summed_estimate(kernel, w_tilde, grad_h, h_tilde)
+        return self._gradient_summed(state, grad_h), None
+
+    def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
+        # grad_h enters the estimate only through products with it (see _gradient_estimate): one sum covers both.
         return math.isfinite(flat.sum(dtype=_sum_dtype(flat.dtype)).item())
 
     def _watched_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

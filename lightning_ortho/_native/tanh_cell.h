@@ -1,0 +1,32 @@
+/* The step of the tanh cell, h' = tanh(W_h h + W_x x + b), for the fused one-pass steps of the online estimators
+ * (each kernel that steps a TanhRNNCell includes this header, so the cell's arithmetic is written once).
+ *
+ * DEFINE_TANH_CELL(T, SUFFIX, TANH) defines, for the scalar type T:
+ *     static void tanh_cell_SUFFIX(w_hh (H, H), w_ih (H, I), bias (H,), x (B, I), h (B, H), batch, hidden, inputs,
+ *                                  h_new (B, H))
+ * every array C-contiguous, h_new not aliasing the others. Each preactivation is a dot product summed in SIMD lanes
+ * (the omp simd reduction: another order than BLAS's, so it agrees with PyTorch's addmm to rounding, not bit for
+ * bit); no fast-math, so a NaN or inf in x, h or the weights reaches h_new. */
+#ifndef LIGHTNING_ORTHO_TANH_CELL_H
+#define LIGHTNING_ORTHO_TANH_CELL_H
+
+#define DEFINE_TANH_CELL(T, SUFFIX, TANH)                                                                            \
+    static inline void tanh_cell_##SUFFIX(const T *restrict w_hh, const T *restrict w_ih, const T *restrict bias,    \
+                                          const T *restrict x, const T *restrict h, long batch, long hidden,         \
+                                          long inputs, T *restrict h_new) {                                          \
+        for (long b = 0; b < batch; ++b) {                                                                           \
+            const T *restrict hb = h + b * hidden;                                                                   \
+            const T *restrict xb = x + b * inputs;                                                                   \
+            T *restrict out = h_new + b * hidden;                                                                    \
+            for (long i = 0; i < hidden; ++i) {                                                                      \
+                const T *restrict row_h = w_hh + i * hidden;                                                         \
+                const T *restrict row_x = w_ih + i * inputs;                                                         \
+                T z_h = 0, z_x = 0;                                                                                  \
+                _Pragma("omp simd reduction(+ : z_h)") for (long j = 0; j < hidden; ++j) z_h += row_h[j] * hb[j];    \
+                _Pragma("omp simd reduction(+ : z_x)") for (long j = 0; j < inputs; ++j) z_x += row_x[j] * xb[j];    \
+                out[i] = TANH(bias[i] + z_h + z_x);                                                                  \
+            }                                                                                                        \
+        }                                                                                                            \
+    }
+
+#endif
