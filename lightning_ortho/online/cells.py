@@ -30,6 +30,7 @@ import math
 import torch
 from torch import nn
 
+from lightning_ortho._native.tanh_cell import tanh_cell_step
 from lightning_ortho.online.linearization import (
     LinearStepLinearization,
     ParameterLayout,
@@ -61,6 +62,13 @@ class TanhRNNCell(nn.Module):
     """
 
     preactivation_weights = ("weight_hh", "weight_ih", "bias")
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # the one C call computes tanh(W_h h + W_x x + b): not what a subclass with its own pieces steps
+        cls._plain_step = cls.preactivation is TanhRNNCell.preactivation and cls.activation is TanhRNNCell.activation
+
+    _plain_step = True
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
@@ -106,7 +114,16 @@ class TanhRNNCell(nn.Module):
 
         Returns:
             ``(B, hidden_size)``, the new states.
+
+        Outside autograd, at small sizes on plain CPU tensors, the step is one C call
+        (:func:`~lightning_ortho._native.tanh_cell.tanh_cell_step`: the same expression to rounding); a subclass that
+        overrides ``preactivation`` or ``activation`` keeps them.
         """
+        parameters = self._parameters  # read directly: nn.Module's __getattr__ costs a microsecond per name
+        if self._plain_step and not torch.is_grad_enabled() and "weight_hh" in parameters:
+            h_new = tanh_cell_step(parameters["weight_hh"], parameters["weight_ih"], parameters["bias"], x, h)
+            if h_new is not None:
+                return h_new
         return self.activation(self.preactivation(x, h))
 
     def linearize(self, x: torch.Tensor, h: torch.Tensor, layout: ParameterLayout | None = None) -> StepLinearization:

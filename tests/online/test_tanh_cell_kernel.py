@@ -1,0 +1,96 @@
+"""TanhRNNCell's forward in one C call (outside autograd, small sizes, plain CPU tensors) computes the PyTorch
+expression ``tanh(W_h h + W_x x + b)``, and every case the kernel must not take goes to the PyTorch ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.utils import parametrize
+
+import lightning_ortho._native.tanh_cell as binding
+from lightning_ortho._native import native_kernels
+from lightning_ortho.online import TanhRNNCell
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The number of times the C kernel was fetched for a call (each fused forward fetches it once)."""
+    seen = []
+    original = binding._kernel
+
+    def spy(dtype):
+        kernel = original(dtype)
+        seen.append(kernel is not None)
+        return kernel
+
+    monkeypatch.setattr(binding, "_kernel", spy)
+    return seen
+
+
+def reference(cell: TanhRNNCell, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(h @ cell.weight_hh.T + x @ cell.weight_ih.T + cell.bias)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-14), (torch.float32, 1e-6)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_kernel_computes_the_cell_step(calls, dtype, tolerance, batch):
+    torch.manual_seed(0)
+    cell = TanhRNNCell(5, 7).to(dtype)
+    x, h = torch.randn(batch, 5, dtype=dtype), torch.randn(batch, 7, dtype=dtype)
+    with torch.no_grad():
+        out = cell(x, h)
+        expected = reference(cell, x, h)
+    assert calls == [True]
+    torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance)
+
+
+def test_autograd_parametrised_and_subclassed_cells_take_the_pytorch_ops(calls):
+    torch.manual_seed(1)
+    cell = TanhRNNCell(4, 6).double()
+    x, h = torch.randn(2, 4, dtype=torch.float64), torch.randn(2, 6, dtype=torch.float64)
+    out = cell(x, h)  # grad mode: the graph must be recorded
+    assert out.requires_grad and calls == []
+
+    class Shifted(TanhRNNCell):
+        def activation(self, z):
+            return torch.tanh(z + 1)
+
+    shifted = Shifted(4, 6).double()
+    shifted.load_state_dict(cell.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(shifted(x, h), torch.tanh(reference(cell, x, h).atanh() + 1))
+    assert calls == []
+
+    class Doubled(torch.nn.Module):
+        def forward(self, weight):
+            return 2 * weight
+
+    parametrize.register_parametrization(cell, "weight_hh", Doubled())
+    with torch.no_grad():
+        torch.testing.assert_close(cell(x, h), reference(cell, x, h))
+    assert calls == []
+
+
+def test_the_switch_wrong_shapes_and_large_sizes_take_the_pytorch_ops(calls):
+    cell = TanhRNNCell(4, 6).double()
+    x, h = torch.randn(1, 4, dtype=torch.float64), torch.randn(1, 6, dtype=torch.float64)
+    with torch.no_grad():
+        with native_kernels(False):
+            cell(x, h)
+        assert calls == [False]
+        with pytest.raises(RuntimeError):  # PyTorch's own error, never a read past the end
+            cell(torch.randn(1, 5, dtype=torch.float64), h)
+        wide = TanhRNNCell(8, 512).double()
+        wide(torch.randn(1, 8, dtype=torch.float64), torch.randn(1, 512, dtype=torch.float64))
+        cell(x.T.contiguous().T, h[:, ::1])  # contiguous views still fit
+    assert calls == [False, True]
+
+
+def test_nan_reaches_the_output_and_meta_tensors_take_the_pytorch_ops(calls):
+    cell = TanhRNNCell(3, 4).double()
+    x = torch.tensor([[float("nan"), 0.0, 0.0]], dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.isnan(cell(x, torch.zeros(1, 4, dtype=torch.float64))).all()
+        meta = TanhRNNCell(3, 4).to("meta")
+        assert meta(torch.zeros(2, 3, device="meta"), torch.zeros(2, 4, device="meta")).shape == (2, 4)
+    assert calls == [True]
