@@ -94,3 +94,17 @@ def test_nan_reaches_the_output_and_meta_tensors_take_the_pytorch_ops(calls):
         meta = TanhRNNCell(3, 4).to("meta")
         assert meta(torch.zeros(2, 3, device="meta"), torch.zeros(2, 4, device="meta")).shape == (2, 4)
     assert calls == [True]
+
+
+def test_compiled_forward_traces_the_pytorch_ops_without_a_graph_break(calls):
+    torch.manual_seed(2)
+    cell = TanhRNNCell(3, 5).double()
+    x, h = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
+
+    def step(x, h):
+        with torch.no_grad():
+            return cell(x, h)
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, h), reference(cell, x, h).detach())
+    assert calls == []  # the compiled region runs the traced PyTorch ops
