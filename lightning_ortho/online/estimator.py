@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from lightning_ortho._native.guard import real_cpu
 from lightning_ortho.nn import _checks
 from lightning_ortho.online.health import GRADIENT, STEP, new_record, read_failure, record_failure
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, linearize
@@ -382,6 +383,10 @@ class OnlineGradientEstimator:
             return
         watched = self._watched_values(new_state.tensors)
         if self._recording():
+            if verdict is None and _reads_are_free(h_new):  # the sums the at-once check reads, read for nothing
+                verdict = _finite_sum([x, h_new, *watched.values()])
+                if math.isfinite(verdict):
+                    return
             if new_state.health is None:  # a state made by hand: it gets a record of its own
                 new_state.health = state.health = new_record(h_new.device)
             record_failure(new_state.health, new_state.step, STEP, [x, h_new, *watched.values()])
@@ -442,6 +447,8 @@ class OnlineGradientEstimator:
         if verdict is not None and math.isfinite(verdict):  # a fused pass summed grad_h and the estimate: finite
             return self.layout.views(flat)
         if self._recording():  # no synchronisation: read by check() (check_every)
+            if verdict is None and _reads_are_free(flat) and math.isfinite(_finite_sum([grad_h, flat])):
+                return self.layout.views(flat)
             if state.health is None:  # a state made by hand: it gets a record of its own
                 state.health = new_record(flat.device)
             record_failure(state.health, max(state.step, 1), GRADIENT, [grad_h, flat])
@@ -693,6 +700,27 @@ def _complex_estimators() -> str:
     if not found:
         return "no estimator of lightning_ortho.online trains"
     return f"{', '.join(found)} {'trains' if len(found) == 1 else 'train'}"
+
+
+def _reads_are_free(tensor: torch.Tensor) -> bool:
+    """Whether reading a value of ``tensor`` on the host costs no synchronisation: a real CPU tensor (no device queue
+    to wait for) outside ``torch.compile``, transforms and modes (:func:`~lightning_ortho._native.guard.real_cpu`).
+    There a recording call reads one sum, as a call that checks at once does, and writes the record only when the
+    sum is not finite: a handful of operations instead of the record's dozen."""
+    return real_cpu(tensor)
+
+
+def _finite_sum(tensors: list[torch.Tensor]) -> float:
+    """The sum of every entry of ``tensors`` (complex ones by their real view), accumulated in at least float32, as a
+    Python float (one host read): NaN/inf when one holds NaN/inf, or when finite entries overflow the sum (the
+    caller then looks entry by entry)."""
+    total = None
+    for t in tensors:
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        part = t.sum(dtype=_sum_dtype(t.dtype))
+        total = part if total is None else total + part
+    return float(total) if total is not None else 0.0
 
 
 def _sum_dtype(dtype: torch.dtype) -> torch.dtype:
