@@ -168,7 +168,9 @@ class StreamDataModule(pl.LightningDataModule):
     * ``"reset"``: bool ``(b,)``, the streams that (re)start at the first step of this chunk: the model resets
       their recurrent state (and estimator state) *before* the chunk;
     * ``"chunk"``: int64 scalar tensor, the index of this chunk in its stream (0, 1, 2, ... continuing across
-      epochs in training; 0 .. ``val_chunks - 1`` in every validation pass), so a model can check the order.
+      epochs in training; 0 .. ``val_chunks - 1`` in every validation pass), so a model can check the order. It
+      stays on the CPU when Lightning moves the batch to the model's device (:meth:`transfer_batch_to_device`), so
+      reading it waits for nothing queued on an accelerator.
 
     **Order is enforced**: ``train_dataloader`` is a :class:`StreamLoader` over :class:`TrainingChunks`, an
     ``IterableDataset`` that yields whole chunks in time order; there is no sampler to shuffle and no worker
@@ -334,6 +336,17 @@ class StreamDataModule(pl.LightningDataModule):
     def predict_dataloader(self) -> StreamLoader:
         """The test chunks (what ``lightning-ortho predict`` and ``Trainer.predict`` read)."""
         return self.test_dataloader()
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move the batch to ``device`` as Lightning does, but for ``batch["chunk"]``, which stays on the CPU: the
+        model reads the index to check the order of the chunks, and a read of an accelerator's tensor would wait for
+        all the work queued there (one stall per chunk)."""
+        if not isinstance(batch, dict) or "chunk" not in batch:
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        moved = super().transfer_batch_to_device(
+            {key: value for key, value in batch.items() if key != "chunk"}, device, dataloader_idx
+        )
+        return {**moved, "chunk": batch["chunk"]}
 
     def state_dict(self) -> dict[str, Any]:
         """``{"next_chunk": k}``: the first training chunk not yet handed to the model."""

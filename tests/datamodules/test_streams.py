@@ -282,3 +282,15 @@ def test_ddp_ranks_carry_the_streams_r_mod_w(tmp_path, tiny_trainer, monkeypatch
         for key in ("x", "y", "mask", "reset"):
             assert torch.equal(part0[key], whole[key][0::2]) and torch.equal(part1[key], whole[key][1::2]), key
     assert len(ranks[0]) == 4
+
+
+def test_the_chunk_index_stays_on_the_cpu_when_the_batch_is_moved():
+    """Lightning's transfer moves every tensor but the chunk's index, which the model reads for the order check
+    (on an accelerator a read of a moved index would wait for the work queued there)."""
+    data = CopyTaskDataModule(**SMALL)
+    batch = data.batch("train", 4)
+    moved = data.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    assert set(moved) == set(batch)
+    assert all(moved[key].is_meta for key in batch if key != "chunk")
+    assert moved["chunk"] is batch["chunk"] and int(moved["chunk"]) == 4
+    assert data.transfer_batch_to_device([torch.ones(1)], torch.device("meta"), 0)[0].is_meta

@@ -258,7 +258,10 @@ def test_batches_that_break_the_stream_contract_are_clear_errors(batch_change, m
         ({"loss": "l1"}, r"loss must be one of \('cross_entropy', 'mse'\)"),
         ({"readout": "mean"}, r"readout must be one of \('linear', 'units'\)"),
         ({"readout": "units", "output_size": 9}, "first output_size=9 units of the state, but the cell has only 5"),
-        ({"estimator": "bptt"}, r"estimator must be one of \('uoro', 'rtrl', 'tbptt', 'kf_rtrl', 'snap', 'diagonal_rtrl', 'rflo'\)"),
+        (
+            {"estimator": "bptt"},
+            r"estimator must be one of \('uoro', 'rtrl', 'tbptt', 'kf_rtrl', 'snap', 'diagonal_rtrl', 'rflo'\)",
+        ),
         (
             {"estimator": "tbptt", "estimator_options": {}},
             r"needs the truncation length: estimator_options=\{'k': 10\}",

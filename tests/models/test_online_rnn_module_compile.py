@@ -150,7 +150,8 @@ def _steady_state_reads(tmp_path, update_every, **kwargs):
 
 
 #: The chunk's index (``batch["chunk"]``, a 0-d int64 tensor of the stream contract), read to check the order of
-#: the chunks and to restart the streams at chunk 0: the one read per chunk that remains.
+#: the chunks and to restart the streams at chunk 0: the data module keeps it on the CPU (its
+#: ``transfer_batch_to_device``), so on an accelerator this read waits for nothing queued there.
 INDEX = "aten._local_scalar_dense.default"
 #: The window's check: the estimator's NaN/inf record and the module's record of out-of-range classes, one read.
 WINDOW = "Tensor.tolist"
