@@ -131,7 +131,9 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
     (``check_every = None``) and out-of-range class targets are recorded too; both records are read together once
     per update window, before its update (and at the end of each epoch for a window still open), and the error
     names the step and the tensor (or the chunk and the classes). What remains per chunk is reading its index
-    (``batch["chunk"]``) for the order check.
+    (``batch["chunk"]``) for the order check, which the stream data modules keep on the CPU
+    (:meth:`~lightning_ortho.datamodules.StreamDataModule.transfer_batch_to_device`): on an accelerator it waits for
+    nothing queued there.
 
     Raises:
         ValueError: an argument is invalid (the message says what to set), or the estimator cannot train the cell
