@@ -35,7 +35,9 @@ def render(data: dict) -> str:
     columns = list(dict.fromkeys((r["dtype"], r["H"]) for r in rows))
     index = {(r["estimator"], r["dtype"], r["H"]): r for r in rows}
     names = [n for n in LABELS if any(r["estimator"] == n for r in rows)]
-    lines = [
+    before = data.get("before")  # a run kept to show where the work started: its table, without claims
+    lines = [f"*{before}*", ""] if before else []
+    lines += [
         f"**{data['hardware']}** ({data.get('hardware_description', '')}), torch {data['torch']}, NumPy "
         f"{setup.get('numpy', '?')}, {data['date']}: `{data['command']}` ({data.get('total_seconds', '?')} s). One "
         f"stream, one thread; {setup.get('cell', 'TanhRNNCell')}; RFLO tau = {setup.get('rflo_tau', '?')}, "
@@ -59,7 +61,7 @@ def render(data: dict) -> str:
         "Largest relative difference between ours and the NumPy reference (new state and every gradient entry) over "
         f"{rows[0]['agreement']['steps'] if rows else '?'} steps from the same state: {agreement}.",
     ]
-    return "\n".join(lines + claims_table(data["claims"]))
+    return "\n".join(lines if before else lines + claims_table(data["claims"]))
 
 
 def _tolerance(rows: list[dict], dtype: str) -> float:
