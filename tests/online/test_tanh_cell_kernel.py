@@ -12,6 +12,13 @@ from lightning_ortho._native import native_kernels
 from lightning_ortho.online import TanhRNNCell
 
 
+@pytest.fixture(autouse=True)
+def kernels_on():
+    """The kernels on whatever LIGHTNING_ORTHO_NATIVE says (CI runs these files again with it set to 0)."""
+    with native_kernels(True):
+        yield
+
+
 @pytest.fixture
 def calls(monkeypatch):
     """The number of times the C kernel was fetched for a call (each fused forward fetches it once)."""
