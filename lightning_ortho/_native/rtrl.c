@@ -20,8 +20,46 @@
  * stream past it (16 KiB of float64, 8 KiB of float32). */
 #define RTRL_BLOCK 2048
 
+/* Independent partial sums of a pass (16 lanes: four AVX2 vectors of float64): one chain of additions would hold the
+ * pass to one vector per add latency, several times slower than the loads and stores. */
+#define RTRL_LANES 16
+
 #define DEFINE_KERNELS(T, SUFFIX, TANH)                                                                               \
     DEFINE_TANH_CELL(T, SUFFIX, TANH)                                                                                 \
+                                                                                                                      \
+    /* row[p] *= scale for p < n; returns the sum of the new entries (in double). */                                  \
+    static inline double scale_and_sum_##SUFFIX(T *restrict row, long n, T scale) {                                  \
+        double lanes[RTRL_LANES] = {0};                                                                               \
+        long p = 0;                                                                                                   \
+        for (; p + RTRL_LANES <= n; p += RTRL_LANES) {                                                                \
+            _Pragma("omp simd") for (long k = 0; k < RTRL_LANES; ++k) {                                               \
+                const T value = row[p + k] * scale;                                                                   \
+                row[p + k] = value;                                                                                   \
+                lanes[k] += value;                                                                                    \
+            }                                                                                                         \
+        }                                                                                                             \
+        double total = 0;                                                                                             \
+        for (; p < n; ++p) {                                                                                          \
+            const T value = row[p] * scale;                                                                           \
+            row[p] = value;                                                                                           \
+            total += value;                                                                                           \
+        }                                                                                                             \
+        for (long k = 0; k < RTRL_LANES; ++k) total += lanes[k];                                                      \
+        return total;                                                                                                 \
+    }                                                                                                                 \
+                                                                                                                      \
+    /* The sum of values[p] for p < n (in double). */                                                                 \
+    static inline double sum_##SUFFIX(const T *restrict values, long n) {                                             \
+        double lanes[RTRL_LANES] = {0};                                                                               \
+        long p = 0;                                                                                                   \
+        for (; p + RTRL_LANES <= n; p += RTRL_LANES) {                                                                \
+            _Pragma("omp simd") for (long k = 0; k < RTRL_LANES; ++k) lanes[k] += values[p + k];                      \
+        }                                                                                                             \
+        double total = 0;                                                                                             \
+        for (; p < n; ++p) total += values[p];                                                                        \
+        for (long k = 0; k < RTRL_LANES; ++k) total += lanes[k];                                                      \
+        return total;                                                                                                 \
+    }                                                                                                                 \
                                                                                                                       \
     /* h_new (B, H) = the cell's step from x (B, I) and h (B, H); influence (B, H, P) holds W_h M on entry and M' on  \
      * exit. Returns the sum of x, h_new and M' (NaN/inf when the step is not finite). */                             \
@@ -48,13 +86,7 @@
                 T *restrict row_ih = row + input_block + i * inputs;                                                  \
                 _Pragma("omp simd") for (long j = 0; j < inputs; ++j) row_ih[j] += xb[j];                             \
                 row[bias_block + i] += 1;                                                                             \
-                double row_total = 0;                                                                                 \
-                _Pragma("omp simd reduction(+ : row_total)") for (long p = 0; p < size; ++p) {                        \
-                    const T value = row[p] * slope;                                                                   \
-                    row[p] = value;                                                                                   \
-                    row_total += value;                                                                               \
-                }                                                                                                     \
-                total += row_total;                                                                                   \
+                total += scale_and_sum_##SUFFIX(row, size, slope);                                                    \
             }                                                                                                         \
         }                                                                                                             \
         return total;                                                                                                 \
@@ -66,8 +98,7 @@
     double rtrl_gradient_##SUFFIX(const T *restrict influence, const T *restrict grad_h, long batch, long hidden,     \
                                   long size, T *restrict out) {                                                       \
         const long rows = batch * hidden;                                                                             \
-        double total = 0;                                                                                             \
-        for (long r = 0; r < rows; ++r) total += grad_h[r];                                                           \
+        double total = sum_##SUFFIX(grad_h, rows);                                                                    \
         for (long start = 0; start < size; start += RTRL_BLOCK) {                                                     \
             const long stop = start + RTRL_BLOCK < size ? start + RTRL_BLOCK : size;                                  \
             const T g0 = grad_h[0];                                                                                   \
@@ -77,9 +108,7 @@
                 const T g = grad_h[r];                                                                                \
                 _Pragma("omp simd") for (long p = start; p < stop; ++p) out[p] += g * row[p];                         \
             }                                                                                                         \
-            double block_total = 0;                                                                                   \
-            _Pragma("omp simd reduction(+ : block_total)") for (long p = start; p < stop; ++p) block_total += out[p]; \
-            total += block_total;                                                                                     \
+            total += sum_##SUFFIX(out + start, stop - start);                                                         \
         }                                                                                                             \
         return total;                                                                                                 \
     }

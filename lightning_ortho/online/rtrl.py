@@ -51,11 +51,18 @@ class RTRL(OnlineGradientEstimator):
         """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain tanh cell whose shapes fit,
         :meth:`_tanh_step`; else the cell's linearisation and :meth:`_advance`."""
         if self._tanh:
-            cell, h, influence = self.cell, state.h, state.tensors["influence"]
-            weight_hh, weight_ih = cell.weight_hh, cell.weight_ih
-            hidden = weight_hh.shape[0]
-            if h.shape[1] == hidden and influence.shape == (h.shape[0], hidden, self.layout.size):
-                return self._tanh_step(x, state, weight_hh, weight_ih, cell.bias)
+            params = self.cell._parameters  # a dictionary lookup each, where Module.__getattr__ costs a microsecond
+            weight_hh, weight_ih, bias = params["weight_hh"], params["weight_ih"], params["bias"]
+            h, influence, layout = state.h, state.tensors["influence"], self.layout
+            shapes = layout.shapes  # ((H, H), (H, I), (H,)): what the kernel reads, whatever was assigned since
+            hidden = shapes[0][0]
+            if (
+                (weight_hh.shape, weight_ih.shape, bias.shape) == shapes
+                and x.shape[1] == shapes[1][1]
+                and h.shape[1] == hidden
+                and influence.shape == (h.shape[0], hidden, layout.size)
+            ):
+                return self._tanh_step(x, state, weight_hh, weight_ih, bias)
         return super()._advance_step(x, state)
 
     def _tanh_step(
@@ -67,8 +74,8 @@ class RTRL(OnlineGradientEstimator):
         bias: torch.Tensor,
     ) -> Advance:
         """The step of ``h' = tanh(W_h h + W_x x + b)`` and ``M' = diag(d) (W_h M + dz/dtheta)``, ``d = 1 - h'^2``,
-        from ``x`` ``(B, I)`` and the state's ``h`` ``(B, H)`` and ``M`` ``(B, H, P)`` (shapes checked by the caller): the GEMM and
-        one C pass where every tensor is a C-contiguous real CPU tensor of one float dtype (the verdict from that
+        from ``x`` ``(B, I)`` and the state's ``h`` ``(B, H)`` and ``M`` ``(B, H, P)`` (shapes checked by the caller):
+        the GEMM and one C pass where every tensor is a C-contiguous real CPU tensor of one float dtype (the verdict from that
         pass), else PyTorch ops. Fresh tensors: ``M`` is only read.
 
         Raises:
