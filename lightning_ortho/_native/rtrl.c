@@ -80,10 +80,11 @@
                 T *restrict row = influence + (b * hidden + i) * size;                                                \
                 const T slope = 1 - yb[i] * yb[i];                                                                    \
                 total += yb[i];                                                                                       \
-                /* the nonzeros of dz_i/dtheta, added before the scaling: M' = d (W_h M + dz/dtheta) */               \
-                T *restrict row_hh = row + i * hidden;                                                                \
+                /* the nonzeros of dz_i/dtheta, added before the scaling: M' = d (W_h M + dz/dtheta) (row_hh and     \
+                 * row_ih are not restrict: the scaling reads the same entries through row) */                        \
+                T *row_hh = row + i * hidden;                                                                         \
                 _Pragma("omp simd") for (long j = 0; j < hidden; ++j) row_hh[j] += hb[j];                             \
-                T *restrict row_ih = row + input_block + i * inputs;                                                  \
+                T *row_ih = row + input_block + i * inputs;                                                           \
                 _Pragma("omp simd") for (long j = 0; j < inputs; ++j) row_ih[j] += xb[j];                             \
                 row[bias_block + i] += 1;                                                                             \
                 total += scale_and_sum_##SUFFIX(row, size, slope);                                                    \

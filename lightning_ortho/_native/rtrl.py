@@ -18,9 +18,10 @@ _SUFFIXES = {torch.float32: "float32", torch.float64: "float64"}
 def rtrl_tanh_kernels(like: torch.Tensor, *others: torch.Tensor | None):
     """The C function of :func:`tanh_step` for ``like``'s dtype, or ``None`` when ``like`` is not float32/float64,
     when ``like`` or one of ``others`` (every tensor the kernel or the GEMM before it will read: ``x``, ``h``, the
-    influence, the cell's parameters) is not a real CPU tensor or something is tracing (:func:`lightning_ortho._native.real_cpu`), under CPU autocast (the GEMM ``W_h M`` would
-    come back in bfloat16), or when the kernels are unavailable (:func:`lightning_ortho._native.load`). Dtypes
-    and strides are the caller's to check."""
+    influence, the cell's parameters) is not a real CPU tensor or something is tracing
+    (:func:`lightning_ortho._native.real_cpu`), under CPU autocast (the GEMM ``W_h M`` would come back in
+    bfloat16), or when the kernels are unavailable (:func:`lightning_ortho._native.load`). Dtypes, shapes and
+    strides are the caller's to check."""
     if _autocast("cpu"):
         return None
     return _kernels(like, others, 0)

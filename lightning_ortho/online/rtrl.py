@@ -75,8 +75,8 @@ class RTRL(OnlineGradientEstimator):
     ) -> Advance:
         """The step of ``h' = tanh(W_h h + W_x x + b)`` and ``M' = diag(d) (W_h M + dz/dtheta)``, ``d = 1 - h'^2``,
         from ``x`` ``(B, I)`` and the state's ``h`` ``(B, H)`` and ``M`` ``(B, H, P)`` (shapes checked by the caller):
-        the GEMM and one C pass where every tensor is a C-contiguous real CPU tensor of one float dtype (the verdict from that
-        pass), else PyTorch ops. Fresh tensors: ``M`` is only read.
+        the GEMM and one C pass where every tensor is a C-contiguous real CPU tensor of one float dtype (the verdict
+        from that pass), else PyTorch ops. Fresh tensors: ``M`` is only read.
 
         Raises:
             ValueError: the cell's step returned another dtype than the state's (CPU autocast).
@@ -137,6 +137,8 @@ class RTRL(OnlineGradientEstimator):
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         # sum_b grad_h_b^T M_b as one GEMV (1, B H) x (B H, P): no (B, P) temporary
         influence = state.tensors["influence"]
+        if not influence.is_contiguous():  # the generic step's layout, which the reshape would copy
+            return super()._gradient_summed(state, grad_h)
         size = influence.shape[-1]
         return torch.matmul(grad_h.reshape(1, -1), influence.reshape(-1, size)).reshape(size)
 
