@@ -22,13 +22,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lightning_ortho._native as native
-from lightning_ortho._native import readout, reflection_rows, uoro
+from lightning_ortho._native import readout, reflection_rows, rtrl, uoro
 from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
+from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.nn import AuxiliaryReflection
-from lightning_ortho.online import UORO, GRUCell, TanhRNNCell
+from lightning_ortho.online import RTRL, UORO, GRUCell, TanhRNNCell
 from tests.helpers import auxiliary_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,14 +61,16 @@ import torch
 from torch import nn
 from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
+from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.nn import AuxiliaryReflection
-from lightning_ortho.online import UORO, GRUCell, TanhRNNCell
+from lightning_ortho.online import RTRL, UORO, GRUCell, TanhRNNCell
 
 F64 = torch.float64
 like = torch.zeros(1, 1, dtype=F64)
 assert None not in (row_kernels(like), uoro_tanh_kernels(like), uoro_gradient_kernel(like), linear_readout_kernel(like))
+assert None not in (rtrl_tanh_kernels(like), rtrl_gradient_kernel(like))
 TOLERANCE = {"rtol": 1e-12, "atol": 1e-12}  # the kernels and the PyTorch ops sum in other orders
 
 
@@ -75,8 +78,8 @@ def steps(estimator, state, xs, grads):
     out = []
     for x, grad_h in zip(xs, grads):
         h, state = estimator.step(x, state)
-        tensors = state.tensors  # with GIR w_tilde is updated in place: keep copies
-        out.append((h, tensors["h_tilde"].clone(), tensors["w_tilde"].clone(), estimator.gradient(state, grad_h)))
+        tensors = {k: v.clone() for k, v in state.tensors.items()}  # with GIR w_tilde is updated in place: copies
+        out.append((h, tensors, estimator.gradient(state, grad_h)))
     return out
 
 
@@ -102,6 +105,12 @@ for backend in sys.argv[1:]:
         torch.testing.assert_close(compiled, steps(estimator, estimator.initial_state(h0), xs, grads), **TOLERANCE)
         print(backend, name, flush=True)
 
+    estimator = RTRL(TanhRNNCell(3, 5).double())  # the fused step and the summed estimate
+    h0, xs, grads = torch.randn(4, 5, dtype=F64), torch.randn(2, 4, 3, dtype=F64), torch.randn(2, 4, 5, dtype=F64)
+    compiled = torch.compile(steps, backend=backend)(estimator, estimator.initial_state(h0), xs, grads)
+    torch.testing.assert_close(compiled, steps(estimator, estimator.initial_state(h0), xs, grads), **TOLERANCE)
+    print(backend, "rtrl_tanh", flush=True)
+
     layer, x = AuxiliaryReflection(6).double(), torch.randn(5, 6, dtype=F64)
     torch.testing.assert_close(torch.compile(reflect, backend=backend)(layer, x), reflect(layer, x), **TOLERANCE)
     print(backend, "reflection", flush=True)
@@ -115,7 +124,15 @@ for backend in sys.argv[1:]:
         print(backend, "readout_" + loss, flush=True)
 """
 
-COMPILED = ["tanh_state", "tanh_preactivation", "gru_state", "reflection", "readout_cross_entropy", "readout_mse"]
+COMPILED = [
+    "tanh_state",
+    "tanh_preactivation",
+    "gru_state",
+    "rtrl_tanh",
+    "reflection",
+    "readout_cross_entropy",
+    "readout_mse",
+]
 
 
 @needs_compiler
@@ -177,8 +194,8 @@ def spy(kernels_on, monkeypatch) -> list[str]:
     """The bindings load spies of the real libraries: every kernel call is recorded (the list returned) and refused
     with :class:`KernelCalled`; whatever a getter decides is otherwise unchanged."""
     calls: list[str] = []
-    libraries = {name: _SpyLibrary(native.load(name), calls) for name in ("reflection_rows", "uoro", "readout")}
-    for module in (reflection_rows, uoro, readout):
+    libraries = {name: _SpyLibrary(native.load(name), calls) for name in ("reflection_rows", "uoro", "readout", "rtrl")}
+    for module in (reflection_rows, uoro, readout, rtrl):
         monkeypatch.setattr(module, "load", libraries.__getitem__)
     return calls
 
@@ -212,7 +229,15 @@ def test_the_spy_sees_every_kernel_family_on_real_tensors(spy):
         with pytest.raises(KernelCalled):
             state = estimator.step(torch.randn(4, 3, dtype=F64), state)[1]  # the fused step (tanh)
             estimator.gradient(state, torch.randn(4, 5, dtype=F64))  # the summed estimate (GRU)
+    estimator = RTRL(TanhRNNCell(3, 5).double())
+    state = estimator.initial_state(torch.zeros(4, 5, dtype=F64))
+    with pytest.raises(KernelCalled):
+        estimator.step(torch.randn(4, 3, dtype=F64), state)
+    with pytest.raises(KernelCalled):
+        estimator.gradient(state, torch.randn(4, 5, dtype=F64))
     assert set(spy) == {
+        "rtrl_tanh_step_float64",
+        "rtrl_gradient_float64",
         "readout_linear_float64",
         "reflect_rows_float64",
         "uoro_tanh_norms_float64",  # the first of the fused step's kernels
@@ -235,6 +260,10 @@ def _decisions(t: torch.Tensor) -> list:
         uoro_gradient_kernel(plain, t),
         linear_readout_kernel(t),
         linear_readout_kernel(plain, plain, None, t),
+        rtrl_tanh_kernels(t),
+        rtrl_tanh_kernels(plain, plain, t),
+        rtrl_gradient_kernel(t),
+        rtrl_gradient_kernel(plain, t),
     ]
 
 
@@ -330,7 +359,7 @@ DECLINED = {
 
 @pytest.mark.parametrize("case", list(DECLINED))
 def test_every_getter_declines_where_a_kernel_must_not_run(kernels_on, case):
-    assert DECLINED[case]() == [None] * 8
+    assert DECLINED[case]() == [None] * 12
 
 
 ALLOWED = {
@@ -351,8 +380,9 @@ def test_under_cpu_autocast_only_the_kernels_fed_by_pytorch_products_decline(ker
     in bfloat16; the summed estimate and the readout read only their inputs."""
     plain = _plain()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert row_kernels(plain) is None and uoro_tanh_kernels(plain) is None
+        assert row_kernels(plain) is None and uoro_tanh_kernels(plain) is None and rtrl_tanh_kernels(plain) is None
         assert uoro_gradient_kernel(plain) is not None and linear_readout_kernel(plain) is not None
+        assert rtrl_gradient_kernel(plain) is not None
 
 
 # -- the layers and steps: no kernel call, the right answer ---------------------------------------------------------
