@@ -6,9 +6,19 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vjp, vmap
 
-from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho._native.tbptt import step as fused_step
+from lightning_ortho._native.tbptt import summed_gradient, tbptt_tanh_kernels
+from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator
 from lightning_ortho.online.linearization import StepLinearization
 from lightning_ortho.online.state import OnlineState
+from lightning_ortho.online.uoro_fused import fusable_tanh_cell
+
+#: ``B H (H + I)`` (multiply-adds of one step of the cell for all ``B`` streams) above which the fused tanh step and
+#: gradient decline for ``B > 1``: the C kernels take the streams one by one (matrix-vector products), PyTorch's
+#: batched products take them all at once with BLAS, which from about this size is faster than the calls and the
+#: autograd replay it costs (measured: about 0.6x of PyTorch's time at 2^19 with 8 to 32 streams, 1x at 128 streams;
+#: one stream has no batch to gain from at any size).
+FUSED_MAX_WORK = 1 << 19
 
 
 class TruncatedBPTT(OnlineGradientEstimator):
@@ -20,11 +30,21 @@ class TruncatedBPTT(OnlineGradientEstimator):
     the sequence length this is backprop through time exactly (tested). A stream that is :meth:`reset`
     starts a new window: no gradient flows into the state it had before.
 
+    On a plain :class:`~lightning_ortho.online.TanhRNNCell` (with ``closed_form``) a step and a summed gradient are
+    each one C call on float32/float64 CPU tensors (one stream, or up to :data:`FUSED_MAX_WORK`;
+    :mod:`lightning_ortho._native.tbptt`): the cell's step and the window shifted by one step into new tensors; the
+    replay and the reverse pass through every stream's window, summed straight into the flat estimate. The replay
+    is skipped where the window already holds its states: on the state the last step returned, untouched, while the
+    parameters are bit for bit those of the window's steps (no optimiser update since). The same numbers as the
+    PyTorch path to rounding, which runs elsewhere (under ``torch.compile`` and other tracers, on other devices, with
+    :func:`lightning_ortho._native.native_kernels` ``(False)``). The estimator keeps what its last step returned to
+    know that state again: one estimator steps one run at a time from one thread.
+
     Args:
         cell: the recurrent cell.
         k: truncation length (``>= 1``).
         closed_form: use the cell's closed-form Jacobian products when it has them, as in
-            :class:`~lightning_ortho.online.OnlineGradientEstimator`.
+            :class:`~lightning_ortho.online.OnlineGradientEstimator` (``False`` also keeps the C kernels off).
     """
 
     name = "tbptt"
@@ -40,6 +60,15 @@ class TruncatedBPTT(OnlineGradientEstimator):
         self.varying_dims = {"inputs": (1,) if self.input_size is not None else (1, 2), "starts": (1,), "cut": (1,)}
         # A saved state of a longer window loads as its last k steps (what this estimator would hold), warned.
         self.windows = {"inputs": (1, k), "starts": (1, k), "cut": (1, k)}
+        # The C step and gradient compute tanh(W_h h + W_x x + b): the cell must step exactly so (parameters are
+        # read at every call, so optimiser updates between steps are seen).
+        self._fusable = closed_form and fusable_tanh_cell(cell, self.layout)
+        # What the last fused step returned, (h, inputs, starts, cut, cut_next, dtype), and the parameters it took
+        # with the count of steps in a row that took exactly those ((P + 1,), written by the C step): a gradient on
+        # that state, while the parameters are those bits, reads the window's states instead of replaying them
+        # (see _native/tbptt.c).
+        self._stepped: tuple | None = None
+        self._snapshot: torch.Tensor | None = None
 
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         batch = h0.shape[0]
@@ -61,6 +90,114 @@ class TruncatedBPTT(OnlineGradientEstimator):
             "cut": torch.cat([t["cut"], t["cut_next"][:, None]], dim=1)[:, -self.k :],
             "cut_next": torch.zeros_like(t["cut_next"]),
         }
+
+    # -- the fused tanh step and gradient (one C call each) -------------------------------------------------------
+    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
+        """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a fusable cell one C call (the cell's
+        step, the window shifted by one step into new tensors, and the verdict), else the cell and :meth:`_advance`."""
+        if self._fusable and not torch.compiler.is_compiling():
+            fused = self._fused_step(x, state)
+            if fused is not None:
+                return fused
+        return super()._advance_step(x, state)
+
+    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """``(estimate (P,), verdict)``: on a fusable cell one C call (the reverse pass through every stream's
+        window, replayed unless it holds the states of the current parameters, summed into the flat estimate; and
+        the sum of ``grad_h`` and the estimate), else :meth:`_gradient_summed` and ``None``."""
+        if self._fusable and not torch.compiler.is_compiling():
+            operands = self._fused_operands(state, grad_h)
+            if operands is not None:
+                return summed_gradient(operands, state.h, grad_h, self._snapshot)
+        return self._gradient_summed(state, grad_h), None
+
+    def _fused_step(self, x: torch.Tensor, state: OnlineState) -> Advance | None:
+        """The step as one C call (:func:`~lightning_ortho._native.tbptt.step`), or ``None`` where it declines
+        (then the PyTorch path runs). The new window entries are new tensors (the state passed in is left as it
+        was; the all-false ``cut_next`` of the last fused step, untouched, is shared); the verdict sums ``x``,
+        ``h'`` and the new window."""
+        operands = self._fused_operands(state, x)
+        if operands is None or x.shape[1] != operands[2].shape[1]:
+            return None
+        w_ih, cut_next, continuing = operands[2], operands[7], operands[8]
+        hidden, n_inputs = w_ih.shape
+        size = hidden * (hidden + n_inputs + 1)
+        snapshot = self._snapshot
+        if snapshot is None or snapshot.dtype is not w_ih.dtype or snapshot.shape[0] != size + 1:
+            snapshot = self._snapshot = w_ih.new_empty(size + 1)
+            operands = (*operands[:8], False)  # (a new snapshot counts no steps)
+        h_new, inputs, starts, cut, verdict = fused_step(operands, x, state.h, self.k, snapshot)
+        if not continuing:
+            cut_next = torch.zeros_like(cut_next)
+        # (an inference tensor has no version counter to tell that it is untouched: no memo)
+        self._stepped = None if h_new.is_inference() else (h_new, inputs, starts, cut, cut_next, w_ih.dtype)
+        return Advance(h_new, {"inputs": inputs, "starts": starts, "cut": cut, "cut_next": cut_next}, None, verdict)
+
+    def _continues(self, state: OnlineState) -> bool:
+        """Whether ``state`` holds, untouched, what the last fused step returned: the same ``h`` and window
+        tensors (:attr:`_stepped`), at version 0 (no in-place change since)."""
+        last = self._stepped
+        if last is None:
+            return False
+        h, t = state.h, state.tensors
+        inputs, starts, cut, cut_next = t["inputs"], t["starts"], t["cut"], t["cut_next"]
+        return (
+            h is last[0]
+            and inputs is last[1]
+            and starts is last[2]
+            and cut is last[3]
+            and cut_next is last[4]
+            and not (h._version or inputs._version or starts._version or cut._version or cut_next._version)
+        )
+
+    def _fused_operands(self, state: OnlineState, lead: torch.Tensor) -> tuple | None:
+        """``(kernels, W_h, W_x, b, inputs, starts, cut, cut_next, continuing)`` for the C kernels
+        (:mod:`lightning_ortho._native.tbptt`; ``continuing``: :meth:`_continues`), or ``None`` where they decline:
+        unless the cell's parameters, ``lead`` (the step's ``x`` or the gradient's ``grad_h``), ``state.h`` and the
+        window are C-contiguous real CPU tensors (:func:`~lightning_ortho._native.real_cpu`) of the shapes the
+        kernels read (an empty window may have any ``I``), the floating ones of the parameters' dtype, and the
+        streams are one or few enough (:data:`FUSED_MAX_WORK`). The template has checked ``lead`` against
+        ``state.h`` (streams, dtype, device). ``h`` and the window of the state the last fused step returned,
+        untouched since, are that step's own new CPU tensors, of the shapes and dtype checked then: only the
+        parameters (which an update may replace or convert) and ``lead`` are checked again."""
+        params = self.cell._parameters  # read at every call: optimiser updates and replaced parameters are seen
+        w_hh, w_ih, bias = params["weight_hh"], params["weight_ih"], params["bias"]
+        t = state.tensors
+        h, inputs, starts, cut, cut_next = state.h, t["inputs"], t["starts"], t["cut"], t["cut_next"]
+        dtype = w_hh.dtype
+        continuing = self._continues(state)
+        if continuing:
+            batch, hidden = h.shape
+            n_inputs = inputs.shape[2]
+            if self._stepped[5] is not dtype:
+                return None
+            others: tuple[torch.Tensor, ...] = ()
+        else:
+            if h.dim() != 2 or starts.dim() != 3:
+                return None
+            batch, hidden = h.shape
+            n_inputs, held = w_ih.shape[-1], starts.shape[1]
+            if (
+                starts.shape[::2] != (batch, hidden)
+                or (held and inputs.shape != (batch, held, n_inputs))
+                or cut.shape != (batch, held)
+                or cut_next.shape != (batch,)
+                or cut.dtype is not torch.bool
+                or cut_next.dtype is not torch.bool
+                or not (cut.is_contiguous() and cut_next.is_contiguous())
+                or (batch > 1 and batch * hidden * (hidden + n_inputs) > FUSED_MAX_WORK)
+            ):
+                return None
+            others = (h, inputs, starts, cut, cut_next)
+        if w_hh.shape != (hidden, hidden) or w_ih.shape != (hidden, n_inputs) or bias.shape != (hidden,):
+            return None
+        for tensor in (w_hh, w_ih, bias, lead, *others[:3]):
+            if tensor.dtype is not dtype or not tensor.is_contiguous():
+                return None
+        kernels = tbptt_tanh_kernels(w_hh, w_ih, bias, lead, *others)
+        if kernels is None:
+            return None
+        return kernels, w_hh, w_ih, bias, inputs, starts, cut, cut_next, continuing
 
     def _reset_tensor(self, name: str, value: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         if name == "cut_next":
