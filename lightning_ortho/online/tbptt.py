@@ -37,8 +37,9 @@ class TruncatedBPTT(OnlineGradientEstimator):
     is skipped where the window already holds its states: on the state the last step returned, untouched, while the
     parameters are bit for bit those of the window's steps (no optimiser update since). The same numbers as the
     PyTorch path to rounding, which runs elsewhere (under ``torch.compile`` and other tracers, on other devices, with
-    :func:`lightning_ortho._native.native_kernels` ``(False)``). The estimator keeps what its last step returned to
-    know that state again: one estimator steps one run at a time from one thread.
+    :func:`lightning_ortho._native.native_kernels` ``(False)``). The estimator remembers what its last step
+    returned to know that state again (a gradient on any other state replays: slower, never wrong), so it is not
+    meant to step from several threads at once.
 
     Args:
         cell: the recurrent cell.

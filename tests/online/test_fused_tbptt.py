@@ -307,6 +307,15 @@ def test_the_fused_path_declines_and_the_pytorch_path_runs(case, calls, monkeypa
     torch.testing.assert_close(total, expected, rtol=1e-12, atol=1e-13)
 
 
+def test_one_stream_takes_the_fused_path_at_any_size(calls, monkeypatch):
+    """One stream has no batch for PyTorch's products to gain from: no size limit."""
+    monkeypatch.setattr(tbptt_module, "FUSED_MAX_WORK", 1)
+    cell = make_cell()
+    xs, grads, h0 = data(1)
+    lockstep(cell, 3, xs, grads, h0)
+    assert calls == {"step": STEPS, "gradient": STEPS}
+
+
 def test_the_fused_path_declines_under_torch_compile(calls):
     cell = make_cell()
     xs, grads, h0 = data(2)
