@@ -13,33 +13,26 @@ from lightning_ortho._native import load, real_cpu
 _POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 _autocast = torch.is_autocast_enabled
 _SUFFIXES = {torch.float32: "float32", torch.float64: "float64"}
-#: ``{(library, dtype): (step, gradient)}``: the C functions, their signatures declared once.
-_FUNCTIONS: dict[tuple[ctypes.CDLL, torch.dtype], tuple] = {}
 
 
 def tbptt_tanh_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> tuple | None:
     """``(step, gradient)`` C functions for ``like``'s dtype, or ``None`` when ``like`` is not float32/float64, when
     ``like`` or one of ``others`` (every tensor the kernels will read or write) is not a real CPU tensor or something
     is tracing (:func:`lightning_ortho._native.real_cpu`), under CPU autocast (where the PyTorch path's cell would
-    compute in bfloat16), or when the kernels are unavailable (:func:`lightning_ortho._native.load`)."""
-    if like.dtype not in _SUFFIXES or _autocast("cpu") or not real_cpu(like, *others):
+    compute in bfloat16), or when the kernels are unavailable (:func:`lightning_ortho._native.load`). Dtypes, shapes
+    and strides are the caller's to check."""
+    suffix = _SUFFIXES.get(like.dtype)
+    if suffix is None or _autocast("cpu") or not real_cpu(like, *others):
         return None
     library = load("tbptt")
     if library is None:
         return None
-    functions = _FUNCTIONS.get((library, like.dtype))
-    if functions is None:
-        functions = _FUNCTIONS[library, like.dtype] = _declare(library, _SUFFIXES[like.dtype])
-    return functions
-
-
-def _declare(library: ctypes.CDLL, suffix: str) -> tuple:
-    """``(step, gradient)`` of ``library`` for ``suffix``, their signatures declared."""
     step, gradient = getattr(library, f"tbptt_tanh_step_{suffix}"), getattr(library, f"tbptt_tanh_gradient_{suffix}")
-    step.argtypes = [_POINTER] * 9 + [_LONG] * 6 + [_INT] + [_POINTER] * 5
-    step.restype = ctypes.c_double
-    gradient.argtypes = [_POINTER] * 9 + [_LONG] * 4 + [_INT] + [_POINTER] * 3
-    gradient.restype = ctypes.c_double
+    if step.argtypes is None:  # declared once: ctypes keeps the function objects
+        step.argtypes = [_POINTER] * 9 + [_LONG] * 6 + [_INT] + [_POINTER] * 5
+        step.restype = ctypes.c_double
+        gradient.argtypes = [_POINTER] * 9 + [_LONG] * 4 + [_INT] + [_POINTER] * 3
+        gradient.restype = ctypes.c_double
     return step, gradient
 
 

@@ -162,7 +162,9 @@ class TruncatedBPTT(OnlineGradientEstimator):
         untouched since, are that step's own new CPU tensors, of the shapes and dtype checked then: only the
         parameters (which an update may replace or convert) and ``lead`` are checked again."""
         params = self.cell._parameters  # read at every call: optimiser updates and replaced parameters are seen
-        w_hh, w_ih, bias = params["weight_hh"], params["weight_ih"], params["bias"]
+        w_hh, w_ih, bias = params.get("weight_hh"), params.get("weight_ih"), params.get("bias")
+        if w_hh is None or w_ih is None or bias is None:  # (a parametrisation registered since: not the plain step)
+            return None
         t = state.tensors
         h, inputs, starts, cut, cut_next = state.h, t["inputs"], t["starts"], t["cut"], t["cut_next"]
         dtype = w_hh.dtype
