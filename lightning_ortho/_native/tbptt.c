@@ -26,6 +26,10 @@
 #include "tanh_cell.h"
 #include "vector_clones.h"
 
+/* Values of the gradient's scratch that live on its stack (32 KiB of doubles) where they fit; more come from the
+ * caller. */
+#define SMALL_SCRATCH 4096
+
 #define DEFINE_KERNELS(T, SUFFIX, TANH)                                                                               \
     DEFINE_TANH_CELL(T, SUFFIX, TANH)                                                                                 \
                                                                                                                       \
@@ -91,10 +95,11 @@
         return total;                                                                                                 \
     }                                                                                                                 \
                                                                                                                       \
-    /* The summed gradient into out (P,) = [vec(W_h) (H H), vec(W_x) (H I), b (H)] from the windows inputs            \
+    /* The summed gradient into out (P,) = [vec(W_h) (H H), vec(W_x) (H I), b (H)] from the windows: inputs           \
      * (B, n, I), starts (B, n, H), cut (B, n), cut_next (B,), the state h (B, H) and grad_h (B, H); the snapshot     \
      * as the step that made the window left it, read where `continuing` (the window and h are what that step         \
-     * returned); scratch holds n (B + 1) H + B (H + I) + H values. Returns the sum of grad_h and of out in double    \
+     * returned); scratch holds n (B + 1) H + B (H + I) + H values, or is NULL where they fit in SMALL_SCRATCH        \
+     * (then on the stack: no allocation for the caller). Returns the sum of grad_h and of out in double              \
      * (NaN/inf when one of them is not finite).                                                                      \
      * The replay steps all streams at once, window step by window step: the cell's step takes a runtime batch (where \
      * GCC 12 sees a batch of 1 it leaves the cell's dot products scalar). The reverse pass goes stream by stream:    \
@@ -111,7 +116,8 @@
         T *restrict out_hh = out;                                                                                     \
         T *restrict out_ih = out + hidden * hidden;                                                                   \
         T *restrict out_b = out_ih + hidden * n_inputs;                                                               \
-        T *restrict states = scratch;                     /* (n, B, H): the replayed state after each window step */  \
+        T local[SMALL_SCRATCH]; /* (unused where the caller gives scratch) */                                         \
+        T *restrict states = scratch ? scratch : local; /* (n, B, H): the replayed state after each step */           \
         T *restrict dz = states + window * batch * hidden; /* (n, H): dL/dz at each step of one stream */             \
         T *restrict entering = dz + window * hidden;      /* (B, H): the states entering a replayed step */           \
         T *restrict step_inputs = entering + batch * hidden; /* (B, I): its inputs */                                 \

@@ -13,6 +13,8 @@ from lightning_ortho._native import load, real_cpu
 _POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 _autocast = torch.is_autocast_enabled
 _SUFFIXES = {torch.float32: "float32", torch.float64: "float64"}
+#: Values of the gradient's scratch that ``tbptt.c`` keeps on its stack (its ``SMALL_SCRATCH``).
+SMALL_SCRATCH = 4096
 
 
 def tbptt_tanh_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> tuple | None:
@@ -78,11 +80,14 @@ def summed_gradient(
     batch, hidden = grad_h.shape
     n_inputs, held = w_ih.shape[1], starts.shape[1]
     out = grad_h.new_empty(hidden * (hidden + n_inputs + 1))
-    # the replayed states (n, B, H), dz (n, H), a replayed step's operands (B, H + I), delta (H,): see tbptt.c
-    scratch = grad_h.new_empty(held * hidden * (batch + 1) + batch * (hidden + n_inputs) + hidden)
+    # the replayed states (n, B, H), dz (n, H), a replayed step's operands (B, H + I), delta (H,): see tbptt.c, which
+    # keeps up to SMALL_SCRATCH of them on its stack
+    need = held * hidden * (batch + 1) + batch * (hidden + n_inputs) + hidden
+    scratch = grad_h.new_empty(need) if need > SMALL_SCRATCH else None
     verdict = kernels[1](
         w_hh.data_ptr(), w_ih.data_ptr(), bias.data_ptr(), inputs.data_ptr(), starts.data_ptr(), cut.data_ptr(),
         cut_next.data_ptr(), h.data_ptr(), grad_h.data_ptr(), batch, hidden, n_inputs, held, continuing,
-        snapshot.data_ptr() if continuing else None, scratch.data_ptr(), out.data_ptr(),
+        snapshot.data_ptr() if continuing else None, None if scratch is None else scratch.data_ptr(),
+        out.data_ptr(),
     )  # fmt: skip
     return out, verdict

@@ -121,12 +121,12 @@ class TruncatedBPTT(OnlineGradientEstimator):
         if operands is None or x.shape[1] != operands[2].shape[1]:
             return None
         w_ih, cut_next, continuing = operands[2], operands[7], operands[8]
-        hidden, n_inputs = w_ih.shape
-        size = hidden * (hidden + n_inputs + 1)
-        snapshot = self._snapshot
-        if snapshot is None or snapshot.dtype is not w_ih.dtype or snapshot.shape[0] != size + 1:
-            snapshot = self._snapshot = w_ih.new_empty(size + 1)
-            operands = (*operands[:8], False)  # (a new snapshot counts no steps)
+        snapshot = self._snapshot  # continuing: the last step's, of its dtype and parameter shapes, which still hold
+        if not continuing:
+            hidden, n_inputs = w_ih.shape
+            size = hidden * (hidden + n_inputs + 1)
+            if snapshot is None or snapshot.dtype is not w_ih.dtype or snapshot.shape[0] != size + 1:
+                snapshot = self._snapshot = w_ih.new_empty(size + 1)
         h_new, inputs, starts, cut, verdict = fused_step(operands, x, state.h, self.k, snapshot)
         if not continuing:
             cut_next = torch.zeros_like(cut_next)

@@ -10,6 +10,7 @@ import io
 import pytest
 import torch
 
+import lightning_ortho._native.tbptt as native_tbptt
 from lightning_ortho._native import native_kernels
 from lightning_ortho.online import TanhRNNCell, TruncatedBPTT
 from lightning_ortho.online import tbptt as tbptt_module
@@ -315,6 +316,14 @@ def test_one_stream_takes_the_fused_path_at_any_size(calls, monkeypatch):
     cell = make_cell()
     xs, grads, h0 = data(1)
     lockstep(cell, 3, xs, grads, h0)
+    assert calls == {"step": STEPS, "gradient": STEPS}
+
+
+def test_a_scratch_too_large_for_the_kernels_stack_comes_from_the_caller(calls, monkeypatch):
+    monkeypatch.setattr(native_tbptt, "SMALL_SCRATCH", 0)  # every scratch counts as large
+    cell = make_cell()
+    xs, grads, h0 = data(3)
+    lockstep(cell, 3, xs, grads, h0, update="in_place", reset_at=3)
     assert calls == {"step": STEPS, "gradient": STEPS}
 
 
