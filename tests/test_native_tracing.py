@@ -22,14 +22,15 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lightning_ortho._native as native
-from lightning_ortho._native import readout, reflection_rows, rtrl, uoro
+from lightning_ortho._native import readout, reflection_rows, rtrl, tbptt, uoro
 from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
+from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.nn import AuxiliaryReflection
-from lightning_ortho.online import RTRL, UORO, GRUCell, TanhRNNCell
+from lightning_ortho.online import RTRL, UORO, GRUCell, TanhRNNCell, TruncatedBPTT
 from tests.helpers import auxiliary_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,10 +63,11 @@ from torch import nn
 from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
+from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.nn import AuxiliaryReflection
-from lightning_ortho.online import RTRL, UORO, GRUCell, TanhRNNCell
+from lightning_ortho.online import RTRL, UORO, GRUCell, TanhRNNCell, TruncatedBPTT
 
 F64 = torch.float64
 like = torch.zeros(1, 1, dtype=F64)
@@ -194,8 +196,11 @@ def spy(kernels_on, monkeypatch) -> list[str]:
     """The bindings load spies of the real libraries: every kernel call is recorded (the list returned) and refused
     with :class:`KernelCalled`; whatever a getter decides is otherwise unchanged."""
     calls: list[str] = []
-    libraries = {name: _SpyLibrary(native.load(name), calls) for name in ("reflection_rows", "uoro", "readout", "rtrl")}
-    for module in (reflection_rows, uoro, readout, rtrl):
+    modules = (reflection_rows, uoro, readout, rtrl, tbptt)
+    libraries = {
+        m.__name__.rsplit(".", 1)[1]: _SpyLibrary(native.load(m.__name__.rsplit(".", 1)[1]), calls) for m in modules
+    }
+    for module in modules:
         monkeypatch.setattr(module, "load", libraries.__getitem__)
     return calls
 
@@ -235,7 +240,15 @@ def test_the_spy_sees_every_kernel_family_on_real_tensors(spy):
         estimator.step(torch.randn(4, 3, dtype=F64), state)
     with pytest.raises(KernelCalled):
         estimator.gradient(state, torch.randn(4, 5, dtype=F64))
+    estimator = TruncatedBPTT(TanhRNNCell(3, 5).double(), 2)
+    state = estimator.initial_state(torch.zeros(4, 5, dtype=F64))
+    with pytest.raises(KernelCalled):
+        estimator.step(torch.randn(4, 3, dtype=F64), state)
+    with pytest.raises(KernelCalled):
+        estimator.gradient(state, torch.randn(4, 5, dtype=F64))
     assert set(spy) == {
+        "tbptt_tanh_step_float64",
+        "tbptt_tanh_gradient_float64",
         "rtrl_tanh_step_float64",
         "rtrl_gradient_float64",
         "readout_linear_float64",
@@ -264,6 +277,8 @@ def _decisions(t: torch.Tensor) -> list:
         rtrl_tanh_kernels(plain, plain, t),
         rtrl_gradient_kernel(t),
         rtrl_gradient_kernel(plain, t),
+        tbptt_tanh_kernels(t),
+        tbptt_tanh_kernels(plain, plain, t),
     ]
 
 
@@ -359,7 +374,8 @@ DECLINED = {
 
 @pytest.mark.parametrize("case", list(DECLINED))
 def test_every_getter_declines_where_a_kernel_must_not_run(kernels_on, case):
-    assert DECLINED[case]() == [None] * 12
+    decisions = DECLINED[case]()
+    assert decisions == [None] * len(decisions) == [None] * len(_decisions(_plain()))
 
 
 ALLOWED = {
@@ -383,6 +399,7 @@ def test_under_cpu_autocast_only_the_kernels_fed_by_pytorch_products_decline(ker
         assert row_kernels(plain) is None and uoro_tanh_kernels(plain) is None and rtrl_tanh_kernels(plain) is None
         assert uoro_gradient_kernel(plain) is not None and linear_readout_kernel(plain) is not None
         assert rtrl_gradient_kernel(plain) is not None
+        assert tbptt_tanh_kernels(plain) is None  # its step runs the cell, whose products autocast would take
 
 
 # -- the layers and steps: no kernel call, the right answer ---------------------------------------------------------
