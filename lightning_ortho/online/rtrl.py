@@ -52,12 +52,16 @@ class RTRL(OnlineGradientEstimator):
         :meth:`_tanh_step`; else the cell's linearisation and :meth:`_advance`."""
         if self._tanh:
             params = self.cell._parameters  # a dictionary lookup each, where Module.__getattr__ costs a microsecond
-            weight_hh, weight_ih, bias = params["weight_hh"], params["weight_ih"], params["bias"]
+            # a parametrisation registered since moves a weight out of _parameters: then the generic path
+            weight_hh, weight_ih, bias = params.get("weight_hh"), params.get("weight_ih"), params.get("bias")
             h, influence, layout = state.h, state.tensors["influence"], self.layout
             shapes = layout.shapes  # ((H, H), (H, I), (H,)): what the kernel reads, whatever was assigned since
             hidden = shapes[0][0]
             if (
-                (weight_hh.shape, weight_ih.shape, bias.shape) == shapes
+                weight_hh is not None
+                and weight_ih is not None
+                and bias is not None
+                and (weight_hh.shape, weight_ih.shape, bias.shape) == shapes
                 and x.shape[1] == shapes[1][1]
                 and h.shape[1] == hidden
                 and influence.shape == (h.shape[0], hidden, layout.size)
