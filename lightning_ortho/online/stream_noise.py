@@ -67,8 +67,8 @@ class StreamNoise:
     """Mixin for an :class:`~lightning_ortho.online.OnlineGradientEstimator` with a ``generator`` attribute (a seed,
     a ``torch.Generator`` or ``None``): :meth:`initial_state` records the state's streams and decides which rows of
     a draw over all streams are the state's, :meth:`_new_generator` starts the state's generator, :meth:`_draw_bits`
-    draws the noise (the only draws of the estimators; :meth:`_draw` makes its bits signs), :meth:`noise_scope` lets compiled calls
-    draw the state's noise (see the module docstring)."""
+    draws the noise (the only draws of the estimators; :meth:`_draw` makes its bits signs and cuts the state's rows),
+    :meth:`noise_scope` lets compiled calls draw the state's noise (see the module docstring)."""
 
     generator: int | torch.Generator | None
     #: ``(stream_ids, total_streams tensor, total as an int, rows to keep or None for all)`` of the last state made

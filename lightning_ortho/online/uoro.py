@@ -85,12 +85,15 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             ``"preactivation"``, or a :class:`~lightning_ortho.nn.OrthogonalRNNCell` with ``"state"`` (and
             ``closed_form``), run the whole step as one fused sequence of calls
             (:mod:`~lightning_ortho.online.uoro_fused`, :mod:`~lightning_ortho.online.orthogonal_uoro`: the
-            same estimate to float rounding, several times less overhead per step; with GIR it updates the
-            state's ``w_tilde`` in place, so keep a copy of a step's ``w_tilde`` that you want to look at later);
-            ``False`` keeps the step on the cell's closed-form linearisation.
+            same estimate to float rounding, several times less overhead per step; with GIR, except where the step
+            is one C call (below), it updates the state's ``w_tilde`` in place, so keep a copy of a step's
+            ``w_tilde`` that you want to look at later); ``False`` keeps the step on the cell's closed-form
+            linearisation.
 
-    On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde`` and the fused tanh step's row
-    work two (:mod:`lightning_ortho._native.uoro`; the same expressions);
+    On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde``; the fused tanh step with GIR is
+    one C call at small sizes (the cell's step and ``W_h h_tilde`` included, ``w_tilde'`` a new tensor:
+    :data:`~lightning_ortho.online.uoro_fused.ONE_CALL_MAX_BYTES`), and above them PyTorch's GEMMs and two C row
+    passes (:mod:`lightning_ortho._native.uoro`; the same expressions);
     :func:`lightning_ortho._native.native_kernels` ``(False)`` or ``LIGHTNING_ORTHO_NATIVE=0`` keeps them in
     PyTorch ops (as does ``torch.compile``, whose graph they could not enter).
 

@@ -150,10 +150,10 @@ def test_the_one_call_declines_where_it_must(one_calls):
     assert estimator._fused is None and one_calls == {"one_call": 0, "rows": 0}
     # more streams than the one call takes: the GEMMs and the row pass
     estimator = UORO(make_cell(), generator=1)
-    estimator._fused.one_call_streams = 2
+    estimator._fused.one_call_streams[torch.float64] = 2
     large, _ = run(estimator, xs, grads, estimator.initial_state(h0))
     assert one_calls == {"one_call": 0, "rows": STEPS}
-    estimator._fused.one_call_streams = 3
+    estimator._fused.one_call_streams[torch.float64] = 3
     small, _ = run(estimator, xs, grads, estimator.initial_state(h0))
     assert one_calls == {"one_call": STEPS, "rows": STEPS}
     assert_traces_close(small, large, torch.float64)
