@@ -238,7 +238,9 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         if buffers is None:
             if len(self._draw_buffers) >= _DRAW_BUFFERS:  # threads come and go: keep a few
                 self._draw_buffers.clear()
-            buffers = self._draw_buffers[key] = (like.new_empty(total, size), like.new_empty(total, 1))
+            with torch.inference_mode(False):  # normal tensors: drawn into in and out of inference mode alike
+                buffers = (like.new_empty(total, size), like.new_empty(total, 1))  # (on like's device)
+            self._draw_buffers[key] = buffers
         self._draw_bits(state, like, size, (1,), into=buffers, streams=streams)
         return buffers
 

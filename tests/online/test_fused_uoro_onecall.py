@@ -263,3 +263,18 @@ def test_the_draw_buffers_are_per_thread_and_shape():
     stepping("here-2", 2)
     for i in range(4):
         assert torch.equal(results[f"t{i}"], results[f"here-{1 + i % 2}"])
+
+
+def test_steps_in_and_out_of_inference_mode(one_calls):
+    xs, grads, h0 = data(2)
+    estimator = UORO(make_cell(), generator=8)
+    straight, _ = run(estimator, xs[:3], grads[:3], estimator.initial_state(h0))
+    fresh = UORO(make_cell(), generator=8)  # its draw buffers are first made inside inference mode
+    state = fresh.initial_state(h0)
+    with torch.inference_mode():
+        _, state = fresh.step(xs[0], state)
+    assert state.tensors["w_tilde"].is_inference()
+    for t in (1, 2):
+        _, state = fresh.step(xs[t], state)
+        assert torch.equal(state.tensors["w_tilde"], straight[t][2])
+    assert one_calls["one_call"] == 6
