@@ -278,3 +278,17 @@ def test_steps_in_and_out_of_inference_mode(one_calls):
         _, state = fresh.step(xs[t], state)
         assert torch.equal(state.tensors["w_tilde"], straight[t][2])
     assert one_calls["one_call"] == 6
+
+
+def test_the_summed_estimate_of_many_streams_takes_its_scratch_off_the_stack():
+    streams = 600  # more per-stream scales than the kernel keeps on its stack (512)
+    g = torch.Generator().manual_seed(3)
+    xs = torch.randn(2, streams, INPUT, generator=g, dtype=torch.float64)
+    grads = torch.randn(2, streams, HIDDEN, generator=g, dtype=torch.float64)
+    h0 = torch.zeros(streams, HIDDEN, dtype=torch.float64)
+    traces = []
+    for kernels in (True, False):
+        estimator = UORO(make_cell(), generator=5)
+        with native.native_kernels(kernels):
+            traces.append(run(estimator, xs, grads, estimator.initial_state(h0))[0])
+    assert_traces_close(*traces, torch.float64)
