@@ -409,8 +409,8 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         return torch.mv(w_tilde.T, (grad_h * h_tilde).sum(1))
 
     def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-        # grad_h enters the estimate only through products with it, so a NaN/inf in grad_h makes the estimate
-        # NaN/inf (inf * 0 is NaN): one sum of the estimate covers both, taken for free by the C pass.
+        # The C pass returns the sum of grad_h and of the estimate (a NaN/inf in either makes it NaN/inf), taken on
+        # the way: a finite sum settles the gradient's check without reading a tensor.
         if self.projection != "none" and self._native:
             tensors = state.tensors
             w_tilde, h_tilde = tensors["w_tilde"], tensors["h_tilde"]
