@@ -172,9 +172,9 @@ class TanhUOROStep:
     With GIR at small sizes the whole step is one C call (:meth:`whole_gir`: ``w_tilde'`` a new tensor, the state
     left as it was); above them ``w_tilde`` is updated **in place** (:meth:`commit`; a new ``(B, P)`` tensor per
     step would cost a pass and, at large ``P``, fresh pages), and the views of its three parameter blocks are kept
-    while it is the same tensor. The norms of a large ``w_tilde`` taken in :meth:`commit` serve the next step's ``gamma`` while it
-    is the same tensor at the same version (``Tensor._version``: any in-place change, a reset or a loaded
-    checkpoint, which make new tensors, means they are taken afresh).
+    while it is the same tensor. The norms of a large ``w_tilde`` taken in :meth:`commit` serve the next step's
+    ``gamma`` while it is the same tensor at the same version (``Tensor._version``: any in-place change, a reset or a
+    loaded checkpoint, which make new tensors, means they are taken afresh).
     """
 
     def __init__(self, cell: TanhRNNCell, projection: str, eps: float) -> None:
