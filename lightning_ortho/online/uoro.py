@@ -97,8 +97,9 @@ class UORO(StreamNoise, OnlineGradientEstimator):
     :func:`lightning_ortho._native.native_kernels` ``(False)`` or ``LIGHTNING_ORTHO_NATIVE=0`` keeps them in
     PyTorch ops (as does ``torch.compile``, whose graph they could not enter).
 
-    The noise is drawn in one place (:meth:`_noise`, from the state's generator:
-    :mod:`~lightning_ortho.online.stream_noise`); under ``torch.compile`` wrap the compiled calls in
+    The noise is drawn in one place (:meth:`_noise`, or :meth:`_noise_bits` for the one-call step: the same
+    generator calls, from the state's generator: :mod:`~lightning_ortho.online.stream_noise`); under
+    ``torch.compile`` wrap the compiled calls in
     ``with estimator.noise_scope(state):`` to draw the state's own numbers (see that module).
 
     Raises:
