@@ -7,14 +7,77 @@
  *     h_tilde' = gamma (d * prop) + beta tau psi,                  w_tilde' = w_tilde / gamma + (tau / beta) g a^T
  * For any cell: the summed estimate sum_b (dL/dh_b . h_tilde_b) w_tilde_b.
  *
+ * At small sizes the whole GIR step is one call (uoro_tanh_gir_step): the cell's step, W_h h_tilde, the norms,
+ * gamma and beta, h_tilde' and w_tilde' into fresh outputs; at larger ones PyTorch's GEMMs do the products and the
+ * row passes below the rest (gir_rows, then commit in place after the checks).
+ *
  * All arrays are C-contiguous; no fast-math, so a NaN or inf anywhere reaches the returned sums (through ||a||, d or
  * gamma in the step), which the callers check.
  */
 #include <math.h>
+#include <stdlib.h>
 
+#include "tanh_cell.h"
 #include "vector_clones.h"
 
-#define DEFINE_KERNELS(T, SUFFIX, SQRT)                                                                               \
+/* Scratch of up to this many entries lives on the stack (g of a step, the per-stream scales of the estimate);
+ * above it, one malloc per call. */
+#define UORO_STACK_ENTRIES 512
+
+#define DEFINE_KERNELS(T, SUFFIX, SQRT, TANH, LANES)                                                                  \
+    DEFINE_TANH_CELL(T, SUFFIX, TANH)                                                                                 \
+                                                                                                                      \
+    /* Sums over n entries in LANES independent partial sums (a single running sum waits an add's latency on every    \
+     * vector; LANES = four vectors of AVX2), added in order at the end: of the squares (sum_squares) or the values   \
+     * (sum_values). */                                                                                               \
+    static inline T sum_squares_##SUFFIX(const T *restrict v, long n) {                                               \
+        T lanes[LANES] = {0};                                                                                         \
+        long p = 0;                                                                                                   \
+        for (; p + LANES <= n; p += LANES) {                                                                          \
+            _Pragma("omp simd") for (long j = 0; j < LANES; ++j) lanes[j] += v[p + j] * v[p + j];                     \
+        }                                                                                                             \
+        T s = 0;                                                                                                      \
+        for (long j = 0; j < LANES; ++j) s += lanes[j];                                                               \
+        for (; p < n; ++p) s += v[p] * v[p];                                                                          \
+        return s;                                                                                                     \
+    }                                                                                                                 \
+    static inline T sum_values_##SUFFIX(const T *restrict v, long n) {                                                \
+        T lanes[LANES] = {0};                                                                                         \
+        long p = 0;                                                                                                   \
+        for (; p + LANES <= n; p += LANES) {                                                                          \
+            _Pragma("omp simd") for (long j = 0; j < LANES; ++j) lanes[j] += v[p + j];                                \
+        }                                                                                                             \
+        T s = 0;                                                                                                      \
+        for (long j = 0; j < LANES; ++j) s += lanes[j];                                                               \
+        for (; p < n; ++p) s += v[p];                                                                                 \
+        return s;                                                                                                     \
+    }                                                                                                                 \
+    /* out = W v for W (rows, cols) row-major: four rows at a time, four sums that do not wait on each other. */      \
+    static inline void matvec_##SUFFIX(const T *restrict w, const T *restrict v, long rows, long cols,                \
+                                       T *restrict out) {                                                             \
+        long i = 0;                                                                                                   \
+        for (; i + 4 <= rows; i += 4) {                                                                               \
+            const T *restrict r0 = w + i * cols, *restrict r1 = r0 + cols, *restrict r2 = r1 + cols;                  \
+            const T *restrict r3 = r2 + cols;                                                                         \
+            T s0 = 0, s1 = 0, s2 = 0, s3 = 0;                                                                         \
+            _Pragma("omp simd reduction(+ : s0, s1, s2, s3)") for (long j = 0; j < cols; ++j) {                       \
+                s0 += r0[j] * v[j];                                                                                   \
+                s1 += r1[j] * v[j];                                                                                   \
+                s2 += r2[j] * v[j];                                                                                   \
+                s3 += r3[j] * v[j];                                                                                   \
+            }                                                                                                         \
+            out[i] = s0;                                                                                              \
+            out[i + 1] = s1;                                                                                          \
+            out[i + 2] = s2;                                                                                          \
+            out[i + 3] = s3;                                                                                          \
+        }                                                                                                             \
+        for (; i < rows; ++i) {                                                                                       \
+            const T *restrict r = w + i * cols;                                                                       \
+            T s = 0;                                                                                                  \
+            _Pragma("omp simd reduction(+ : s)") for (long j = 0; j < cols; ++j) s += r[j] * v[j];                    \
+            out[i] = s;                                                                                               \
+        }                                                                                                             \
+    }                                                                                                                 \
     /* Returns the sum of h_tilde' (NaN/inf when the step is not finite). */                                          \
     VECTOR_CLONES                                                                                                     \
     double uoro_tanh_gir_rows_##SUFFIX(const T *restrict h_new, const T *restrict prop, const T *restrict nu,         \
@@ -126,18 +189,114 @@
         }                                                                                                             \
     }                                                                                                                 \
                                                                                                                       \
+    /* The whole GIR step of the tanh cell for `batch` streams, w_tilde read only: h' (tanh_cell), then per stream    \
+     * ||w_tilde|| (one pass; taken afresh at every step, so a loaded checkpoint steps on exactly), prop = W_h        \
+     * h_tilde, gamma, beta, h_tilde' and w_tilde' = w_tilde / gamma + (tau / beta) g a^T into w_tilde_new (the       \
+     * expressions of uoro_tanh_gir_rows and uoro_tanh_commit). The noise is the generator's draw as drawn: nu        \
+     * (B, H) and the bits (B,) in {0, 1} of the signs tau = 2 bit - 1. Returns the sum of x, h' and h_tilde'         \
+     * (NaN/inf when the step is not finite: a NaN/inf in x                                                           \
+     * reaches h_tilde' through ||a|| and beta, one in w_tilde through gamma, one in the weights through h' and d),   \
+     * or NaN when the scratch cannot be allocated. */                                                                \
+    VECTOR_CLONES                                                                                                     \
+    double uoro_tanh_gir_step_##SUFFIX(const T *restrict w_hh, const T *restrict w_ih, const T *restrict bias,        \
+                                       const T *restrict x, const T *restrict h, const T *restrict h_tilde,           \
+                                       const T *restrict w_tilde, const T *restrict nu, const T *restrict bits,       \
+                                       long batch, long hidden, long inputs, T eps, int state_cut,                    \
+                                       T *restrict h_new, T *restrict h_tilde_new, T *restrict w_tilde_new) {         \
+        const long size = hidden * (hidden + inputs + 1);                                                             \
+        T stack[UORO_STACK_ENTRIES];                                                                                  \
+        T *restrict g = hidden <= UORO_STACK_ENTRIES ? stack : malloc(sizeof(T) * hidden);                            \
+        if (g == NULL) return NAN;                                                                                    \
+        tanh_cell_##SUFFIX(w_hh, w_ih, bias, x, h, batch, hidden, inputs, h_new);                                     \
+        double total = 0;                                                                                             \
+        for (long b = 0; b < batch; ++b) {                                                                            \
+            const T *restrict nub = nu + b * hidden;                                                                  \
+            const T tau = 2 * bits[b] - 1;                                                                            \
+            const T *restrict hb = h + b * hidden;                                                                    \
+            const T *restrict xb = x + b * inputs;                                                                    \
+            const T *restrict yb = h_new + b * hidden;                                                                \
+            const T *restrict w = w_tilde + b * size;                                                                 \
+            const T *restrict w_ih_in = w + hidden * hidden;                                                          \
+            const T *restrict w_b_in = w_ih_in + hidden * inputs;                                                     \
+            T *restrict out = h_tilde_new + b * hidden;                                                               \
+            const T w_norm = SQRT(sum_squares_##SUFFIX(w, size));                                                     \
+            matvec_##SUFFIX(w_hh, h_tilde + b * hidden, hidden, hidden, out); /* prop = W_h h_tilde, scaled below */  \
+            T a2 = 1, prop2 = 0, nu2 = 0, m2 = 0, x_total = 0, y_total = 0;                                           \
+            for (long k = 0; k < inputs; ++k) {                                                                       \
+                a2 += xb[k] * xb[k];                                                                                  \
+                x_total += xb[k];                                                                                     \
+            }                                                                                                         \
+            for (long k = 0; k < hidden; ++k) {                                                                       \
+                const T prop = out[k];                                                                                \
+                const T hk = hb[k];                                                                                   \
+                const T y = yb[k];                                                                                    \
+                const T slope = 1 - y * y;                                                                            \
+                const T propagated = prop * slope;                                                                    \
+                const T m = nub[k] * slope;                                                                           \
+                out[k] = propagated; /* scaled below */                                                               \
+                g[k] = m;            /* m; replaced below at the cut z */                                             \
+                a2 += hk * hk;                                                                                        \
+                prop2 += propagated * propagated;                                                                     \
+                nu2 += nub[k] * nub[k];                                                                               \
+                m2 += m * m;                                                                                          \
+                y_total += y;                                                                                         \
+            }                                                                                                         \
+            const T g_norm = SQRT(state_cut ? m2 : nu2), psi_norm = SQRT(state_cut ? nu2 : m2);                       \
+            const T gamma = SQRT((w_norm + eps) / (SQRT(prop2) + eps));                                               \
+            const T beta = SQRT((g_norm * SQRT(a2) + eps) / (psi_norm + eps));                                        \
+            const T beta_tau = beta * tau, tau_over_beta = tau / beta;                                                \
+            T row_total = 0;                                                                                          \
+            for (long k = 0; k < hidden; ++k) {                                                                       \
+                const T m = g[k];                                                                                     \
+                const T psi = state_cut ? nub[k] : m, gk = state_cut ? m : nub[k];                                    \
+                const T value = gamma * out[k] + beta_tau * psi;                                                      \
+                out[k] = value;                                                                                       \
+                g[k] = gk * tau_over_beta;                                                                            \
+                row_total += value;                                                                                   \
+            }                                                                                                         \
+            const T scale = 1 / gamma;                                                                                \
+            T *restrict w_out = w_tilde_new + b * size;                                                               \
+            T *restrict w_ih_out = w_out + hidden * hidden;                                                           \
+            T *restrict w_b_out = w_ih_out + hidden * inputs;                                                         \
+            for (long i = 0; i < hidden; ++i) {                                                                       \
+                const T gi = g[i];                                                                                    \
+                const T *restrict w_row = w + i * hidden;                                                             \
+                T *restrict w_row_out = w_out + i * hidden;                                                           \
+                _Pragma("omp simd") for (long j = 0; j < hidden; ++j) w_row_out[j] = w_row[j] * scale + gi * hb[j];   \
+            }                                                                                                         \
+            for (long i = 0; i < hidden; ++i) {                                                                       \
+                const T gi = g[i];                                                                                    \
+                const T *restrict w_ih_row = w_ih_in + i * inputs;                                                    \
+                T *restrict w_ih_row_out = w_ih_out + i * inputs;                                                     \
+                _Pragma("omp simd") for (long j = 0; j < inputs; ++j) {                                               \
+                    w_ih_row_out[j] = w_ih_row[j] * scale + gi * xb[j];                                               \
+                }                                                                                                     \
+            }                                                                                                         \
+            _Pragma("omp simd") for (long i = 0; i < hidden; ++i) w_b_out[i] = w_b_in[i] * scale + g[i];              \
+            total += (double)row_total + (double)x_total + (double)y_total;                                           \
+        }                                                                                                             \
+        if (g != stack) free(g);                                                                                      \
+        return total;                                                                                                 \
+    }                                                                                                                 \
     /* The summed estimate sum_b (grad_h_b . h_tilde_b) w_tilde_b into out (P,), reading w_tilde once, in blocks of   \
-     * out that stay in L1 across the streams; scale (B,) is scratch. Returns the sum of out (NaN/inf when the        \
-     * estimate or grad_h is not finite). */                                                                          \
+     * out that stay in L1 across the streams. Returns the sum of grad_h and of out (NaN/inf when the estimate or     \
+     * grad_h is not finite), or NaN when the scratch cannot be allocated. */                                         \
     VECTOR_CLONES                                                                                                     \
     double uoro_gradient_##SUFFIX(const T *restrict w_tilde, const T *restrict grad_h, const T *restrict h_tilde,     \
-                                  long batch, long hidden, long size, T *restrict scale, T *restrict out) {           \
-        for (long b = 0; b < batch; ++b) {                                                                            \
-            T s = 0;                                                                                                  \
-            for (long k = 0; k < hidden; ++k) s += grad_h[b * hidden + k] * h_tilde[b * hidden + k];                  \
-            scale[b] = s;                                                                                             \
-        }                                                                                                             \
+                                  long batch, long hidden, long size, T *restrict out) {                              \
+        T stack[UORO_STACK_ENTRIES];                                                                                  \
+        T *restrict scale = batch <= UORO_STACK_ENTRIES ? stack : malloc(sizeof(T) * batch);                          \
+        if (scale == NULL) return NAN;                                                                                \
         double total = 0;                                                                                             \
+        for (long b = 0; b < batch; ++b) {                                                                            \
+            T s = 0, grad_total = 0;                                                                                  \
+            for (long k = 0; k < hidden; ++k) {                                                                       \
+                s += grad_h[b * hidden + k] * h_tilde[b * hidden + k];                                                \
+                grad_total += grad_h[b * hidden + k];                                                                 \
+            }                                                                                                         \
+            scale[b] = s;                                                                                             \
+            total += grad_total;                                                                                      \
+        }                                                                                                             \
         for (long start = 0; start < size; start += 512) {                                                            \
             const long stop = start + 512 < size ? start + 512 : size;                                                \
             _Pragma("omp simd") for (long p = start; p < stop; ++p) out[p] = scale[0] * w_tilde[p];                   \
@@ -146,12 +305,11 @@
                 const T s = scale[b];                                                                                 \
                 _Pragma("omp simd") for (long p = start; p < stop; ++p) out[p] += s * w[p];                           \
             }                                                                                                         \
-            T block_total = 0;                                                                                        \
-            _Pragma("omp simd reduction(+ : block_total)") for (long p = start; p < stop; ++p) block_total += out[p]; \
-            total += block_total;                                                                                     \
+            total += sum_values_##SUFFIX(out + start, stop - start);                                                  \
         }                                                                                                             \
+        if (scale != stack) free(scale);                                                                              \
         return total;                                                                                                 \
     }
 
-DEFINE_KERNELS(float, float32, sqrtf)
-DEFINE_KERNELS(double, float64, sqrt)
+DEFINE_KERNELS(float, float32, sqrtf, tanhf, 32)
+DEFINE_KERNELS(double, float64, sqrt, tanh, 16)

@@ -1,6 +1,7 @@
-"""Python bindings of ``uoro.c``, for float32/float64 CPU tensors: the row work of UORO's GIR step on the tanh cell
-and its one-pass update of ``w_tilde`` (:class:`lightning_ortho.online.uoro_fused.TanhUOROStep` computes the same
-with PyTorch ops elsewhere), and the summed estimate of any cell's UORO in one pass over ``w_tilde``."""
+"""Python bindings of ``uoro.c``, for float32/float64 CPU tensors: UORO's whole GIR step on the tanh cell in one
+call (:func:`gir_step`, at small sizes), or its row work around PyTorch's GEMMs and its one-pass update of
+``w_tilde`` (at larger ones; :class:`lightning_ortho.online.uoro_fused.TanhUOROStep` computes the same with PyTorch
+ops elsewhere), and the summed estimate of any cell's UORO in one pass over ``w_tilde``."""
 
 from __future__ import annotations
 
@@ -15,19 +16,29 @@ _autocast = torch.is_autocast_enabled
 _TYPES = {torch.float32: ("float32", ctypes.c_float), torch.float64: ("float64", ctypes.c_double)}
 
 
+#: ``{dtype: (library, kernels)}``: the C functions of the last loaded library, declared once per dtype (a getter
+#: runs at every step: a lookup here instead of four ``getattr`` on the library).
+_TANH_KERNELS: dict[torch.dtype, tuple] = {}
+_GRADIENT_KERNELS: dict[torch.dtype, tuple] = {}
+
+
 def uoro_tanh_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> tuple | None:
-    """``(gir_rows, commit, norms)`` C functions for ``like``'s dtype, or ``None`` when ``like`` is not
+    """``(gir_rows, commit, norms, gir_step)`` C functions for ``like``'s dtype, or ``None`` when ``like`` is not
     float32/float64, when ``like`` or one of ``others`` (every tensor the kernels will read, or whose products they
     will read: the cell's weights) is not a real CPU tensor or something is tracing
     (:func:`lightning_ortho._native.real_cpu`), under CPU autocast (the caller's products would come back in
     bfloat16), or when the kernels are unavailable (:func:`lightning_ortho._native.load`)."""
-    if like.dtype not in _TYPES or _autocast("cpu") or not real_cpu(like, *others):
+    found = _TANH_KERNELS.get(like.dtype)  # (declared: float32 or float64)
+    if (found is None and like.dtype not in _TYPES) or _autocast("cpu") or not real_cpu(like, *others):
         return None
     library = load("uoro")
     if library is None:
         return None
-    suffix = _declare(library, like.dtype)
-    return tuple(getattr(library, f"uoro_tanh_{name}_{suffix}") for name in ("gir_rows", "commit", "norms"))
+    if found is None or found[0] is not library:
+        suffix = _declare(library, like.dtype)
+        names = ("gir_rows", "commit", "norms", "gir_step")
+        found = _TANH_KERNELS[like.dtype] = (library, tuple(getattr(library, f"uoro_tanh_{n}_{suffix}") for n in names))
+    return found[1]
 
 
 def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> str:
@@ -37,6 +48,7 @@ def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> str:
     rows, commit = getattr(library, f"uoro_tanh_gir_rows_{suffix}"), getattr(library, f"uoro_tanh_commit_{suffix}")
     gradient = getattr(library, f"uoro_gradient_{suffix}")
     norms = getattr(library, f"uoro_tanh_norms_{suffix}")
+    step = getattr(library, f"uoro_tanh_gir_step_{suffix}")
     if rows.argtypes is None:
         norms.argtypes = [_POINTER, _LONG, _LONG, _LONG, _POINTER]
         norms.restype = None
@@ -44,8 +56,10 @@ def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> str:
         rows.restype = ctypes.c_double
         commit.argtypes = [_POINTER] * 5 + [_LONG, _LONG, _LONG, _POINTER]
         commit.restype = None
-        gradient.argtypes = [_POINTER] * 3 + [_LONG, _LONG, _LONG, _POINTER, _POINTER]
+        gradient.argtypes = [_POINTER] * 3 + [_LONG, _LONG, _LONG, _POINTER]
         gradient.restype = ctypes.c_double
+        step.argtypes = [_POINTER] * 9 + [_LONG, _LONG, _LONG, scalar, _INT] + [_POINTER] * 3
+        step.restype = ctypes.c_double
     return suffix
 
 
@@ -57,22 +71,66 @@ def uoro_gradient_kernel(like: torch.Tensor, *others: torch.Tensor | None):
     library = load("uoro")
     if library is None:
         return None
-    return getattr(library, f"uoro_gradient_{_declare(library, like.dtype)}")
+    found = _GRADIENT_KERNELS.get(like.dtype)
+    if found is None or found[0] is not library:
+        suffix = _declare(library, like.dtype)
+        found = _GRADIENT_KERNELS[like.dtype] = (library, getattr(library, f"uoro_gradient_{suffix}"))
+    return found[1]
 
 
 def summed_estimate(
-    kernel, w_tilde: torch.Tensor, grad_h: torch.Tensor, h_tilde: torch.Tensor
+    kernel, w_tilde: torch.Tensor, grad_h: torch.Tensor, h_tilde: torch.Tensor, out: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, float]:
-    """``(sum_b (grad_h_b . h_tilde_b) w_tilde_b (P,), its sum)`` for ``w_tilde`` ``(B, P)`` and ``grad_h``,
-    ``h_tilde`` ``(B, H)``, all C-contiguous and of one dtype; the sum is NaN/inf when the estimate is not finite."""
+    """``(sum_b (grad_h_b . h_tilde_b) w_tilde_b (P,), the sum of grad_h and of it)`` for ``w_tilde`` ``(B, P)``
+    and ``grad_h``, ``h_tilde`` ``(B, H)``, all C-contiguous and of one dtype, written into ``out`` (a new
+    contiguous ``(P,)`` tensor of that dtype; ``None``: one is allocated); the sum is NaN/inf when ``grad_h`` or the
+    estimate is not finite."""
     batch, size = w_tilde.shape
-    out = w_tilde.new_empty(size)
-    scratch = w_tilde.new_empty(batch)
+    if out is None:
+        out = w_tilde.new_empty(size)
     total = kernel(
-        w_tilde.data_ptr(), grad_h.data_ptr(), h_tilde.data_ptr(), batch, grad_h.shape[1], size,
-        scratch.data_ptr(), out.data_ptr(),
-    )  # fmt: skip
+        w_tilde.data_ptr(), grad_h.data_ptr(), h_tilde.data_ptr(), batch, grad_h.shape[1], size, out.data_ptr()
+    )
     return out, total
+
+
+def gir_step(
+    step,
+    weight_hh: torch.Tensor,
+    weight_ih: torch.Tensor,
+    bias: torch.Tensor,
+    x: torch.Tensor,
+    h: torch.Tensor,
+    h_tilde: torch.Tensor,
+    w_tilde: torch.Tensor,
+    nu: torch.Tensor,
+    bits: torch.Tensor,
+    hidden: int,
+    inputs: int,
+    eps: float,
+    state_cut: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """The whole GIR step of UORO on the tanh cell in one call of ``step`` (the ``gir_step`` of
+    :func:`uoro_tanh_kernels`): ``(h', h_tilde', w_tilde', the sum of x, h' and h_tilde')``, new tensors
+    (``w_tilde`` is read only), from ``W_h`` ``(H, H)``, ``W_x`` ``(H, I)``, ``b`` ``(H,)``, ``x`` ``(B, I)``,
+    ``h``, ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)`` (``hidden = H``, ``inputs = I``: the caller's sizes,
+    which these shapes must have) and the draw: ``nu`` ``(B, H)`` and the bits ``(B, 1)`` in ``{0, 1}`` of the
+    signs ``tau = 2 bit - 1``::
+
+        h' = tanh(W_h h + W_x x + b),   d = 1 - h'^2,   J h_tilde = d * (W_h h_tilde),   a = [h; x; 1]
+        (psi, g) = (nu, nu * d) at the cut h, (nu * d, nu) at z
+        gamma = sqrt((||w_tilde|| + eps) / (||J h_tilde|| + eps)),   beta = sqrt((||g|| ||a|| + eps) / (||psi|| + eps))
+        h_tilde' = gamma J h_tilde + beta tau psi,   w_tilde' = w_tilde / gamma + (tau / beta) g a^T
+
+    Every tensor C-contiguous and of one dtype; the sum is NaN/inf when the step is not finite."""
+    empty_like = torch.empty_like  # (a third of the cost of new_empty(shape), which parses its arguments)
+    h_new, h_tilde_new, w_tilde_new = empty_like(h), empty_like(h), empty_like(w_tilde)
+    total = step(
+        weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr(), x.data_ptr(), h.data_ptr(), h_tilde.data_ptr(),
+        w_tilde.data_ptr(), nu.data_ptr(), bits.data_ptr(), h.shape[0], hidden, inputs, eps, state_cut,
+        h_new.data_ptr(), h_tilde_new.data_ptr(), w_tilde_new.data_ptr(),
+    )  # fmt: skip
+    return h_new, h_tilde_new, w_tilde_new, total
 
 
 def gir_rows(

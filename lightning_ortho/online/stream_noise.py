@@ -1,5 +1,5 @@
 """Noise drawn per stream, identical however the streams are split between processes: what the randomised
-estimators (UORO, KF-RTRL) share, and the one place where they draw it (:meth:`StreamNoise._draw`).
+estimators (UORO, KF-RTRL) share, and the one place where they draw it (:meth:`StreamNoise._draw_bits`).
 
 A state holds ``stream_ids`` ``(B,)`` and ``total_streams``: its streams are rows ``stream_ids`` of
 ``total_streams``. Every step draws the noise of all ``total_streams`` from the state's generator and keeps these
@@ -66,9 +66,9 @@ def check_eps(eps: object, owner: str) -> float:
 class StreamNoise:
     """Mixin for an :class:`~lightning_ortho.online.OnlineGradientEstimator` with a ``generator`` attribute (a seed,
     a ``torch.Generator`` or ``None``): :meth:`initial_state` records the state's streams and decides which rows of
-    a draw over all streams are the state's, :meth:`_new_generator` starts the state's generator, :meth:`_draw`
-    draws the noise (the only draws of the estimators), :meth:`noise_scope` lets compiled calls
-    draw the state's noise (see the module docstring)."""
+    a draw over all streams are the state's, :meth:`_new_generator` starts the state's generator, :meth:`_draw_bits`
+    draws the noise (the only draws of the estimators; :meth:`_draw` makes its bits signs and cuts the state's rows),
+    :meth:`noise_scope` lets compiled calls draw the state's noise (see the module docstring)."""
 
     generator: int | torch.Generator | None
     #: ``(stream_ids, total_streams tensor, total as an int, rows to keep or None for all)`` of the last state made
@@ -157,14 +157,40 @@ class StreamNoise:
         self, state: OnlineState, like: torch.Tensor, normal: int | None, signs: tuple[int, ...]
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """``(nu, signs)``: standard normal noise ``(B, normal)`` (``None`` when ``normal`` is ``None``: nothing
-        drawn), then independent fair signs ``(B, *signs)`` in ``{-1, +1}``, in ``like``'s dtype and device. Every
-        draw of the randomised estimators: one ``randn`` and one ``randint`` (in the float dtype, which draws the
-        integers an int64 ``randint`` draws) for all ``total_streams``, cut to the state's rows; from the state's
-        generator, or the default one while compiling and inside :meth:`noise_scope`."""
-        total, rows = self._rows(state)
+        drawn), then independent fair signs ``(B, *signs)`` in ``{-1, +1}``, in ``like``'s dtype and device: the
+        draw of :meth:`_draw_bits`, its bits made signs and cut to the state's rows (:meth:`_signs_of`)."""
+        return self._signs_of(*self._draw_bits(state, like, normal, signs), like)
+
+    def _draw_bits(
+        self,
+        state: OnlineState,
+        like: torch.Tensor,
+        normal: int | None,
+        signs: tuple[int, ...],
+        into: tuple[torch.Tensor, torch.Tensor] | None = None,
+        streams: tuple[int, torch.Tensor | None] | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """``(nu, bits, rows)``: every draw of the randomised estimators, as drawn, for all ``total_streams``: one
+        ``randn`` ``(total, normal)`` (``nu``; ``None`` when ``normal`` is ``None``: nothing drawn), then one
+        ``randint`` of bits in ``{0, 1}`` ``(total, *signs)`` (in the float dtype, which draws the integers an int64
+        ``randint`` draws), in ``like``'s dtype and device, from the state's generator, or the default one while
+        compiling and inside :meth:`noise_scope`; ``rows`` the state's rows of them (``None``: all, in order). A
+        caller that reads the sign ``2 b - 1`` and the rows itself (a fused kernel) skips :meth:`_signs_of`.
+
+        ``into``: ``(nu, bits)`` tensors of those shapes, ``like``'s dtype and device, contiguous, to draw into
+        (``normal_`` and ``random_(0, 2)``: what ``randn`` and ``randint`` run on the tensors they allocate, so the
+        same numbers from the same generator state, without the allocations); ``streams``: what :meth:`_rows`
+        gives for ``state`` where the caller has taken it."""
+        total, rows = self._rows(state) if streams is None else streams
         generator = self._generator_of(state)
-        device, dtype = like.device, like.dtype
         nu = None
+        if into is not None:
+            nu, bits = into
+            if normal is not None:
+                nu.normal_(generator=generator)
+            bits.random_(0, 2, generator=generator)
+            return nu, bits, rows
+        device, dtype = like.device, like.dtype
         if generator is None:
             if normal is not None:
                 nu = torch.randn(total, normal, device=device, dtype=dtype)
@@ -173,6 +199,12 @@ class StreamNoise:
             if normal is not None:
                 nu = torch.randn(total, normal, generator=generator, device=device, dtype=dtype)
             bits = torch.randint(0, 2, (total, *signs), generator=generator, device=device, dtype=dtype)
+        return nu, bits, rows
+
+    def _signs_of(
+        self, nu: torch.Tensor | None, bits: torch.Tensor, rows: torch.Tensor | None, like: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(nu, tau)`` of a draw of :meth:`_draw_bits`: ``tau = 2 bits - 1`` (exact), both cut to ``rows``."""
         minus_one, two = self._sign_constants(like)
         tau = torch.addcmul(minus_one, bits, two)  # 2 b - 1, exact; one call
         if rows is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Literal
@@ -25,7 +26,7 @@ from lightning_ortho.online.linearization import (
 )
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
-from lightning_ortho.online.uoro_fused import FusedStep, fused_step_for
+from lightning_ortho.online.uoro_fused import FusedStep, OneCallStep, fused_step_for
 from lightning_ortho.online.uoro_rescaling import Alpha, FixedRescaling, alpha_at, check_alpha, prepare_q0
 
 __all__ = ["PROJECTIONS", "UORO", "Alpha", "FixedRescaling", "FusedStep", "Projection"]
@@ -34,6 +35,8 @@ Projection = Literal["state", "preactivation", "parameter", "none"]
 PROJECTIONS: tuple[str, ...] = Projection.__args__  # type: ignore[attr-defined]
 
 _ESTIMATE_TENSORS = ("h_tilde", "w_tilde", "a_tilde")
+#: Draw buffers kept per estimator (one per thread and shape; emptied when more are asked for).
+_DRAW_BUFFERS = 8
 
 
 class UORO(StreamNoise, OnlineGradientEstimator):
@@ -82,17 +85,21 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             ``"preactivation"``, or a :class:`~lightning_ortho.nn.OrthogonalRNNCell` with ``"state"`` (and
             ``closed_form``), run the whole step as one fused sequence of calls
             (:mod:`~lightning_ortho.online.uoro_fused`, :mod:`~lightning_ortho.online.orthogonal_uoro`: the
-            same estimate to float rounding, several times less overhead per step; with GIR it updates the
-            state's ``w_tilde`` in place, so keep a copy of a step's ``w_tilde`` that you want to look at later);
-            ``False`` keeps the step on the cell's closed-form linearisation.
+            same estimate to float rounding, several times less overhead per step; with GIR, except where the step
+            is one C call (below), it updates the state's ``w_tilde`` in place, so keep a copy of a step's
+            ``w_tilde`` that you want to look at later); ``False`` keeps the step on the cell's closed-form
+            linearisation.
 
-    On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde`` and the fused tanh step's row
-    work two (:mod:`lightning_ortho._native.uoro`; the same expressions);
+    On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde``; the fused tanh step with GIR is
+    one C call at small sizes (the cell's step and ``W_h h_tilde`` included, ``w_tilde'`` a new tensor:
+    :data:`~lightning_ortho.online.uoro_fused.ONE_CALL_MAX_BYTES`), and above them PyTorch's GEMMs and two C row
+    passes (:mod:`lightning_ortho._native.uoro`; the same expressions);
     :func:`lightning_ortho._native.native_kernels` ``(False)`` or ``LIGHTNING_ORTHO_NATIVE=0`` keeps them in
     PyTorch ops (as does ``torch.compile``, whose graph they could not enter).
 
-    The noise is drawn in one place (:meth:`_noise`, from the state's generator:
-    :mod:`~lightning_ortho.online.stream_noise`); under ``torch.compile`` wrap the compiled calls in
+    The noise is drawn in one place (:meth:`_noise`, or :meth:`_noise_bits` for the one-call step: the same
+    generator calls, from the state's generator: :mod:`~lightning_ortho.online.stream_noise`); under
+    ``torch.compile`` wrap the compiled calls in
     ``with estimator.noise_scope(state):`` to draw the state's own numbers (see that module).
 
     Raises:
@@ -137,7 +144,14 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         self._fused: FusedStep | None = (
             fused_step_for(cell, projection, self.layout, self.eps) if fused and closed_form else None
         )
+        # whether the fused step can run the whole GIR step as one call (uoro_fused.OneCallStep)
+        self._one_call = self.gir and isinstance(self._fused, OneCallStep)
         self._native = True  # the deprecated per-estimator switch (see native)
+        #: {(thread, total, size, dtype): (nu, bits)}: where the one-call step's draws land (_noise_bits; CPU only)
+        self._draw_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        #: {dtype: a (P,) CPU tensor}: what the summed estimate's output is allocated like (torch.empty_like costs a
+        #: third of new_empty(shape), whose shape and dtype arguments are parsed at every call)
+        self._estimate_like: dict[torch.dtype, torch.Tensor] = {}
 
     @property
     def native(self) -> bool:
@@ -208,15 +222,41 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         ``torch.compile`` and :meth:`noise_scope`)."""
         return self._draw(state, like, size, signs)
 
+    def _noise_bits(
+        self, state: OnlineState, size: int, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The draw of :meth:`_noise` (``signs = (1,)``) as drawn, for the one-call step (which reads the signs
+        ``2 bit - 1`` itself): ``(nu (B, size), bits (B, 1))``, drawn into this thread's buffers of those shapes
+        (:meth:`~lightning_ortho.online.stream_noise.StreamNoise._draw_bits`: the same numbers as fresh tensors,
+        without their allocations; the caller reads them before this thread draws again). ``None``, with nothing
+        drawn, where the state's streams are not all ``total_streams`` in order (a split: :meth:`_noise` cuts
+        them). For CPU tensors (``like``; the one-call step runs on the CPU only)."""
+        streams = total, rows = self._rows(state)
+        if rows is not None:
+            return None
+        key = (threading.get_ident(), total, size, like.dtype)
+        buffers = self._draw_buffers.get(key)
+        if buffers is None:
+            if len(self._draw_buffers) >= _DRAW_BUFFERS:  # threads come and go: keep a few
+                self._draw_buffers.clear()
+            with torch.inference_mode(False):  # normal tensors: drawn into in and out of inference mode alike
+                buffers = (like.new_empty(total, size), like.new_empty(total, 1))  # (on like's device)
+            self._draw_buffers[key] = buffers
+        self._draw_bits(state, like, size, (1,), into=buffers, streams=streams)
+        return buffers
+
     # -- the fused step (TanhRNNCell cut at h or z, OrthogonalRNNCell cut at h) -----------------------------------
     def _advance_step(self, x: torch.Tensor, state: OnlineState):
         """One step (see :meth:`OnlineGradientEstimator._advance_step`): the cell's linearisation and
         :meth:`_advance`, or on a fused cell (``fused``) the whole step as the fused step's sequence of calls
         (:class:`~lightning_ortho.online.uoro_fused.FusedStep`), with the same noise (:meth:`_noise`).
 
-        With GIR the fused step updates ``w_tilde`` in place, in its ``commit``, which the template calls after the
-        NaN/inf checks: an error leaves the state passed in as it was; after a step the new state holds the
-        ``w_tilde`` tensor of ``state``, updated (continue from the state returned, copy with ``state_dict``).
+        With GIR, where the fused step can (:class:`~lightning_ortho.online.uoro_fused.OneCallStep`: the tanh cell
+        at small sizes, on the CPU), the whole step is one C call that writes ``h'``, ``h_tilde'`` and ``w_tilde'``
+        into new tensors. Elsewhere the fused step updates ``w_tilde`` in place, in its ``commit``, which the template
+        calls after the NaN/inf checks: an error leaves the state passed in as it was; after a step the new state
+        holds the ``w_tilde`` tensor of ``state``, updated (continue from the state returned, copy with
+        ``state_dict``).
 
         Raises:
             ValueError: a fixed rescaling's ``Q0`` whose size is not the cut vertex's.
@@ -225,23 +265,29 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         if fused is None:
             return super()._advance_step(x, state)
         t, h = state.tensors, state.h
-        if not self.gir and self.q0 is not None and self.q0.shape[0] != h.shape[1]:
-            raise ValueError(
-                f"UORO: Q0 is {tuple(self.q0.shape)} but the cut vertex ({self.projection!r}) has {h.shape[1]} entries."
-            )
-        nu, tau = self._noise(state, h.shape[1], h, (1,))  # tau (B, 1)
-        w_tilde = t["w_tilde"]
+        h_tilde, w_tilde = t["h_tilde"], t["w_tilde"]
         if self.gir:
+            kernels = fused.whole_gir_kernels(x, h, h_tilde, w_tilde) if self._one_call else None
+            if kernels is not None:
+                draw = self._noise_bits(state, h.shape[1], h)
+                if draw is not None:  # the one call: a new w_tilde, nothing to commit
+                    h_new, h_tilde, w_tilde, verdict = fused.whole_gir(kernels, x, h, h_tilde, w_tilde, *draw)
+                    return Advance(h_new, {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}, None, verdict)
+            nu, tau = self._noise(state, h.shape[1], h, (1,))  # tau (B, 1)
             # w_tilde is read here and updated in place by commit, after the checks
-            h_new, h_tilde, inverse_gamma, pending, verdict = fused.gir(x, h, t["h_tilde"], w_tilde, nu, tau)
+            h_new, h_tilde, inverse_gamma, pending, verdict = fused.gir(x, h, h_tilde, w_tilde, nu, tau)
             commit = functools.partial(fused.commit, w_tilde, inverse_gamma, pending, h, x)
         else:
+            if self.q0 is not None and self.q0.shape[0] != h.shape[1]:
+                raise ValueError(
+                    f"UORO: Q0 is {tuple(self.q0.shape)} but the cut vertex ({self.projection!r}) has {h.shape[1]}"
+                    " entries."
+                )
+            nu, tau = self._noise(state, h.shape[1], h, (1,))  # tau (B, 1)
             u = tau * nu
             scaled = u if self.q0 is None else u @ self.q0.T.to(u)  # Q0 u
             dual = u if self.q0 is None else u @ self.q0_inverse_t.T.to(u)  # Q0^{-T} u
-            h_new, h_tilde, w_tilde = fused.fixed(
-                x, h, t["h_tilde"], w_tilde, scaled, dual, self.alpha_at(state.step + 1)
-            )
+            h_new, h_tilde, w_tilde = fused.fixed(x, h, h_tilde, w_tilde, scaled, dual, self.alpha_at(state.step + 1))
             commit, verdict = None, None
         if verdict is None and not self._recording() and not h_new.is_meta:
             total = h_tilde.sum(dtype=torch.float64)
@@ -364,14 +410,25 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         return torch.mv(w_tilde.T, (grad_h * h_tilde).sum(1))
 
     def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-        # grad_h enters the estimate only through products with it, so a NaN/inf in grad_h makes the estimate
-        # NaN/inf (inf * 0 is NaN): one sum of the estimate covers both, taken for free by the C pass.
-        if self.projection != "none":
-            w_tilde, h_tilde = state.tensors["w_tilde"], state.tensors["h_tilde"]
-            if self._native and grad_h.is_contiguous() and w_tilde.is_contiguous() and h_tilde.is_contiguous():
+        # The C pass returns the sum of grad_h and of the estimate (a NaN/inf in either makes it NaN/inf), taken on
+        # the way: a finite sum settles the gradient's check without reading a tensor.
+        if self.projection != "none" and self._native:
+            tensors = state.tensors
+            w_tilde, h_tilde = tensors["w_tilde"], tensors["h_tilde"]
+            dtype = w_tilde.dtype
+            if (
+                grad_h.dtype is dtype
+                and h_tilde.dtype is dtype
+                and grad_h.is_contiguous()
+                and w_tilde.is_contiguous()
+                and h_tilde.is_contiguous()
+            ):
                 kernel = uoro_gradient_kernel(w_tilde, grad_h, h_tilde)
-                if kernel is not None and grad_h.dtype is w_tilde.dtype is h_tilde.dtype:
-                    return summed_estimate(kernel, w_tilde, grad_h, h_tilde)
+                if kernel is not None:
+                    like = self._estimate_like.get(dtype)
+                    if like is None or like.shape[0] != w_tilde.shape[1]:
+                        like = self._estimate_like[dtype] = w_tilde.new_empty(w_tilde.shape[1])
+                    return summed_estimate(kernel, w_tilde, grad_h, h_tilde, torch.empty_like(like))
         return self._gradient_summed(state, grad_h), None
 
     def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:

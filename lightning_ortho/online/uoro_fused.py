@@ -14,6 +14,11 @@ takes one, each stream's norm read right after its update while the row is still
 synchronisation. It computes what :meth:`lightning_ortho.online.UORO._advance` computes on the cell's closed
 form, to float rounding (the tests compare it with the ``torch.func`` path in float64).
 
+With GIR at small sizes on the CPU (:data:`ONE_CALL_MAX_BYTES`) the whole step is one C call instead
+(:meth:`TanhUOROStep.whole_gir`, :class:`OneCallStep`): the cell's step, ``W_h h_tilde``, the norms, gamma and beta,
+``h_tilde'`` and ``w_tilde'`` (into a new tensor), from the draw as drawn; a step then costs the draw (two generator
+calls), the checks of the tensors, three allocations and the call.
+
 Every fused step plugs into :class:`~lightning_ortho.online.UORO`'s one step template behind the
 :class:`FusedStep` protocol (:class:`TanhUOROStep` here, :class:`~lightning_ortho.online.orthogonal_uoro.OrthogonalUOROStep`
 for the orthogonal cell): the estimator draws the noise, checks the result and calls ``commit`` after the checks;
@@ -29,7 +34,7 @@ import torch
 from torch import nn
 
 from lightning_ortho._native.guard import tracing
-from lightning_ortho._native.uoro import commit, gir_rows, row_norms, uoro_tanh_kernels
+from lightning_ortho._native.uoro import commit, gir_rows, gir_step, row_norms, uoro_tanh_kernels
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
 
@@ -42,6 +47,12 @@ ROW_UPDATE_MIN = 1 << 16
 #: of their stack) on the CPU: past a core's L2 cache the second read would come from memory; below it the stack
 #: costs more than the read it saves.
 STACKED_FORWARD_MIN = 1 << 21
+#: The most bytes ``B H (H + I) x itemsize`` (the cell's multiply-adds, about those of ``W_h h_tilde``, in the dtype's
+#: bytes) for which :meth:`TanhUOROStep.whole_gir` runs the GIR step as one C call, products included (and
+#: ``w_tilde'`` into a new tensor); above it PyTorch's GEMMs do the products and the C row passes the rest,
+#: ``w_tilde`` updated in place (measured: the one call takes half the time at one stream, H = 32 to 256, and at
+#: 8 streams, H = 32 and 64; the GEMMs win from about 8 streams at H = 128 in float64, 192 in float32).
+ONE_CALL_MAX_BYTES = 1 << 20
 
 
 @runtime_checkable
@@ -97,6 +108,36 @@ class FusedStep(Protocol):
         ...
 
 
+@runtime_checkable
+class OneCallStep(FusedStep, Protocol):
+    """A :class:`FusedStep` that can also run the whole GIR step, ``w_tilde``'s update included, as one call where
+    the sizes and tensors allow it (:class:`TanhUOROStep`): UORO asks :meth:`whole_gir_kernels` first, then draws
+    the noise and calls :meth:`whole_gir`; where it declines, :meth:`FusedStep.gir` and :meth:`FusedStep.commit`
+    run (the same draw either way)."""
+
+    def whole_gir_kernels(
+        self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor, w_tilde: torch.Tensor
+    ) -> Any | None:
+        """What :meth:`whole_gir` needs to run on these tensors (the C kernels), or ``None`` where it cannot."""
+        ...
+
+    def whole_gir(
+        self,
+        kernels: Any,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        h_tilde: torch.Tensor,
+        w_tilde: torch.Tensor,
+        nu: torch.Tensor,
+        bits: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """The GIR step from the draw as drawn (``nu`` ``(B, H)``, the bits ``(B, 1)`` in ``{0, 1}`` of the signs
+        ``tau = 2 bit - 1``): ``(h', h_tilde', w_tilde', verdict)``, new tensors (the state's are read only),
+        ``verdict`` the sum of ``x``, ``h'`` and ``h_tilde'`` (see
+        :class:`~lightning_ortho.online.estimator.Advance`)."""
+        ...
+
+
 def fused_step_for(cell: nn.Module, projection: str, layout: ParameterLayout, eps: float) -> FusedStep | None:
     """The fused step for ``cell`` and ``projection`` (the first class of :class:`FusedStep` whose ``fits`` takes
     it), or ``None`` (UORO then steps on the cell's linearisation)."""
@@ -128,11 +169,12 @@ class TanhUOROStep:
     With ``m = nu * d`` the two cut vertices share everything: at ``h`` the forward product is ``psi = nu`` and
     the parameter-side factor ``g = m``; at ``z`` they swap (``psi = m``, ``g = nu``).
 
-    With GIR ``w_tilde`` is updated **in place** (:meth:`commit`; a new ``(B, P)`` tensor per step would cost a
-    pass and, at large ``P``, fresh pages), and the views of its three parameter blocks are kept while it is the
-    same tensor. The norms of a large ``w_tilde`` taken in :meth:`commit` serve the next step's ``gamma`` while it
-    is the same tensor at the same version (``Tensor._version``: any in-place change, a reset or a loaded
-    checkpoint, which make new tensors, means they are taken afresh).
+    With GIR at small sizes the whole step is one C call (:meth:`whole_gir`: ``w_tilde'`` a new tensor, the state
+    left as it was); above them ``w_tilde`` is updated **in place** (:meth:`commit`; a new ``(B, P)`` tensor per
+    step would cost a pass and, at large ``P``, fresh pages), and the views of its three parameter blocks are kept
+    while it is the same tensor. The norms of a large ``w_tilde`` taken in :meth:`commit` serve the next step's
+    ``gamma`` while it is the same tensor at the same version (``Tensor._version``: any in-place change, a reset or a
+    loaded checkpoint, which make new tensors, means they are taken afresh).
     """
 
     def __init__(self, cell: TanhRNNCell, projection: str, eps: float) -> None:
@@ -145,6 +187,9 @@ class TanhUOROStep:
         self._norms: tuple | None = None  # (w_tilde, its _version, ||w_tilde|| (B, 1)) after commit
         self._constants: tuple = (None,) * 5
         self._checked: tuple | None = None  # (w_tilde, the kernels or None) that gir chose for its commit
+        #: ``{dtype: the most streams whose GIR step whole_gir runs as one call}`` (:data:`ONE_CALL_MAX_BYTES`)
+        macs = cell.hidden_size * (cell.hidden_size + cell.input_size)
+        self.one_call_streams = {t: ONE_CALL_MAX_BYTES // (macs * t.itemsize) for t in (torch.float32, torch.float64)}
 
     @classmethod
     def fits(cls, cell: nn.Module, projection: str, layout: ParameterLayout) -> bool:
@@ -202,6 +247,61 @@ class TanhUOROStep:
         if not self._native or any(t.dtype is not dtype or not t.is_contiguous() for t in tensors):
             return None
         return uoro_tanh_kernels(*tensors, self.cell.weight_hh, self.cell.weight_ih, self.cell.bias)
+
+    def whole_gir_kernels(
+        self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor, w_tilde: torch.Tensor
+    ) -> tuple | None:
+        """``(the C step, W_h, W_x, b)`` for :meth:`whole_gir`, or ``None`` (UORO then runs :meth:`gir` and
+        :meth:`commit`): more streams than :attr:`one_call_streams` gives the dtype, or unless ``x``, ``h``,
+        ``h_tilde``, ``w_tilde`` and the cell's parameters are C-contiguous real CPU tensors of the parameters' dtype
+        (float32/float64) and the kernels load (:func:`~lightning_ortho._native.uoro.uoro_tanh_kernels`). The
+        shapes are the state's (``(B, I)``, ``(B, H)``, ``(B, H)``, ``(B, P)`` with the cell's ``I`` and ``H``, as
+        the estimator checks them). The draw that :meth:`whole_gir` reads is drawn after this, in ``h``'s dtype and
+        device, into contiguous tensors of its own (:meth:`lightning_ortho.online.UORO._noise_bits`)."""
+        parameters = self.cell._parameters  # the plain cell's own (fusable_tanh_cell); read at every call
+        weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
+        dtype = weight_hh.dtype
+        if (
+            not self._native
+            or h.shape[0] > self.one_call_streams.get(dtype, 0)
+            or x.dtype is not dtype
+            or h.dtype is not dtype
+            or h_tilde.dtype is not dtype
+            or w_tilde.dtype is not dtype
+            or weight_ih.dtype is not dtype
+            or bias.dtype is not dtype
+            or not x.is_contiguous()
+            or not h.is_contiguous()
+            or not h_tilde.is_contiguous()
+            or not w_tilde.is_contiguous()
+            or not weight_hh.is_contiguous()
+            or not weight_ih.is_contiguous()
+            or not bias.is_contiguous()
+        ):
+            return None
+        kernels = uoro_tanh_kernels(h, x, h_tilde, w_tilde, weight_hh, weight_ih, bias)
+        return None if kernels is None else (kernels[3], weight_hh, weight_ih, bias)
+
+    def whole_gir(
+        self,
+        kernels: tuple,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        h_tilde: torch.Tensor,
+        w_tilde: torch.Tensor,
+        nu: torch.Tensor,
+        bits: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """The whole GIR step as one C call (:func:`lightning_ortho._native.uoro.gir_step`: the cell's step,
+        ``W_h h_tilde``, the norms, gamma and beta, ``h_tilde'`` and ``w_tilde'``) with what
+        :meth:`whole_gir_kernels` returned for the same tensors: ``(h', h_tilde', w_tilde', the sum of x, h' and
+        h_tilde')``, new tensors, ``w_tilde`` read only (the state stays as it was whatever the checks find: nothing
+        to commit), from the draw ``nu`` ``(B, H)`` and the sign bits ``bits`` ``(B, 1)`` in ``{0, 1}``
+        (C-contiguous, of ``h``'s dtype); the expressions of :meth:`gir` and :meth:`commit`."""
+        cell = self.cell
+        return gir_step(
+            *kernels, x, h, h_tilde, w_tilde, nu, bits, cell.hidden_size, cell.input_size, self.eps, self.state_cut
+        )
 
     def gir(
         self,
