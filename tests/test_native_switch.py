@@ -78,15 +78,16 @@ def _uoro_run(estimator, cell):
 
 @pytest.fixture
 def c_rows_calls(monkeypatch):
-    """How many times the fused tanh step's C row pass ran."""
+    """How many times the fused tanh step's C passes ran (the one-call step, or the row pass around the GEMMs)."""
     calls = []
-    original = uoro_fused.gir_rows
+    for name in ("gir_rows", "gir_step"):
+        original = getattr(uoro_fused, name)
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
+        def counting(*args, _original=original, **kwargs):
+            calls.append(1)
+            return _original(*args, **kwargs)
 
-    monkeypatch.setattr(uoro_fused, "gir_rows", counting)
+        monkeypatch.setattr(uoro_fused, name, counting)
     return calls
 
 

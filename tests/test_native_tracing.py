@@ -253,7 +253,7 @@ def test_the_spy_sees_every_kernel_family_on_real_tensors(spy):
         "rtrl_gradient_float64",
         "readout_linear_float64",
         "reflect_rows_float64",
-        "uoro_tanh_norms_float64",  # the first of the fused step's kernels
+        "uoro_tanh_gir_step_float64",  # the fused step: one call at this size
         "uoro_gradient_float64",
     }
 
