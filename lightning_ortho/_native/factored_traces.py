@@ -87,15 +87,16 @@ class FactoredTanhTrace:
     The kernels run only on tensors that are all float32 or all float64, C-contiguous, of the cell's sizes at
     construction (``x`` ``(B, I)``, ``h`` and ``grad_h`` ``(B, H)``, the trace ``B H n_a`` entries, ``weight_hh``
     ``(H, H)``, ``weight_ih`` ``(H, I)``, ``bias`` ``(H,)``), plain CPU tensors with nothing tracing
-    (:func:`factored_trace_kernels`), on a cell still of its class at construction (a parametrisation registered
-    since swaps the class). The parameters are read from the cell at every call (an optimiser's update, a
-    ``cell.double()`` are seen).
+    (:func:`lightning_ortho._native.real_cpu`), with the kernels on (:func:`lightning_ortho._native.load`), on a
+    cell still of its class at construction (a parametrisation registered since swaps the class). The parameters
+    are read from the cell at every call (an optimiser's update, a ``cell.double()`` are seen).
 
-    A step at one stream costs a few microseconds of checks, as much as its arithmetic, so what was checked is
-    remembered. The state tensors this object made at its last step (``h'`` and the trace: fresh tensors) pass
-    while they are the very tensors passed in. The parameters pass while they are the same objects, at the same
-    addresses (``data_ptr``) and of the step's dtype: moving or converting them (``cell.to(...)``, an assignment
-    of ``.data``) gives them new memory. ``x`` and ``grad_h``, new at every call, are checked at every call.
+    At one stream the checks of a call cost as much as its arithmetic, so what was checked is remembered. The state
+    tensors this object made at its last step (``h'`` and the trace: fresh tensors, held here until the next step)
+    pass while they are the very tensors passed in, at the same addresses. The parameters pass while they are the same objects (held here, so their ``id`` stays
+    theirs), at the same addresses (``data_ptr``), for a step of the dtype they were checked in: moving or
+    converting them (``cell.to(...)``, an assignment of ``.data``) gives them new memory. ``x`` and ``grad_h``,
+    new at every call, are checked at every call.
 
     Args:
         cell: the :class:`~lightning_ortho.online.TanhRNNCell` (the caller checks it:
@@ -103,7 +104,22 @@ class FactoredTanhTrace:
         flat: the trace is held as ``(B, H n_a)`` (SnAp's influence), else as ``(B, H, n_a)`` (RFLO's trace).
     """
 
-    __slots__ = ("cell", "flat", "kind", "hidden", "inputs", "columns", "_setup", "_address", "_parameters", "_made")
+    __slots__ = (
+        "cell",
+        "flat",
+        "kind",
+        "hidden",
+        "inputs",
+        "columns",
+        "_setup",
+        "_address",
+        "_library",
+        "_dtype",
+        "_kernels",
+        "_key",
+        "_parameters",
+        "_made",
+    )
 
     def __init__(self, cell: torch.nn.Module, *, flat: bool = False) -> None:
         self.cell, self.flat, self.kind = cell, flat, type(cell)
@@ -111,16 +127,35 @@ class FactoredTanhTrace:
         self.columns = self.hidden + self.inputs + 1  # n_a: a = [h; x; 1]
         self._setup = _Setup(hidden=self.hidden, inputs=self.inputs)
         self._address = ctypes.addressof(self._setup)  # (self._setup keeps it alive)
-        #: ``(weight_hh, weight_ih, bias, their data_ptr()s, dtype, decay, rate)`` in the setup, else ``None``
-        self._parameters: tuple | None = None
-        #: ``(h', trace', h'.data_ptr(), trace'.data_ptr(), B)`` of the last fused step, else ``None``
-        self._made: tuple | None = None
+        #: the library, the dtype and the kernels of the last call (a dictionary lookup fewer per call)
+        self._library = self._dtype = self._kernels = None
+        #: ``(ids of weight_hh, weight_ih, bias, their data_ptr()s, dtype, decay, rate)`` written in the setup, and
+        #: the parameters themselves (which keep their ids theirs)
+        self._key: tuple | None = None
+        self._parameters: tuple = ()
+        #: ``(h', trace', h'.data_ptr(), trace'.data_ptr(), B)`` of the last fused step
+        self._made: tuple = (None, None, 0, 0, 0)
 
     def __getstate__(self) -> dict:  # copy and pickle: the cell and the layout; nothing remembered travels
         return {"cell": self.cell, "flat": self.flat}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["cell"], flat=state["flat"])
+
+    def _kernels_for(self, like: torch.Tensor) -> tuple | None:
+        """:func:`factored_trace_kernels` of ``like`` alone, with the last library's lookup remembered."""
+        dtype = like.dtype
+        if dtype not in _SUFFIXES or not real_cpu(like):
+            return None
+        library = load("factored_traces")
+        if library is not self._library or dtype is not self._dtype:
+            if library is None:
+                return None
+            kernels = factored_trace_kernels(like)
+            if kernels is None:
+                return None
+            self._library, self._dtype, self._kernels = library, dtype, kernels
+        return self._kernels
 
     def step(
         self, x: torch.Tensor, h: torch.Tensor, trace: torch.Tensor, snap: bool, decay: float = 0.0, rate: float = 0.0
@@ -130,69 +165,54 @@ class FactoredTanhTrace:
         and ``a = [h; x; 1]``, per stream: RFLO's ``E' = decay E + (rate d) a^T``, or with ``snap`` SnAp-1's
         ``m'[i, j] = d_i (W_h[i, i] m[i, j] + a_j)``. The sum is NaN/inf when an input or an output holds NaN/inf
         (or the sum of finite entries overflows)."""
-        kernels = factored_trace_kernels(x)  # x's dtype, x a real CPU tensor, nothing tracing, the kernels on
+        kernels = self._kernels_for(x)
         if kernels is None or not x.is_contiguous():
             return None
         batch, inputs = x.shape
-        hidden = self.hidden
-        if inputs != self.inputs:
-            return None
-        dtype = x.dtype
+        hidden, dtype = self.hidden, x.dtype
         made = self._made
-        if made is not None and h is made[0] and trace is made[1] and batch == made[4]:  # this object's outputs
-            h_pointer, trace_pointer = made[2], made[3]
-        elif (
-            h.dtype is dtype
-            and trace.dtype is dtype
-            and h.shape == (batch, hidden)
-            and trace.numel() == batch * hidden * self.columns
-            and h.is_contiguous()
-            and trace.is_contiguous()
-            and real_cpu(h, trace)
-        ):
+        if h is made[0] and trace is made[1] and batch == made[4]:  # this object's outputs: checked when made
             h_pointer, trace_pointer = h.data_ptr(), trace.data_ptr()
+            fits = h_pointer == made[2] and trace_pointer == made[3]  # still at their memory (no resize_, set_)
         else:
+            fits = (
+                h.dtype is dtype
+                and trace.dtype is dtype
+                and h.shape == (batch, hidden)
+                and trace.numel() == batch * hidden * self.columns
+                and h.is_contiguous()
+                and trace.is_contiguous()
+                and real_cpu(h, trace)
+            )
+            if fits:
+                h_pointer, trace_pointer = h.data_ptr(), trace.data_ptr()
+        if not fits or inputs != self.inputs:
             return None
         cell = self.cell
         if type(cell) is not self.kind:  # a parametrisation registered since: the weights are no longer these
             return None
         parameters = cell._parameters  # what nn.Module.__getattr__ looks up, without its fallbacks
         weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
-        pointers = weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr()
-        known = self._parameters
-        if (
-            known is None
-            or weight_hh is not known[0]
-            or weight_ih is not known[1]
-            or bias is not known[2]
-            or pointers != known[3]
-            or dtype is not known[4]
-            or decay is not known[5]
-            or rate is not known[6]
-        ) and not self._set_up(weight_hh, weight_ih, bias, pointers, dtype, decay, rate):
+        key = (
+            id(weight_hh), id(weight_ih), id(bias), weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr(),
+            dtype, decay, rate,
+        )  # fmt: skip
+        if key != self._key and not self._set_up(weight_hh, weight_ih, bias, key):
             return None
         h_new = x.new_empty(batch, hidden)  # ints, not a torch.Size: a third of the cost; on x's device
         trace_new = x.new_empty(batch, hidden * self.columns) if self.flat else x.new_empty(batch, hidden, self.columns)
         h_new_pointer, trace_new_pointer = h_new.data_ptr(), trace_new.data_ptr()
-        total = kernels[1 if snap else 0](
+        total = kernels[snap](
             self._address, x.data_ptr(), h_pointer, trace_pointer, batch, h_new_pointer, trace_new_pointer
         )
         self._made = (h_new, trace_new, h_new_pointer, trace_new_pointer, batch)
         return h_new, trace_new, total
 
-    def _set_up(
-        self,
-        weight_hh: torch.Tensor,
-        weight_ih: torch.Tensor,
-        bias: torch.Tensor,
-        pointers: tuple[int, int, int],
-        dtype: torch.dtype,
-        decay: float,
-        rate: float,
-    ) -> bool:
-        """Check the parameters (dtype, shape, contiguity, real CPU tensors) and write them, ``decay`` and ``rate``
-        into the setup the kernels read; false (nothing written) when a check fails."""
-        hidden = self.hidden
+    def _set_up(self, weight_hh: torch.Tensor, weight_ih: torch.Tensor, bias: torch.Tensor, key: tuple) -> bool:
+        """Check the parameters (``key``'s dtype, the cell's shapes, contiguous, real CPU tensors) and write their
+        addresses, ``decay`` and ``rate`` (``key``) into the setup the kernels read; false (nothing written) when a
+        check fails."""
+        hidden, dtype = self.hidden, key[6]
         if not (
             weight_hh.dtype is dtype
             and weight_ih.dtype is dtype
@@ -207,30 +227,31 @@ class FactoredTanhTrace:
         ):
             return False
         setup = self._setup
-        setup.w_hh, setup.w_ih, setup.bias = pointers
-        setup.decay, setup.rate = decay, rate
-        self._parameters = (weight_hh, weight_ih, bias, pointers, dtype, decay, rate)
+        setup.w_hh, setup.w_ih, setup.bias, setup.decay, setup.rate = key[3], key[4], key[5], key[7], key[8]
+        self._key, self._parameters = key, (weight_hh, weight_ih, bias)
         return True
 
     def gradient(self, trace: torch.Tensor, grad_h: torch.Tensor) -> tuple[torch.Tensor, float] | None:
         """``(sum_b diag(grad_h_b) E_b (P,), the sum of grad_h and of it)`` laid out as ``[vec(W_h), vec(W_x),
         b]``, or ``None`` where the PyTorch path must run. The sum is NaN/inf when the estimate or ``grad_h`` is not
         finite (or the sum of finite entries overflows)."""
-        kernels = factored_trace_kernels(grad_h)
+        kernels = self._kernels_for(grad_h)
         if kernels is None or not grad_h.is_contiguous():
             return None
         batch, hidden = grad_h.shape
         made = self._made
-        if made is not None and trace is made[1] and batch == made[4]:
-            trace_pointer = made[3]
-        elif (
-            trace.dtype is grad_h.dtype
-            and trace.numel() == batch * hidden * self.columns
-            and trace.is_contiguous()
-            and real_cpu(trace)
-        ):
+        if trace is made[1] and batch == made[4]:  # this object's output: checked when made
             trace_pointer = trace.data_ptr()
+            fits = trace_pointer == made[3]  # still at its memory (no resize_, set_)
         else:
+            fits = (
+                trace.dtype is grad_h.dtype
+                and trace.numel() == batch * hidden * self.columns
+                and trace.is_contiguous()
+                and real_cpu(trace)
+            )
+            trace_pointer = trace.data_ptr() if fits else 0
+        if not fits:
             return None
         if hidden != self.hidden:
             return None

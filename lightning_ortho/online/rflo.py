@@ -106,7 +106,7 @@ class RFLO(OnlineGradientEstimator):
         self.weight_columns = _elementwise_factorisation(cell, self.hidden_size) if closed_form else None
         self.inputs = None if self.weight_columns is None else sum(c for _, c, _ in self.weight_columns)  # n_a
         #: the fused step and estimate (one C call each: :meth:`_advance_step`) on a plain tanh cell, else ``None``
-        self._fused = FactoredTanhTrace(cell) if fuses_factored_trace(cell, self.layout, self.weight_columns) else None
+        self._fused = FactoredTanhTrace(cell) if _fuses_factored_trace(cell, self.layout, self.weight_columns) else None
 
     @property
     def factored(self) -> bool:
@@ -119,10 +119,11 @@ class RFLO(OnlineGradientEstimator):
         return {"trace": h0.new_zeros(h0.shape[0], h0.shape[1], columns)}
 
     def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
-        """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain :class:`TanhRNNCell` the cell's
-        step and the factored trace's update in one C call (:func:`~lightning_ortho._native.factored_traces.
-        rflo_tanh_step`, which also sums ``x``, ``h'`` and the new trace for the NaN/inf verdict), where the tensors
-        allow it (:func:`fused_operands`); else the cell's linearisation and :meth:`_advance`."""
+        """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain
+        :class:`~lightning_ortho.online.TanhRNNCell` the cell's step and the factored trace's update in one C call
+        (:meth:`~lightning_ortho._native.factored_traces.FactoredTanhTrace.step`, which also sums ``x``, ``h'`` and
+        the new trace for the NaN/inf verdict) where the tensors allow it; else the cell's linearisation and
+        :meth:`_advance`."""
         fused = self._fused
         if fused is not None:
             done = fused.step(x, state.h, state.tensors["trace"], False, self.decay, self.rate)
@@ -168,7 +169,7 @@ class RFLO(OnlineGradientEstimator):
         return flatten_weight(self.layout, self.weight_columns, torch.einsum("bh,bha->ha", grad_h, trace), lead=0)
 
 
-def fuses_factored_trace(
+def _fuses_factored_trace(
     cell: nn.Module, layout: ParameterLayout, weight_columns: list[tuple[str, int, bool]] | None
 ) -> bool:
     """Whether ``cell`` is a plain :class:`~lightning_ortho.online.TanhRNNCell`

@@ -228,8 +228,8 @@ class SnAp(OnlineGradientEstimator):
         return state.cpu(), parameter.cpu()
 
     def _factored(self, cell: nn.Module, state: torch.Tensor, parameter: torch.Tensor) -> bool:
-        """Whether the kept entries are a factored trace of a plain tanh cell, so that the C
-        kernels of :mod:`lightning_ortho._native.factored_traces` compute the step: the cell is a plain
+        """Whether the kept entries are a factored trace of a plain tanh cell, so that the C kernels of
+        :mod:`lightning_ortho._native.factored_traces` compute the step: the cell is a plain
         :class:`~lightning_ortho.online.TanhRNNCell` (:func:`~lightning_ortho.online.uoro_fused.fusable_tanh_cell`),
         the kept entries, row-major, are exactly the row ``[W_h[k, :], W_x[k, :], b_k]`` of every unit ``k`` (as
         for SnAp-1), where the immediate influence ``I_t`` is nonzero, and every unit reads itself (``J[k, k]``,
@@ -248,16 +248,14 @@ class SnAp(OnlineGradientEstimator):
             ],
             dim=1,
         )
-        if (
-            tuple(parameter.shape) != (hidden, hidden * columns)
-            or self.kept != hidden * columns
-            or not torch.equal(self.rows, units.repeat_interleave(columns))
-            or not torch.equal(self.cols, offsets.reshape(-1))
-            or not bool(parameter[self.rows, self.cols].all())
-            or not bool(state.diagonal().all())
-        ):
-            return False
-        return True
+        return (
+            tuple(parameter.shape) == (hidden, hidden * columns)
+            and self.kept == hidden * columns
+            and torch.equal(self.rows, units.repeat_interleave(columns))
+            and torch.equal(self.cols, offsets.reshape(-1))
+            and bool(parameter[self.rows, self.cols].all())
+            and bool(state.diagonal().all())
+        )
 
     def _dense_plan(self) -> dict[str, torch.Tensor]:
         return {"flat": self.rows * self.layout.size + self.cols}
@@ -312,8 +310,8 @@ class SnAp(OnlineGradientEstimator):
         """One step (see :meth:`OnlineGradientEstimator._advance_step`): where the kept entries are a factored trace
         of a plain tanh cell (SnAp-1 of :class:`~lightning_ortho.online.TanhRNNCell`), the cell's step and
         ``m' = d * (diag(W_h) m + a^T)`` row by row in one C call
-        (:func:`~lightning_ortho._native.factored_traces.snap1_tanh_step`, which also sums ``x``, ``h'`` and
-        ``m'`` for the NaN/inf verdict), where the tensors allow it; else the cell's linearisation and
+        (:meth:`~lightning_ortho._native.factored_traces.FactoredTanhTrace.step`, which also sums ``x``, ``h'`` and
+        ``m'`` for the NaN/inf verdict) where the tensors allow it; else the cell's linearisation and
         :meth:`_advance`."""
         fused = self._fused
         if fused is not None:

@@ -5,7 +5,9 @@ that the kernels run where they may and not where they must not; NaN/inf raised 
 
 from __future__ import annotations
 
+import copy
 import io
+import pickle
 
 import pytest
 import torch
@@ -326,3 +328,38 @@ def test_a_finite_trace_whose_sum_overflows_is_no_error():
     assert torch.isfinite(state.tensors["trace"]).all()
     estimate = estimator.gradient(state, torch.full_like(grads[0], 1e-3))
     assert all(torch.isfinite(v).all() for v in estimate.values())
+
+
+@pytest.mark.parametrize("name", ["rflo", "snap1"])
+def test_state_tensors_moved_in_place_are_never_read_at_their_old_address(name, calls):
+    """The kernels remember the tensors of the state they made; ``set_`` (or ``resize_``) moves one to new memory:
+    the step must not read the old address (it declines to the PyTorch path, which reads the new one)."""
+    estimator = ESTIMATORS[name](make_cell())
+    xs, grads, h0 = data(2)
+    _, state = estimator.step(xs[0], estimator.initial_state(h0))
+    (key,) = state.tensors
+    moved = state.tensors[key].clone()
+    state.tensors[key].set_(moved.clone())  # the same values at another address; the old memory is freed
+    state.h.set_(state.h.clone())
+    with native_kernels(False):
+        expected_h, expected = estimator.step(xs[1], state)
+        expected_estimate = estimator.gradient(state, grads[1])
+    h, new = estimator.step(xs[1], state)
+    estimate = estimator.gradient(state, grads[1])
+    assert calls == ["rflo_step" if name == "rflo" else "snap1_step"]  # the first step only: then declined
+    torch.testing.assert_close(h, expected_h, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(new.tensors[key], expected.tensors[key], rtol=1e-12, atol=1e-12)
+    for part, value in estimate.items():
+        torch.testing.assert_close(value, expected_estimate[part], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["rflo", "snap1"])
+def test_a_copied_or_pickled_estimator_steps_on_its_own_cell(name, calls):
+    estimator = ESTIMATORS[name](make_cell())
+    xs, grads, h0 = data(2)
+    expected, _ = run(estimator, xs[:3], grads[:3], estimator.initial_state(h0))
+    for other in (copy.deepcopy(estimator), pickle.loads(pickle.dumps(estimator))):
+        assert other._fused.cell is other.cell is not estimator.cell
+        got, _ = run(other, xs[:3], grads[:3], other.initial_state(h0))
+        assert_same(got, expected, torch.float64)
+    assert len(calls) == 3 * 2 * 3
