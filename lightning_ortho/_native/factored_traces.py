@@ -23,6 +23,8 @@ _SUFFIXES = {torch.float32: "float32", torch.float64: "float64"}
 #: ``{(library, dtype): (rflo_step, snap1_step, gradient)}``, declared once per library (``load.cache_clear()`` loads
 #: a new one).
 _DECLARED: dict[tuple, tuple] = {}
+#: Whether any autocast is on (a third of the cost of ``torch.is_autocast_enabled("cpu")``; that where it is gone).
+_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
 
 
 class _Setup(ctypes.Structure):
@@ -43,8 +45,9 @@ def factored_trace_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> 
     """``(rflo_step, snap1_step, gradient)`` C functions for ``like``'s dtype, or ``None`` when ``like`` is not
     float32/float64, when ``like`` or one of ``others`` (pass every tensor the kernel will read) is not a real CPU
     tensor or something is tracing (:func:`lightning_ortho._native.real_cpu`), or when the kernels are unavailable
-    (:func:`lightning_ortho._native.load`, which also honours ``native_kernels(False)``). CPU autocast does not
-    matter: the kernels read only these tensors, no product PyTorch computed.
+    (:func:`lightning_ortho._native.load`, which also honours ``native_kernels(False)``). Autocast does not matter
+    here: the kernels read only these tensors, no product PyTorch computed (:class:`FactoredTanhTrace` declines
+    under autocast for another reason: the PyTorch path it stands in for changes there).
 
     The functions take a pointer to a ``factored_setup`` (the parameters' addresses, ``H``, ``I``, RFLO's decay and
     rate; :class:`FactoredTanhTrace` keeps one), then::
@@ -87,8 +90,9 @@ class FactoredTanhTrace:
     The kernels run only on tensors that are all float32 or all float64, C-contiguous, of the cell's sizes at
     construction (``x`` ``(B, I)``, ``h`` and ``grad_h`` ``(B, H)``, the trace ``B H n_a`` entries, ``weight_hh``
     ``(H, H)``, ``weight_ih`` ``(H, I)``, ``bias`` ``(H,)``), plain CPU tensors with nothing tracing
-    (:func:`lightning_ortho._native.real_cpu`), with the kernels on (:func:`lightning_ortho._native.load`), on a
-    cell still of its class at construction (a parametrisation registered since swaps the class). The parameters
+    (:func:`lightning_ortho._native.real_cpu`), with the kernels on (:func:`lightning_ortho._native.load`) and no
+    autocast (under which the PyTorch path computes in another dtype, or refuses to), on a cell still of its class
+    at construction (a parametrisation registered since swaps the class). The parameters
     are read from the cell at every call (an optimiser's update, a ``cell.double()`` are seen).
 
     At one stream the checks of a call cost as much as its arithmetic, so what was checked is remembered. The state
@@ -143,9 +147,10 @@ class FactoredTanhTrace:
         self.__init__(state["cell"], flat=state["flat"])
 
     def _kernels_for(self, like: torch.Tensor) -> tuple | None:
-        """:func:`factored_trace_kernels` of ``like`` alone, with the last library's lookup remembered."""
+        """:func:`factored_trace_kernels` of ``like`` alone, with the last library's lookup remembered; ``None``
+        also under autocast, where the PyTorch path computes (or refuses) another dtype's step and estimate."""
         dtype = like.dtype
-        if dtype not in _SUFFIXES or not real_cpu(like):
+        if dtype not in _SUFFIXES or not real_cpu(like) or _autocast():  # (real_cpu first: false when compiling)
             return None
         library = load("factored_traces")
         if library is not self._library or dtype is not self._dtype:

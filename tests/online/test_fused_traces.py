@@ -363,3 +363,21 @@ def test_a_copied_or_pickled_estimator_steps_on_its_own_cell(name, calls):
         got, _ = run(other, xs[:3], grads[:3], other.initial_state(h0))
         assert_same(got, expected, torch.float64)
     assert len(calls) == 3 * 2 * 3
+
+
+@pytest.mark.parametrize("name", ["rflo", "snap1"])
+def test_under_cpu_autocast_the_pytorch_path_runs(name, calls):
+    """Autocast changes what the PyTorch path computes (bfloat16 products, which the step refuses as a change of
+    dtype): the kernels, which would step on in float32, stand aside."""
+    estimator = ESTIMATORS[name](make_cell(torch.float32))
+    xs, _, h0 = data(2, torch.float32)
+    state = estimator.initial_state(h0)
+    outcomes = []
+    for on in (True, False):
+        with native_kernels(on), torch.autocast("cpu", dtype=torch.bfloat16):
+            try:
+                outcomes.append(estimator.step(xs[0], state)[0])
+            except ValueError as error:
+                outcomes.append(str(error))
+    assert calls == []
+    assert outcomes[0] == outcomes[1] if isinstance(outcomes[0], str) else torch.equal(outcomes[0], outcomes[1])
