@@ -23,7 +23,8 @@ _SUFFIXES = {torch.float32: "float32", torch.float64: "float64"}
 #: ``{(library, dtype): (rflo_step, snap1_step, gradient)}``, declared once per library (``load.cache_clear()`` loads
 #: a new one).
 _DECLARED: dict[tuple, tuple] = {}
-#: Whether any autocast is on (a third of the cost of ``torch.is_autocast_enabled("cpu")``; that where it is gone).
+#: Whether an autocast (of any device) is on: a third of the cost of ``torch.is_autocast_enabled("cpu")``, which
+#: stands in where a version of torch lacks the private check.
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
 
 
