@@ -14,8 +14,10 @@ import numbers
 import torch
 from torch import nn
 
-from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho._native.factored_traces import FactoredTanhTrace
+from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator
 from lightning_ortho.online.linearization import (
+    ParameterLayout,
     StepLinearization,
     factorisation_problem,
     flatten_weight,
@@ -23,6 +25,7 @@ from lightning_ortho.online.linearization import (
     weight_rows,
 )
 from lightning_ortho.online.state import OnlineState
+from lightning_ortho.online.uoro_fused import fusable_tanh_cell
 
 __all__ = ["RFLO"]
 
@@ -102,6 +105,8 @@ class RFLO(OnlineGradientEstimator):
         #: ``[(name, columns, is_vector)]`` of ``W`` when the trace is factored, else ``None``.
         self.weight_columns = _elementwise_factorisation(cell, self.hidden_size) if closed_form else None
         self.inputs = None if self.weight_columns is None else sum(c for _, c, _ in self.weight_columns)  # n_a
+        #: the fused step and estimate (one C call each: :meth:`_advance_step`) on a plain tanh cell, else ``None``
+        self._fused = FactoredTanhTrace(cell) if _fuses_factored_trace(cell, self.layout, self.weight_columns) else None
 
     @property
     def factored(self) -> bool:
@@ -112,6 +117,29 @@ class RFLO(OnlineGradientEstimator):
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         columns = self.inputs if self.factored else self.layout.size
         return {"trace": h0.new_zeros(h0.shape[0], h0.shape[1], columns)}
+
+    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
+        """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain
+        :class:`~lightning_ortho.online.TanhRNNCell` the cell's step and the factored trace's update in one C call
+        (:meth:`~lightning_ortho._native.factored_traces.FactoredTanhTrace.step`, which also sums ``x``, ``h'`` and
+        the new trace for the NaN/inf verdict) where the tensors allow it; else the cell's linearisation and
+        :meth:`_advance`."""
+        fused = self._fused
+        if fused is not None:
+            done = fused.step(x, state.h, state.tensors["trace"], False, self.decay, self.rate)
+            if done is not None:
+                return Advance(done[0], {"trace": done[1]}, None, done[2])
+        return super()._advance_step(x, state)
+
+    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """The summed estimate ``sum_b diag(g_b) E_b`` in one C call where :meth:`_advance_step` may fuse (its
+        verdict: the sum of ``grad_h`` and the estimate); else :meth:`_gradient_summed`."""
+        fused = self._fused
+        if fused is not None:
+            done = fused.gradient(state.tensors["trace"], grad_h)
+            if done is not None:
+                return done
+        return self._gradient_summed(state, grad_h), None
 
     def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:
         trace = state.tensors["trace"]
@@ -139,6 +167,22 @@ class RFLO(OnlineGradientEstimator):
         if not self.factored:
             return torch.einsum("bh,bhp->p", grad_h, trace)
         return flatten_weight(self.layout, self.weight_columns, torch.einsum("bh,bha->ha", grad_h, trace), lead=0)
+
+
+def _fuses_factored_trace(
+    cell: nn.Module, layout: ParameterLayout, weight_columns: list[tuple[str, int, bool]] | None
+) -> bool:
+    """Whether ``cell`` is a plain :class:`~lightning_ortho.online.TanhRNNCell`
+    (:func:`~lightning_ortho.online.uoro_fused.fusable_tanh_cell`) whose factored trace is laid out as ``[W_h W_x
+    b]`` (``weight_columns``), so that :class:`~lightning_ortho._native.factored_traces.FactoredTanhTrace`
+    computes its step."""
+    if weight_columns is None or not fusable_tanh_cell(cell, layout):
+        return False
+    return weight_columns == [
+        ("weight_hh", cell.hidden_size, False),
+        ("weight_ih", cell.input_size, False),
+        ("bias", 1, True),
+    ]
 
 
 def _elementwise_factorisation(cell: nn.Module, hidden: int | None) -> list[tuple[str, int, bool]] | None:

@@ -15,9 +15,11 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev
 
-from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho._native.factored_traces import FactoredTanhTrace
+from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
 from lightning_ortho.online.state import OnlineState
+from lightning_ortho.online.uoro_fused import fusable_tanh_cell
 
 __all__ = ["SnAp", "jacobian_pattern", "snap_mask"]
 
@@ -202,6 +204,9 @@ class SnAp(OnlineGradientEstimator):
         #: integer indices the update and the gradient share across streams (``rows``, ``cols`` and the plan)
         self.plan_size = 2 * self.kept + sum(v.numel() for v in self._plan.values() if not v.is_floating_point())
         self._cache: dict[tuple, dict[str, torch.Tensor]] = {}
+        #: the fused step and estimate (one C call each: :meth:`_advance_step`) where the kept entries are a factored
+        #: trace of a plain tanh cell, else ``None``
+        self._fused = FactoredTanhTrace(cell, flat=True) if self._factored(cell, state, parameter) else None
 
     # -- structure ------------------------------------------------------------------------------------------
     def _pattern(self, cell: nn.Module, probes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,6 +226,36 @@ class SnAp(OnlineGradientEstimator):
                     f" (H, P)); its {name} pattern is {got}, expected torch.bool {shape}."
                 )
         return state.cpu(), parameter.cpu()
+
+    def _factored(self, cell: nn.Module, state: torch.Tensor, parameter: torch.Tensor) -> bool:
+        """Whether the kept entries are a factored trace of a plain tanh cell, so that the C kernels of
+        :mod:`lightning_ortho._native.factored_traces` compute the step: the cell is a plain
+        :class:`~lightning_ortho.online.TanhRNNCell` (:func:`~lightning_ortho.online.uoro_fused.fusable_tanh_cell`),
+        the kept entries, row-major, are exactly the row ``[W_h[k, :], W_x[k, :], b_k]`` of every unit ``k`` (as
+        for SnAp-1), where the immediate influence ``I_t`` is nonzero, and every unit reads itself (``J[k, k]``,
+        the one entry of ``J`` such a pattern reads). Not with ``closed_form=False`` (the generic path that tests
+        compare with)."""
+        if not self.closed_form or not fusable_tanh_cell(cell, self.layout):
+            return False
+        hidden, inputs = cell.hidden_size, cell.input_size
+        columns = hidden + inputs + 1
+        units = torch.arange(hidden)
+        offsets = torch.cat(
+            [
+                units[:, None] * hidden + torch.arange(hidden),  # W_h[k, :]
+                hidden * hidden + units[:, None] * inputs + torch.arange(inputs),  # W_x[k, :]
+                (hidden * (hidden + inputs) + units)[:, None],  # b_k
+            ],
+            dim=1,
+        )
+        return (
+            tuple(parameter.shape) == (hidden, hidden * columns)
+            and self.kept == hidden * columns
+            and torch.equal(self.rows, units.repeat_interleave(columns))
+            and torch.equal(self.cols, offsets.reshape(-1))
+            and bool(parameter[self.rows, self.cols].all())
+            and bool(state.diagonal().all())
+        )
 
     def _dense_plan(self) -> dict[str, torch.Tensor]:
         return {"flat": self.rows * self.layout.size + self.cols}
@@ -270,6 +305,30 @@ class SnAp(OnlineGradientEstimator):
     # -- the estimator's hooks ------------------------------------------------------------------------------
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"influence": h0.new_zeros(h0.shape[0], self.kept)}
+
+    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
+        """One step (see :meth:`OnlineGradientEstimator._advance_step`): where the kept entries are a factored trace
+        of a plain tanh cell (SnAp-1 of :class:`~lightning_ortho.online.TanhRNNCell`), the cell's step and
+        ``m' = d * (diag(W_h) m + a^T)`` row by row in one C call
+        (:meth:`~lightning_ortho._native.factored_traces.FactoredTanhTrace.step`, which also sums ``x``, ``h'`` and
+        ``m'`` for the NaN/inf verdict) where the tensors allow it; else the cell's linearisation and
+        :meth:`_advance`."""
+        fused = self._fused
+        if fused is not None:
+            done = fused.step(x, state.h, state.tensors["influence"], True)
+            if done is not None:
+                return Advance(done[0], {"influence": done[1]}, None, done[2])
+        return super()._advance_step(x, state)
+
+    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """The summed estimate in one C call where :meth:`_advance_step` may fuse (its verdict: the sum of ``grad_h``
+        and the estimate); else :meth:`_gradient_summed`."""
+        fused = self._fused
+        if fused is not None:
+            done = fused.gradient(state.tensors["influence"], grad_h)
+            if done is not None:
+                return done
+        return self._gradient_summed(state, grad_h), None
 
     def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:
         values = state.tensors["influence"]
