@@ -26,6 +26,7 @@ from lightning_ortho._native import readout, reflection_rows, rtrl, tbptt, uoro
 from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
+from lightning_ortho._native.factored_traces import factored_trace_kernels
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
 from lightning_ortho.models.online_readout_step import readout_step
@@ -63,6 +64,7 @@ from torch import nn
 from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
+from lightning_ortho._native.factored_traces import factored_trace_kernels
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
 from lightning_ortho.models.online_readout_step import readout_step
@@ -279,6 +281,8 @@ def _decisions(t: torch.Tensor) -> list:
         rtrl_gradient_kernel(plain, t),
         tbptt_tanh_kernels(t),
         tbptt_tanh_kernels(plain, plain, t),
+        factored_trace_kernels(t),
+        factored_trace_kernels(plain, t),
     ]
 
 
@@ -399,6 +403,7 @@ def test_under_cpu_autocast_only_the_kernels_fed_by_pytorch_products_decline(ker
         assert row_kernels(plain) is None and uoro_tanh_kernels(plain) is None and rtrl_tanh_kernels(plain) is None
         assert uoro_gradient_kernel(plain) is not None and linear_readout_kernel(plain) is not None
         assert rtrl_gradient_kernel(plain) is not None
+        assert factored_trace_kernels(plain) is not None  # it reads only its inputs
         assert tbptt_tanh_kernels(plain) is None  # its step runs the cell, whose products autocast would take
 
 
