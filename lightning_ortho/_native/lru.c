@@ -25,6 +25,8 @@
 
 /* An address passed as a 64-bit integer (see the entry points below). */
 #define ADDRESS(TYPE, VALUE) ((TYPE *)(intptr_t)(VALUE))
+/* Units whose lambda and slopes a step keeps on the stack at once (7 arrays of this many scalars). */
+#define LRU_CHUNK 64
 
 #define DEFINE_LRU_KERNELS(T, SUFFIX, EXP, COS, SIN)                                                                 \
     /* One step of `batch` streams: h (B, H), e_units (B, 3, H), e_b (B, H, I) complex, x (B, I) real, the           \
@@ -43,55 +45,75 @@
             _Pragma("omp simd reduction(+ : x_sum)") for (long j = 0; j < inputs; ++j) x_sum += x[b * inputs + j];   \
             total += x_sum;                                                                                          \
         }                                                                                                            \
-        for (long k = 0; k < hidden; ++k) {                                                                          \
-            const T mu = EXP(nu_log[k]), phi = EXP(theta_log[k]), gamma = EXP(gamma_log[k]);                         \
-            const T modulus = EXP(-mu);                                                                              \
-            const T lam_re = modulus * COS(phi), lam_im = modulus * SIN(phi);                                        \
-            /* d lambda / d nu_log = -mu lambda, d lambda / d theta_log = i phi lambda */                            \
-            const T nu_re = -mu * lam_re, nu_im = -mu * lam_im;                                                      \
-            const T theta_re = -(phi * lam_im), theta_im = phi * lam_re;                                             \
-            const T *restrict row_re = b_re + k * inputs;                                                            \
-            const T *restrict row_im = b_im + k * inputs;                                                            \
+        /* Units in chunks: their lambda and slopes once (the transcendental functions are most of the arithmetic),  \
+         * then each stream's rows of the chunk, read and written in memory order. */                                \
+        for (long k0 = 0; k0 < hidden; k0 += LRU_CHUNK) {                                                            \
+            const long k1 = k0 + LRU_CHUNK < hidden ? k0 + LRU_CHUNK : hidden;                                       \
+            T lam_re_[LRU_CHUNK], lam_im_[LRU_CHUNK], gamma_[LRU_CHUNK];                                             \
+            T nu_re_[LRU_CHUNK], nu_im_[LRU_CHUNK], theta_re_[LRU_CHUNK], theta_im_[LRU_CHUNK];                      \
+            for (long k = k0; k < k1; ++k) {                                                                         \
+                const T mu = EXP(nu_log[k]), phi = EXP(theta_log[k]);                                                \
+                const T modulus = EXP(-mu);                                                                          \
+                const T lam_re = modulus * COS(phi), lam_im = modulus * SIN(phi);                                    \
+                const long u = k - k0;                                                                               \
+                lam_re_[u] = lam_re;                                                                                 \
+                lam_im_[u] = lam_im;                                                                                 \
+                gamma_[u] = EXP(gamma_log[k]);                                                                       \
+                /* d lambda / d nu_log = -mu lambda, d lambda / d theta_log = i phi lambda */                        \
+                nu_re_[u] = -mu * lam_re;                                                                            \
+                nu_im_[u] = -mu * lam_im;                                                                            \
+                theta_re_[u] = -(phi * lam_im);                                                                      \
+                theta_im_[u] = phi * lam_re;                                                                         \
+            }                                                                                                        \
             for (long b = 0; b < batch; ++b) {                                                                       \
                 const T *restrict xb = x + b * inputs;                                                               \
-                T u_re = 0, u_im = 0;                                                                                \
-                _Pragma("omp simd reduction(+ : u_re, u_im)") for (long j = 0; j < inputs; ++j) {                    \
-                    u_re += row_re[j] * xb[j];                                                                       \
-                    u_im += row_im[j] * xb[j];                                                                       \
+                for (long k = k0; k < k1; ++k) {                                                                     \
+                    const long u = k - k0;                                                                           \
+                    const T lam_re = lam_re_[u], lam_im = lam_im_[u], gamma = gamma_[u];                             \
+                    const T nu_re = nu_re_[u], nu_im = nu_im_[u], theta_re = theta_re_[u], theta_im = theta_im_[u];  \
+                    const T *restrict row_re = b_re + k * inputs;                                                    \
+                    const T *restrict row_im = b_im + k * inputs;                                                    \
+                    T u_re = 0, u_im = 0;                                                                            \
+                    _Pragma("omp simd reduction(+ : u_re, u_im)") for (long j = 0; j < inputs; ++j) {                \
+                        u_re += row_re[j] * xb[j];                                                                   \
+                        u_im += row_im[j] * xb[j];                                                                   \
+                    }                                                                                                \
+                    const T driven_re = gamma * u_re, driven_im = gamma * u_im;                                      \
+                    const long at = 2 * (b * hidden + k);                                                            \
+                    const T h_re = h[at], h_im = h[at + 1];                                                          \
+                    const T new_re = driven_re + (lam_re * h_re - lam_im * h_im);                                    \
+                    const T new_im = driven_im + (lam_re * h_im + lam_im * h_re);                                    \
+                    h_new[at] = new_re;                                                                              \
+                    h_new[at + 1] = new_im;                                                                          \
+                    /* the three per-unit traces: immediate + lambda e */                                            \
+                    const T source_re[3] = {nu_re * h_re - nu_im * h_im, theta_re * h_re - theta_im * h_im,          \
+                                            driven_re};                                                              \
+                    const T source_im[3] = {nu_re * h_im + nu_im * h_re, theta_re * h_im + theta_im * h_re,          \
+                                            driven_im};                                                              \
+                    double row_total = (double)new_re + (double)new_im;                                              \
+                    for (int c = 0; c < 3; ++c) {                                                                    \
+                        const long to = 2 * ((b * 3 + c) * hidden + k);                                              \
+                        const T e_re = e_units[to], e_im = e_units[to + 1];                                          \
+                        const T out_re = source_re[c] + (lam_re * e_re - lam_im * e_im);                             \
+                        const T out_im = source_im[c] + (lam_re * e_im + lam_im * e_re);                             \
+                        e_units_new[to] = out_re;                                                                    \
+                        e_units_new[to + 1] = out_im;                                                                \
+                        row_total += (double)out_re + (double)out_im;                                                \
+                    }                                                                                                \
+                    /* e_B[k, :] = lambda e_B[k, :] + gamma x^T */                                                   \
+                    const T *restrict e_row = e_b + 2 * (b * hidden + k) * inputs;                                   \
+                    T *restrict out_row = e_b_new + 2 * (b * hidden + k) * inputs;                                   \
+                    T e_sum = 0;                                                                                     \
+                    _Pragma("omp simd reduction(+ : e_sum)") for (long j = 0; j < inputs; ++j) {                     \
+                        const T e_re = e_row[2 * j], e_im = e_row[2 * j + 1];                                        \
+                        const T out_re = (lam_re * e_re - lam_im * e_im) + gamma * xb[j];                            \
+                        const T out_im = lam_re * e_im + lam_im * e_re;                                              \
+                        out_row[2 * j] = out_re;                                                                     \
+                        out_row[2 * j + 1] = out_im;                                                                 \
+                        e_sum += out_re + out_im;                                                                    \
+                    }                                                                                                \
+                    total += row_total + (double)e_sum;                                                              \
                 }                                                                                                    \
-                const T driven_re = gamma * u_re, driven_im = gamma * u_im;                                          \
-                const long at = 2 * (b * hidden + k);                                                                \
-                const T h_re = h[at], h_im = h[at + 1];                                                              \
-                const T new_re = driven_re + (lam_re * h_re - lam_im * h_im);                                        \
-                const T new_im = driven_im + (lam_re * h_im + lam_im * h_re);                                        \
-                h_new[at] = new_re;                                                                                  \
-                h_new[at + 1] = new_im;                                                                              \
-                /* the three per-unit traces: immediate + lambda e */                                                \
-                const T source_re[3] = {nu_re * h_re - nu_im * h_im, theta_re * h_re - theta_im * h_im, driven_re};  \
-                const T source_im[3] = {nu_re * h_im + nu_im * h_re, theta_re * h_im + theta_im * h_re, driven_im};  \
-                double row_total = (double)new_re + (double)new_im;                                                  \
-                for (int c = 0; c < 3; ++c) {                                                                        \
-                    const long to = 2 * ((b * 3 + c) * hidden + k);                                                  \
-                    const T e_re = e_units[to], e_im = e_units[to + 1];                                              \
-                    const T out_re = source_re[c] + (lam_re * e_re - lam_im * e_im);                                 \
-                    const T out_im = source_im[c] + (lam_re * e_im + lam_im * e_re);                                 \
-                    e_units_new[to] = out_re;                                                                        \
-                    e_units_new[to + 1] = out_im;                                                                    \
-                    row_total += (double)out_re + (double)out_im;                                                    \
-                }                                                                                                    \
-                /* e_B[k, :] = lambda e_B[k, :] + gamma x^T */                                                       \
-                const T *restrict e_row = e_b + 2 * (b * hidden + k) * inputs;                                       \
-                T *restrict out_row = e_b_new + 2 * (b * hidden + k) * inputs;                                       \
-                T e_sum = 0;                                                                                         \
-                _Pragma("omp simd reduction(+ : e_sum)") for (long j = 0; j < inputs; ++j) {                         \
-                    const T e_re = e_row[2 * j], e_im = e_row[2 * j + 1];                                            \
-                    const T out_re = (lam_re * e_re - lam_im * e_im) + gamma * xb[j];                                \
-                    const T out_im = lam_re * e_im + lam_im * e_re;                                                  \
-                    out_row[2 * j] = out_re;                                                                         \
-                    out_row[2 * j + 1] = out_im;                                                                     \
-                    e_sum += out_re + out_im;                                                                        \
-                }                                                                                                    \
-                total += row_total + (double)e_sum;                                                                  \
             }                                                                                                        \
         }                                                                                                            \
         return total;                                                                                                \

@@ -118,6 +118,20 @@ def test_the_fused_path_gives_the_pytorch_paths_states_traces_and_estimates(dtyp
         assert_close(value, per_stream[name].sum(0), dtype)
 
 
+def test_more_units_than_one_chunk_of_the_kernel(fused_calls):
+    """The kernel takes the units in chunks of 64 (LRU_CHUNK in lru.c): 150 units are two full chunks and a part."""
+    torch.manual_seed(0)
+    estimator = DiagonalRTRL(LinearRecurrentUnit(INPUT, 150, r_min=0.5, r_max=0.99).double())
+    g = torch.Generator().manual_seed(2)
+    h0 = torch.complex(*(0.5 * torch.randn(2, 2, 150, generator=g, dtype=torch.float64)))
+    xs = torch.randn(5, 2, INPUT, generator=g, dtype=torch.float64)
+    grads = torch.complex(*torch.randn(2, 5, 2, 150, generator=g, dtype=torch.float64))
+    fused = run(estimator, estimator.initial_state(h0), xs, grads, native=True)
+    plain = run(estimator, estimator.initial_state(h0), xs, grads, native=False)
+    assert fused_calls == {"step": 5, "gradient": 5}
+    assert_same_runs(fused, plain, torch.float64)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_parameter_updates_between_steps_are_seen(dtype, fused_calls):
     """An optimizer step (in place), an update through ``.data`` (no version bump) and a replaced parameter."""
