@@ -31,8 +31,8 @@ _TYPES = {torch.float32: ("float32", torch.complex64), torch.float64: ("float64"
 _REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 #: dtype -> (the library, its declared (step, gradient)): the functions of the library that load returns now.
 _DECLARED: dict[torch.dtype, tuple] = {}
-#: Per thread, the argument arrays (filled and passed at once: a shared array could be refilled by another thread
-#: between the two, while ctypes has released the GIL).
+#: Per thread, the argument arrays: another thread could refill a shared array between this thread's filling it and
+#: the kernel's reading it.
 _ARGUMENTS = threading.local()
 #: An empty CPU tensor of each real dtype, whose ``new_empty`` makes the estimate (on the CPU whatever the default
 #: device; the cheapest allocation of a tensor of another dtype than the operands' at hand).
