@@ -23,12 +23,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacfwd, jacrev, jvp, vjp, vmap
 
+from lightning_ortho._native.lru import fused_gradient, fused_step
 from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.health import new_record
-from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
+from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, steps_as
 from lightning_ortho.online.state import OnlineState
 
 _COMPLEX_DTYPES = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+_REAL_DTYPES = {value: key for key, value in _COMPLEX_DTYPES.items()}
 
 #: The class attribute (``True``) with which a cell declares that its state Jacobian ``dh'/dh`` is diagonal for
 #: every value of its parameters (an element-wise recurrence by construction, as ``LinearRecurrentUnit``'s).
@@ -325,6 +327,20 @@ class ComplexOnlineState(OnlineState):
         }
 
 
+def _passes_check(tensor: Any, name: str, dims: int, like: torch.Tensor, same_shape: bool) -> bool:
+    """Whether :meth:`DiagonalRTRL._check` accepts ``tensor`` against a complex state ``like``, read in a few Python
+    comparisons (the check itself compares real views, a few microseconds a call): ``x`` real of ``like``'s real
+    dtype, anything else of ``like``'s complex dtype; ``dims`` dims, ``like``'s first dim (its shape with
+    ``same_shape``) and device. False sends the tensor to the check, which says what is wrong."""
+    if not isinstance(tensor, torch.Tensor):
+        return False
+    want = _REAL_DTYPES.get(like.dtype) if name == "x" else (like.dtype if like.is_complex() else None)
+    if want is None or tensor.dtype is not want or tensor.dim() != dims:
+        return False
+    same = tensor.shape == like.shape if same_shape else tensor.shape[0] == like.shape[0]
+    return same and tensor.device == like.device
+
+
 def _real_view(value: Any) -> Any:
     return torch.view_as_real(value) if isinstance(value, torch.Tensor) and value.is_complex() else value
 
@@ -391,6 +407,7 @@ class DiagonalRTRL(OnlineGradientEstimator):
         fast = getattr(cell, "diagonal_traces", None) if closed_form else None
         traces = fast(self.layout) if fast is not None else None
         self.traces = traces if traces is not None else ElementwiseTraces(cell, self.layout, self.complex_state)
+        self._fused_lru = _fusable_lru(cell, self.traces, self.layout)
 
     # -- complex states ------------------------------------------------------------------------------------------
     def initial_state(self, h0: torch.Tensor) -> OnlineState:
@@ -478,6 +495,8 @@ class DiagonalRTRL(OnlineGradientEstimator):
     ) -> None:
         if not self.complex_state:
             return super()._check(tensor, name, dims=dims, like=like, same_shape=same_shape)
+        if like is not None and _passes_check(tensor, name, dims, like, same_shape):
+            return None  # what the checks below accept, read without making views of the real parts
         real_like = None if like is None else like.real
         if name == "x":  # real inputs, of the real dtype of the complex state
             return super()._check(tensor, name, dims=dims, like=real_like, same_shape=same_shape)
@@ -495,7 +514,25 @@ class DiagonalRTRL(OnlineGradientEstimator):
     # -- the estimator ---------------------------------------------------------------------------------------------
     def _advance_step(self, x: torch.Tensor, state: OnlineState):
         """The traces' own step (closed form or ``torch.func``), no linearisation (see
-        :meth:`OnlineGradientEstimator._advance_step`)."""
+        :meth:`OnlineGradientEstimator._advance_step`); for a plain linear recurrent unit, the step and all its
+        traces in one C call where the kernel takes the tensors (:func:`lightning_ortho._native.lru.fused_step`)."""
+        if self._fused_lru:
+            tensors = state.tensors
+            parameters = self.cell._parameters  # read at every call: optimizer updates and replaced parameters
+            fused = fused_step(
+                x,
+                state.h,
+                tensors["e_units"],
+                tensors["e_B"],
+                parameters["nu_log"],
+                parameters["theta_log"],
+                parameters["gamma_log"],
+                parameters["B_re"],
+                parameters["B_im"],
+            )
+            if fused is not None:
+                h_new, e_units, e_b, verdict = fused
+                return Advance(h_new, {"e_units": e_units, "e_B": e_b}, None, verdict)
         h_new, tensors = self.traces.advance(x, state.h, state.tensors)
         if h_new.shape != state.h.shape or h_new.dtype != state.h.dtype:
             raise ValueError(
@@ -520,3 +557,25 @@ class DiagonalRTRL(OnlineGradientEstimator):
 
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         return self.traces.gradient(state.tensors, grad_h, per_stream=False)
+
+    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """For a plain linear recurrent unit, the summed estimate and its verdict in one C call where the kernel
+        takes the tensors (:func:`lightning_ortho._native.lru.fused_gradient`); else the traces' own."""
+        if self._fused_lru:
+            tensors = state.tensors
+            fused = fused_gradient(grad_h, tensors["e_units"], tensors["e_B"], self.layout.size)
+            if fused is not None:
+                return fused
+        return self._gradient_summed(state, grad_h), None
+
+
+def _fusable_lru(cell: nn.Module, traces: DiagonalTraces, layout: ParameterLayout) -> bool:
+    """Whether the C kernels of :mod:`lightning_ortho._native.lru` compute ``traces``' step and estimate: the
+    closed-form traces of a :class:`~lightning_ortho.online.lru.LinearRecurrentUnit` (exactly
+    :class:`~lightning_ortho.online.lru.LRUTraces`, not a subclass of it) on a cell that steps as the class does (no
+    override of ``forward``, ``eigenvalues``, ``input_projection``, its eight plain parameters: what
+    ``LinearRecurrentUnit.diagonal_traces`` itself asks before it offers them). Decided once, at construction."""
+    from lightning_ortho.online.lru import LRU_PARAMETERS, LinearRecurrentUnit, LRUTraces  # noqa: PLC0415 (a cycle)
+
+    step = ("forward", "eigenvalues", "input_projection")
+    return type(traces) is LRUTraces and steps_as(cell, LinearRecurrentUnit, layout, LRU_PARAMETERS, step)
