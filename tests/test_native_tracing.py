@@ -22,16 +22,17 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lightning_ortho._native as native
-from lightning_ortho._native import readout, reflection_rows, rtrl, tbptt, uoro
+from lightning_ortho._native import lru, readout, reflection_rows, rtrl, tbptt, uoro
+from lightning_ortho._native.factored_traces import factored_trace_kernels
+from lightning_ortho._native.lru import lru_kernels
 from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
-from lightning_ortho._native.factored_traces import factored_trace_kernels
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.nn import AuxiliaryReflection
-from lightning_ortho.online import RTRL, UORO, GRUCell, TanhRNNCell, TruncatedBPTT
+from lightning_ortho.online import RTRL, UORO, DiagonalRTRL, GRUCell, LinearRecurrentUnit, TanhRNNCell, TruncatedBPTT
 from tests.helpers import auxiliary_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,11 +66,12 @@ from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
 from lightning_ortho._native.factored_traces import factored_trace_kernels
+from lightning_ortho._native.lru import lru_kernels
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
 from lightning_ortho.models.online_readout_step import readout_step
 from lightning_ortho.nn import AuxiliaryReflection
-from lightning_ortho.online import RTRL, UORO, GRUCell, TanhRNNCell, TruncatedBPTT
+from lightning_ortho.online import RTRL, UORO, DiagonalRTRL, GRUCell, LinearRecurrentUnit, TanhRNNCell, TruncatedBPTT
 
 F64 = torch.float64
 like = torch.zeros(1, 1, dtype=F64)
@@ -198,7 +200,7 @@ def spy(kernels_on, monkeypatch) -> list[str]:
     """The bindings load spies of the real libraries: every kernel call is recorded (the list returned) and refused
     with :class:`KernelCalled`; whatever a getter decides is otherwise unchanged."""
     calls: list[str] = []
-    modules = (reflection_rows, uoro, readout, rtrl, tbptt)
+    modules = (reflection_rows, uoro, readout, rtrl, tbptt, lru)
     libraries = {
         m.__name__.rsplit(".", 1)[1]: _SpyLibrary(native.load(m.__name__.rsplit(".", 1)[1]), calls) for m in modules
     }
@@ -248,7 +250,15 @@ def test_the_spy_sees_every_kernel_family_on_real_tensors(spy):
         estimator.step(torch.randn(4, 3, dtype=F64), state)
     with pytest.raises(KernelCalled):
         estimator.gradient(state, torch.randn(4, 5, dtype=F64))
+    estimator = DiagonalRTRL(LinearRecurrentUnit(3, 5).double())
+    state = estimator.initial_state(torch.zeros(4, 5, dtype=torch.complex128))
+    with pytest.raises(KernelCalled):
+        estimator.step(torch.randn(4, 3, dtype=F64), state)
+    with pytest.raises(KernelCalled):
+        estimator.gradient(state, torch.randn(4, 5, dtype=torch.complex128))
     assert set(spy) == {
+        "lru_step_float64",
+        "lru_gradient_float64",
         "tbptt_tanh_step_float64",
         "tbptt_tanh_gradient_float64",
         "rtrl_tanh_step_float64",
@@ -283,6 +293,8 @@ def _decisions(t: torch.Tensor) -> list:
         tbptt_tanh_kernels(plain, plain, t),
         factored_trace_kernels(t),
         factored_trace_kernels(plain, t),
+        lru_kernels(t),
+        lru_kernels(plain, t),
     ]
 
 
@@ -404,6 +416,7 @@ def test_under_cpu_autocast_only_the_kernels_fed_by_pytorch_products_decline(ker
         assert uoro_gradient_kernel(plain) is not None and linear_readout_kernel(plain) is not None
         assert rtrl_gradient_kernel(plain) is not None
         assert factored_trace_kernels(plain) is not None  # it reads only its inputs
+        assert lru_kernels(plain) is not None  # no PyTorch product feeds it
         assert tbptt_tanh_kernels(plain) is None  # its step runs the cell, whose products autocast would take
 
 

@@ -544,7 +544,7 @@ class DiagonalRTRL(OnlineGradientEstimator):
     def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
         # One sum of grad_h and the estimate (false on an overflowed sum too: the caller confirms entry by entry).
         dtype = _sum_dtype(flat.dtype)
-        return bool(torch.isfinite(_real_view(grad_h).sum(dtype=dtype) + flat.sum(dtype=dtype)))
+        return bool(torch.isfinite(_real_view(grad_h.resolve_conj()).sum(dtype=dtype) + flat.sum(dtype=dtype)))
 
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.traces.initial(h0)

@@ -307,3 +307,16 @@ def test_a_nan_grad_h_or_estimate_raises_the_gradients_errors(fused_calls):
     with pytest.raises(FloatingPointError, match="the estimate holds NaN/inf"):
         estimator.gradient(broken, grads[0])
     assert fused_calls["gradient"] == 2
+
+
+def test_a_conjugated_grad_h_gives_the_estimate_of_its_value():
+    """``g.conj()`` is a lazily conjugated view: the estimate is that of its value, on every path."""
+    torch.manual_seed(3)
+    cell = LinearRecurrentUnit(3, 4).double()
+    estimator = DiagonalRTRL(cell)
+    state = estimator.initial_state(torch.zeros(2, 4, dtype=torch.complex128))
+    _, state = estimator.step(torch.randn(2, 3, dtype=torch.float64), state)
+    g = torch.randn(2, 4, dtype=torch.complex128)
+    lazy, resolved = estimator.gradient(state, g.conj()), estimator.gradient(state, g.conj().resolve_conj())
+    for name in resolved:
+        torch.testing.assert_close(lazy[name], resolved[name], rtol=0, atol=0)
