@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels, step, summed_estimate
+from lightning_ortho.online.cells import TanhRNNCell
+from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator
 from lightning_ortho.online.linearization import (
     StepLinearization,
     factorisation_problem,
@@ -17,10 +19,16 @@ from lightning_ortho.online.linearization import (
 )
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
+from lightning_ortho.online.uoro_fused import fusable_tanh_cell
 
 __all__ = ["KFRTRL"]
 
 _FACTORS = ("input_factor", "hidden_factor")
+#: The methods of a step whose override (a subclass's own signs or constants) keeps the PyTorch path.
+_STEP_METHODS = ("_advance", "_signs", "_balance", "_ratio")
+#: ``H`` from which the fused step takes ``W_h A`` with BLAS (``torch.matmul``) and finishes the step in C; below
+#: it the kernel's own loop is faster than the call (measured at one stream, float32 and float64).
+BLAS_PRODUCT_MIN = 256
 
 
 class KFRTRL(StreamNoise, OnlineGradientEstimator):
@@ -106,6 +114,16 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         self.weight_columns = _weight_columns(cell)
         self.inputs = sum(columns for _, columns, _ in self.weight_columns)  # n_a
         self.preactivations = _weight_rows(cell, self.weight_columns)  # Z
+        # The fused C step and estimate (lightning_ortho._native.kf_rtrl) compute exactly this estimator on a plain
+        # tanh cell: decided once here; every call still checks its tensors (_fused_tensors).
+        kind = type(self)
+        self._fused = (
+            closed_form
+            and fusable_tanh_cell(cell, self.layout)
+            and type(cell).preactivation_input is TanhRNNCell.preactivation_input
+            and all(getattr(kind, name) is getattr(KFRTRL, name) for name in _STEP_METHODS)
+        )
+        self._fused_gradient = self._fused and kind._gradient_summed is KFRTRL._gradient_summed
 
     # -- state -------------------------------------------------------------------------------------------------
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -146,6 +164,50 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         hidden_factor = (c1 / p1)[:, None, None] * propagated + (c2 / p2)[:, None, None] * local
         return {**t, "input_factor": input_factor, "hidden_factor": hidden_factor}
 
+    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
+        """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain tanh cell the whole step in one C
+        call (:func:`lightning_ortho._native.kf_rtrl.step`: the cell, ``J A``, the norms, ``p1``, ``p2`` and the new
+        factors, into new tensors, with the verdict), with the signs of :meth:`_signs` (the same draw); else, or
+        where the kernels decline (:meth:`_fused_kernels`), the cell's linearisation and :meth:`_advance`."""
+        if self._fused:
+            t, parameters = state.tensors, self.cell._parameters  # (Module.__getattr__ costs a microsecond a name)
+            h, input_factor, hidden_factor = state.h, t["input_factor"], t["hidden_factor"]
+            weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
+            kernels = self._fused_kernels(h, input_factor, hidden_factor, x, weight_hh, weight_ih, bias)
+            if kernels is not None:
+                _, signs = self._draw(state, h, None, (2,))  # (B, 2): (c1, c2) per stream, the draw of _signs
+                h_new, input_new, hidden_new, verdict = step(
+                    kernels, weight_hh, weight_ih, bias, x, h, input_factor, hidden_factor, signs.contiguous(),
+                    self.eps, h.shape[1] >= BLAS_PRODUCT_MIN,
+                )  # fmt: skip
+                return Advance(h_new, {**t, "input_factor": input_new, "hidden_factor": hidden_new}, None, verdict)
+        return super()._advance_step(x, state)
+
+    def _fused_kernels(
+        self, rows: torch.Tensor, input_factor: torch.Tensor, hidden_factor: torch.Tensor, *others: torch.Tensor
+    ) -> tuple | None:
+        """The C kernels (:func:`~lightning_ortho._native.kf_rtrl.kf_rtrl_kernels`) for ``rows`` ``(B, H)`` (``h``
+        for the step, ``grad_h`` for the estimate), the factors ``u``, ``A`` and ``others`` (the step's ``x`` and
+        the cell's parameters), when every one is C-contiguous and of ``rows``'s dtype, ``u`` and ``A`` have the
+        sizes of the cell (``(B, H + I + 1)``, ``(B, H, H)``), and the kernels run here (real CPU tensors, nothing
+        tracing, no autocast, the kernels on and built); else ``None`` (the PyTorch path then runs, and names what
+        is wrong)."""
+        dtype, (batch, hidden) = rows.dtype, rows.shape
+        size = self.preactivations
+        if (
+            hidden != size
+            or input_factor.shape != (batch, self.inputs)
+            or hidden_factor.shape != (batch, size, size)
+            or not (rows.is_contiguous() and input_factor.is_contiguous() and hidden_factor.is_contiguous())
+            or input_factor.dtype is not dtype
+            or hidden_factor.dtype is not dtype
+        ):
+            return None
+        for tensor in others:
+            if tensor.dtype is not dtype or not tensor.is_contiguous():
+                return None
+        return kf_rtrl_kernels(rows, input_factor, hidden_factor, *others)
+
     def _balance(
         self, input_factor: torch.Tensor, propagated: torch.Tensor, inputs: torch.Tensor, local: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,6 +222,18 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         return torch.sqrt((numerator + self.eps) / (denominator + self.eps))
 
     # -- the estimate ------------------------------------------------------------------------------------------
+    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """On a plain tanh cell ``sum_b (A_b^T g_b) u_b^T`` in one C call, written into the flat layout
+        ``[vec(W_h), vec(W_x), b]``, with the sum of ``grad_h`` and of the estimate as the verdict
+        (:func:`lightning_ortho._native.kf_rtrl.summed_estimate`); else :meth:`_gradient_summed`."""
+        if self._fused_gradient:
+            t = state.tensors
+            hidden_factor, input_factor = t["hidden_factor"], t["input_factor"]
+            kernels = self._fused_kernels(grad_h, input_factor, hidden_factor)
+            if kernels is not None:
+                return summed_estimate(kernels, hidden_factor, input_factor, grad_h)
+        return super()._gradient_estimate(state, grad_h)
+
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         t = state.tensors
         row = torch.einsum("bh,bhz->bz", grad_h, t["hidden_factor"])  # A_t^T g_t (B, Z)
