@@ -5,6 +5,7 @@ elsewhere)."""
 from __future__ import annotations
 
 import ctypes
+import struct
 
 import torch
 
@@ -12,9 +13,11 @@ from lightning_ortho._native import load, real_cpu
 
 __all__ = ["STACK_ROWS", "kf_rtrl_kernels", "step", "summed_estimate"]
 
-_POINTER, _LONG, _INT, _DOUBLE = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_double
-_TYPES = {torch.float32: ("float32", ctypes.c_float), torch.float64: ("float64", ctypes.c_double)}
-_autocast = torch.is_autocast_enabled
+_TYPES = {torch.float32: "float32", torch.float64: "float64"}
+#: ``kf_rtrl_step_arguments`` and ``kf_rtrl_gradient_arguments`` of ``kf_rtrl.c`` (native sizes and alignment): each
+#: call passes its arguments packed in one buffer, one ctypes argument (ctypes converts each argument in Python).
+_STEP_ARGUMENTS = struct.Struct("@11P4ld").pack
+_GRADIENT_ARGUMENTS = struct.Struct("@5P3l").pack
 #: ``KF_RTRL_STACK_ROWS`` of ``kf_rtrl.c``: up to this ``H`` the gradient keeps ``A^T g`` on the C stack, above it
 #: :func:`summed_estimate` passes a scratch tensor.
 STACK_ROWS = 1024
@@ -23,10 +26,10 @@ STACK_ROWS = 1024
 def kf_rtrl_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> tuple | None:
     """``(step, gradient)`` C functions for ``like``'s dtype, or ``None`` when ``like`` is not float32/float64, when
     ``like`` or one of ``others`` (every tensor the kernels read: the step's inputs, the state, the cell's weights)
-    is not a real CPU tensor or something is tracing (:func:`lightning_ortho._native.real_cpu`), under CPU autocast
-    (the product ``W_h A`` that :func:`step` may take with PyTorch would come back in bfloat16), or when the kernels
-    are unavailable (:func:`lightning_ortho._native.load`)."""
-    if _autocast("cpu") or not real_cpu(like, *others):
+    is not a real CPU tensor or something is tracing (:func:`lightning_ortho._native.real_cpu`), or when the kernels
+    are unavailable (:func:`lightning_ortho._native.load`). The caller of a :func:`step` with ``blas_product``
+    declines under CPU autocast (the product would come back in bfloat16)."""
+    if not real_cpu(like, *others):
         return None
     library = load("kf_rtrl")
     if library is None:
@@ -45,16 +48,13 @@ _KERNELS: dict[torch.dtype, tuple] = {}
 
 
 def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> tuple:
-    """``(step, gradient)`` of ``dtype``, their C signatures declared (once per library: ctypes keeps the function
-    objects)."""
-    suffix, scalar = _TYPES[dtype]
-    step_function = getattr(library, f"kf_rtrl_tanh_step_{suffix}")
-    gradient_function = getattr(library, f"kf_rtrl_gradient_{suffix}")
-    step_function.argtypes = [_POINTER] * 8 + [_LONG, _LONG, _LONG, scalar, _INT] + [_POINTER] * 3
-    step_function.restype = _DOUBLE
-    gradient_function.argtypes = [_POINTER] * 3 + [_LONG, _LONG, _LONG, _POINTER, _POINTER]
-    gradient_function.restype = _DOUBLE
-    return step_function, gradient_function
+    """``(step, gradient)`` of ``dtype``, their C signatures declared: each takes its packed arguments (bytes)."""
+    suffix = _TYPES[dtype]
+    functions = getattr(library, f"kf_rtrl_tanh_step_{suffix}"), getattr(library, f"kf_rtrl_gradient_{suffix}")
+    for function in functions:
+        function.argtypes = [ctypes.c_char_p]  # the bytes of the packed arguments, passed without a copy
+        function.restype = ctypes.c_double
+    return functions
 
 
 def step(
@@ -66,7 +66,7 @@ def step(
     h: torch.Tensor,
     input_factor: torch.Tensor,
     hidden_factor: torch.Tensor,
-    signs: torch.Tensor,
+    bits: torch.Tensor,
     eps: float,
     blas_product: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -77,8 +77,8 @@ def step(
         u' = c1 p1 u + c2 p2 a,  A' = (c1 / p1) J A + (c2 / p2) diag(d)
 
     from ``weight_hh`` ``(H, H)``, ``weight_ih`` ``(H, I)``, ``bias`` ``(H,)``, ``x`` ``(B, I)``, ``h`` ``(B, H)``,
-    ``input_factor`` ``u`` ``(B, H + I + 1)``, ``hidden_factor`` ``A`` ``(B, H, H)`` and ``signs`` ``(B, 2)``
-    (``c1, c2``); every tensor C-contiguous and of one dtype (the caller checks). The outputs are new tensors.
+    ``input_factor`` ``u`` ``(B, H + I + 1)``, ``hidden_factor`` ``A`` ``(B, H, H)`` and ``bits`` ``(B, 2)`` in
+    ``{0, 1}``, the signs ``(c1, c2) = 2 bits - 1``; every tensor C-contiguous and of one dtype (the caller checks). The outputs are new tensors.
     ``blas_product``: take ``W_h A`` with ``torch.matmul`` (BLAS, large ``H``) instead of the kernel's loop. The
     verdict is the sum of ``x``, ``h'``, ``u'`` and ``A'`` (NaN/inf when the step is not finite)."""
     batch, hidden = h.shape
@@ -88,9 +88,11 @@ def step(
         hidden_new = torch.empty_like(hidden_factor)
     h_new, input_new = torch.empty_like(h), torch.empty_like(input_factor)
     verdict = kernels[0](
-        weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr(), x.data_ptr(), h.data_ptr(),
-        input_factor.data_ptr(), hidden_factor.data_ptr(), signs.data_ptr(), batch, hidden, x.shape[1], eps,
-        int(blas_product), h_new.data_ptr(), input_new.data_ptr(), hidden_new.data_ptr(),
+        _STEP_ARGUMENTS(
+            weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr(), x.data_ptr(), h.data_ptr(),
+            input_factor.data_ptr(), hidden_factor.data_ptr(), bits.data_ptr(), h_new.data_ptr(),
+            input_new.data_ptr(), hidden_new.data_ptr(), batch, hidden, x.shape[1], blas_product, eps,
+        )
     )  # fmt: skip
     return h_new, input_new, hidden_new, verdict
 
@@ -104,9 +106,11 @@ def summed_estimate(
     batch, hidden = grad_h.shape
     width = input_factor.shape[1]
     out = grad_h.new_empty(hidden * width)
-    scratch = grad_h.new_empty(hidden) if hidden > STACK_ROWS else None
+    scratch = grad_h.new_empty(hidden) if hidden > STACK_ROWS else None  # (alive until the call returns)
     verdict = kernels[1](
-        hidden_factor.data_ptr(), input_factor.data_ptr(), grad_h.data_ptr(), batch, hidden, width - hidden - 1,
-        None if scratch is None else scratch.data_ptr(), out.data_ptr(),
+        _GRADIENT_ARGUMENTS(
+            hidden_factor.data_ptr(), input_factor.data_ptr(), grad_h.data_ptr(),
+            0 if scratch is None else scratch.data_ptr(), out.data_ptr(), batch, hidden, width - hidden - 1,
+        )
     )  # fmt: skip
     return out, verdict

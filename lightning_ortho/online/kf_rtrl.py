@@ -29,6 +29,7 @@ _STEP_METHODS = ("_advance", "_signs", "_balance", "_ratio")
 #: ``H`` from which the fused step takes ``W_h A`` with BLAS (``torch.matmul``) and finishes the step in C; below
 #: it the kernel's own loop is faster than the call (measured at one stream, float32 and float64).
 BLAS_PRODUCT_MIN = 256
+_autocast = torch.is_autocast_enabled
 
 
 class KFRTRL(StreamNoise, OnlineGradientEstimator):
@@ -114,16 +115,22 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         self.weight_columns = _weight_columns(cell)
         self.inputs = sum(columns for _, columns, _ in self.weight_columns)  # n_a
         self.preactivations = _weight_rows(cell, self.weight_columns)  # Z
-        # The fused C step and estimate (lightning_ortho._native.kf_rtrl) compute exactly this estimator on a plain
-        # tanh cell: decided once here; every call still checks its tensors (_fused_tensors).
-        kind = type(self)
+        # Where the C kernels (lightning_ortho._native.kf_rtrl) compute exactly this estimator, decided once here
+        # (every call still checks its tensors: _fused_kernels). The step: a plain tanh cell, the closed forms, and
+        # the step's methods of this class. The estimate: W = [W_h W_x b] (Z = H) in the layout's order.
+        kind, rows = type(self), self.preactivations
         self._fused = (
             closed_form
             and fusable_tanh_cell(cell, self.layout)
             and type(cell).preactivation_input is TanhRNNCell.preactivation_input
             and all(getattr(kind, name) is getattr(KFRTRL, name) for name in _STEP_METHODS)
         )
-        self._fused_gradient = self._fused and kind._gradient_summed is KFRTRL._gradient_summed
+        tanh_columns = [("weight_hh", rows, False), ("weight_ih", self.inputs - rows - 1, False), ("bias", 1, True)]
+        self._fused_gradient = (
+            self.layout.names == tuple(name for name, _, _ in tanh_columns)
+            and self.weight_columns == tanh_columns
+            and kind._gradient_summed is KFRTRL._gradient_summed
+        )
 
     # -- state -------------------------------------------------------------------------------------------------
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -167,7 +174,8 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
         """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain tanh cell the whole step in one C
         call (:func:`lightning_ortho._native.kf_rtrl.step`: the cell, ``J A``, the norms, ``p1``, ``p2`` and the new
-        factors, into new tensors, with the verdict), with the signs of :meth:`_signs` (the same draw); else, or
+        factors, into new tensors, with the verdict), with the signs of :meth:`_signs` (the same draw:
+        :meth:`_sign_bits`); else, or
         where the kernels decline (:meth:`_fused_kernels`), the cell's linearisation and :meth:`_advance`."""
         if self._fused:
             t, parameters = state.tensors, self.cell._parameters  # (Module.__getattr__ costs a microsecond a name)
@@ -175,13 +183,26 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
             weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
             kernels = self._fused_kernels(h, input_factor, hidden_factor, x, weight_hh, weight_ih, bias)
             if kernels is not None:
-                _, signs = self._draw(state, h, None, (2,))  # (B, 2): (c1, c2) per stream, the draw of _signs
-                h_new, input_new, hidden_new, verdict = step(
-                    kernels, weight_hh, weight_ih, bias, x, h, input_factor, hidden_factor, signs.contiguous(),
-                    self.eps, h.shape[1] >= BLAS_PRODUCT_MIN,
-                )  # fmt: skip
-                return Advance(h_new, {**t, "input_factor": input_new, "hidden_factor": hidden_new}, None, verdict)
+                blas_product = h.shape[1] >= BLAS_PRODUCT_MIN
+                if not (blas_product and _autocast("cpu")):  # (autocast would make the product bfloat16)
+                    h_new, input_new, hidden_new, verdict = step(
+                        kernels, weight_hh, weight_ih, bias, x, h, input_factor, hidden_factor,
+                        self._sign_bits(state, h), self.eps, blas_product,
+                    )  # fmt: skip
+                    tensors = {**t, "input_factor": input_new, "hidden_factor": hidden_new}
+                    return Advance(h_new, tensors, None, verdict)
         return super()._advance_step(x, state)
+
+    def _sign_bits(self, state: OnlineState, like: torch.Tensor) -> torch.Tensor:
+        """The bits ``b`` ``(B, 2)`` in ``{0, 1}`` of the signs ``(c1, c2) = 2 b - 1`` that :meth:`_signs` draws, in
+        ``like``'s dtype and device: the one ``randint`` of :meth:`~StreamNoise._draw` (the same generator, call,
+        shape and dtype, cut to the state's rows), without its conversion to signs, which the fused step does in C
+        (one call fewer). Eager only (where the fused step runs: no compiled region)."""
+        total, rows = self._rows(state)
+        bits = torch.randint(
+            0, 2, (total, 2), generator=self._generator_of(state), device=like.device, dtype=like.dtype
+        )
+        return bits if rows is None else bits[rows]
 
     def _fused_kernels(
         self, rows: torch.Tensor, input_factor: torch.Tensor, hidden_factor: torch.Tensor, *others: torch.Tensor
@@ -190,7 +211,7 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         for the step, ``grad_h`` for the estimate), the factors ``u``, ``A`` and ``others`` (the step's ``x`` and
         the cell's parameters), when every one is C-contiguous and of ``rows``'s dtype, ``u`` and ``A`` have the
         sizes of the cell (``(B, H + I + 1)``, ``(B, H, H)``), and the kernels run here (real CPU tensors, nothing
-        tracing, no autocast, the kernels on and built); else ``None`` (the PyTorch path then runs, and names what
+        tracing, the kernels on and built); else ``None`` (the PyTorch path then runs, and names what
         is wrong)."""
         dtype, (batch, hidden) = rows.dtype, rows.shape
         size = self.preactivations
