@@ -78,9 +78,10 @@ def step(
 
     from ``weight_hh`` ``(H, H)``, ``weight_ih`` ``(H, I)``, ``bias`` ``(H,)``, ``x`` ``(B, I)``, ``h`` ``(B, H)``,
     ``input_factor`` ``u`` ``(B, H + I + 1)``, ``hidden_factor`` ``A`` ``(B, H, H)`` and ``bits`` ``(B, 2)`` in
-    ``{0, 1}``, the signs ``(c1, c2) = 2 bits - 1``; every tensor C-contiguous and of one dtype (the caller checks). The outputs are new tensors.
-    ``blas_product``: take ``W_h A`` with ``torch.matmul`` (BLAS, large ``H``) instead of the kernel's loop. The
-    verdict is the sum of ``x``, ``h'``, ``u'`` and ``A'`` (NaN/inf when the step is not finite)."""
+    ``{0, 1}``, the signs ``(c1, c2) = 2 bits - 1``; every tensor C-contiguous and of one dtype (the caller
+    checks). The outputs are new tensors. ``blas_product``: take ``W_h A`` with ``torch.matmul`` (BLAS, large ``H``)
+    instead of the kernel's loop. The verdict is the sum of ``x``, ``h'``, ``u'`` and ``A'`` (NaN/inf when the step
+    is not finite)."""
     batch, hidden = h.shape
     if blas_product:
         hidden_new = torch.matmul(weight_hh, hidden_factor)  # finished in place by the kernel

@@ -24,8 +24,8 @@ from lightning_ortho.online.uoro_fused import fusable_tanh_cell
 __all__ = ["KFRTRL"]
 
 _FACTORS = ("input_factor", "hidden_factor")
-#: The methods of a step whose override (a subclass's own signs or constants) keeps the PyTorch path.
-_STEP_METHODS = ("_advance", "_signs", "_balance", "_ratio")
+#: The methods of a step whose override (a subclass's own signs, draws or constants) keeps the PyTorch path.
+_STEP_METHODS = ("_advance", "_signs", "_draw", "_balance", "_ratio")
 #: ``H`` from which the fused step takes ``W_h A`` with BLAS (``torch.matmul``) and finishes the step in C; below
 #: it the kernel's own loop is faster than the call (measured at one stream, float32 and float64).
 BLAS_PRODUCT_MIN = 256
@@ -69,6 +69,11 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
 
     State entries: ``input_factor`` ``u`` ``(B, n_a)``, ``hidden_factor`` ``A`` ``(B, H, Z)``, and (as UORO)
     ``stream_ids`` / ``total_streams``.
+
+    On a plain :class:`~lightning_ortho.online.TanhRNNCell` on the CPU (float32/float64, C-contiguous, outside
+    tracing) a step is one C call (:mod:`lightning_ortho._native.kf_rtrl`: the cell, ``J_t A_{t-1}``, the norms and
+    the new factors, in new tensors; ``W_h A`` from BLAS from ``H = BLAS_PRODUCT_MIN``) and so is the summed
+    estimate; they compute what the PyTorch ops compute, to rounding, from the same signs.
 
     Args:
         cell: a recurrent cell with the factorisation above (every parameter in ``W``).
@@ -174,9 +179,9 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
         """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain tanh cell the whole step in one C
         call (:func:`lightning_ortho._native.kf_rtrl.step`: the cell, ``J A``, the norms, ``p1``, ``p2`` and the new
-        factors, into new tensors, with the verdict), with the signs of :meth:`_signs` (the same draw:
-        :meth:`_sign_bits`); else, or
-        where the kernels decline (:meth:`_fused_kernels`), the cell's linearisation and :meth:`_advance`."""
+        factors, into new tensors, with the verdict), with the signs :meth:`_signs` draws (:meth:`_sign_bits`);
+        else, or where the kernels decline (:meth:`_fused_kernels`), the cell's linearisation and
+        :meth:`_advance`."""
         if self._fused:
             t, parameters = state.tensors, self.cell._parameters  # (Module.__getattr__ costs a microsecond a name)
             h, input_factor, hidden_factor = state.h, t["input_factor"], t["hidden_factor"]
@@ -211,8 +216,7 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         for the step, ``grad_h`` for the estimate), the factors ``u``, ``A`` and ``others`` (the step's ``x`` and
         the cell's parameters), when every one is C-contiguous and of ``rows``'s dtype, ``u`` and ``A`` have the
         sizes of the cell (``(B, H + I + 1)``, ``(B, H, H)``), and the kernels run here (real CPU tensors, nothing
-        tracing, the kernels on and built); else ``None`` (the PyTorch path then runs, and names what
-        is wrong)."""
+        tracing, the kernels on and built); else ``None`` (the PyTorch path then runs, and names what is wrong)."""
         dtype, (batch, hidden) = rows.dtype, rows.shape
         size = self.preactivations
         if (
@@ -244,9 +248,10 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
 
     # -- the estimate ------------------------------------------------------------------------------------------
     def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-        """On a plain tanh cell ``sum_b (A_b^T g_b) u_b^T`` in one C call, written into the flat layout
-        ``[vec(W_h), vec(W_x), b]``, with the sum of ``grad_h`` and of the estimate as the verdict
-        (:func:`lightning_ortho._native.kf_rtrl.summed_estimate`); else :meth:`_gradient_summed`."""
+        """Where ``W = [W_h W_x b]`` (a tanh cell's layout) ``sum_b (A_b^T g_b) u_b^T`` in one C call, written into
+        the flat layout ``[vec(W_h), vec(W_x), b]``, with the sum of ``grad_h`` and of the estimate as the verdict
+        (:func:`lightning_ortho._native.kf_rtrl.summed_estimate`); else, or where the kernels decline,
+        :meth:`_gradient_summed`."""
         if self._fused_gradient:
             t = state.tensors
             hidden_factor, input_factor = t["hidden_factor"], t["input_factor"]

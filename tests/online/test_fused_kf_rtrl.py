@@ -119,6 +119,15 @@ def test_a_blas_product_gives_the_same_numbers(dtype, calls, monkeypatch):
     assert_agree(fused, pytorch_path(9, dtype, 3, xs, grads), dtype)
 
 
+def test_an_estimate_with_its_rows_in_a_scratch_tensor_gives_the_same_numbers(calls, monkeypatch):
+    monkeypatch.setattr(native, "STACK_ROWS", 4)  # H = 9 passes a scratch tensor instead of the C stack
+    xs, grads, h0 = data(3, 9, torch.float64)
+    estimator = KFRTRL(make_cell(9, torch.float64), generator=3)
+    fused, _ = run(estimator, estimator.initial_state(h0), xs, grads)
+    assert calls["gradient"] == STEPS
+    assert_agree(fused, pytorch_path(9, torch.float64, 3, xs, grads), torch.float64)
+
+
 def test_streams_split_over_processes_draw_the_signs_of_one_process(calls):
     xs, grads, h0 = data(4, 6, torch.float64)
     estimator = KFRTRL(make_cell(6, torch.float64), generator=5)
