@@ -69,6 +69,7 @@ def step(
     bits: torch.Tensor,
     eps: float,
     blas_product: bool,
+    sizes: tuple[int, int, int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """``(h', u', A', verdict)``: one KF-RTRL step of the tanh cell for ``B`` streams::
 
@@ -78,11 +79,11 @@ def step(
 
     from ``weight_hh`` ``(H, H)``, ``weight_ih`` ``(H, I)``, ``bias`` ``(H,)``, ``x`` ``(B, I)``, ``h`` ``(B, H)``,
     ``input_factor`` ``u`` ``(B, H + I + 1)``, ``hidden_factor`` ``A`` ``(B, H, H)`` and ``bits`` ``(B, 2)`` in
-    ``{0, 1}``, the signs ``(c1, c2) = 2 bits - 1``; every tensor C-contiguous and of one dtype (the caller
-    checks). The outputs are new tensors. ``blas_product``: take ``W_h A`` with ``torch.matmul`` (BLAS, large ``H``)
-    instead of the kernel's loop. The verdict is the sum of ``x``, ``h'``, ``u'`` and ``A'`` (NaN/inf when the step
-    is not finite)."""
-    batch, hidden = h.shape
+    ``{0, 1}``, the signs ``(c1, c2) = 2 bits - 1``, with ``sizes = (B, H, I)``; every tensor C-contiguous, of one
+    dtype and of these sizes (the caller checks). The outputs are new tensors. ``blas_product``: take ``W_h A``
+    with ``torch.matmul`` (BLAS, large ``H``) instead of the kernel's loop. The verdict is the sum of ``x``, ``h'``,
+    ``u'`` and ``A'`` (NaN/inf when the step is not finite)."""
+    batch, hidden, inputs = sizes
     if blas_product:
         hidden_new = torch.matmul(weight_hh, hidden_factor)  # finished in place by the kernel
     else:
@@ -92,26 +93,30 @@ def step(
         _STEP_ARGUMENTS(
             weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr(), x.data_ptr(), h.data_ptr(),
             input_factor.data_ptr(), hidden_factor.data_ptr(), bits.data_ptr(), h_new.data_ptr(),
-            input_new.data_ptr(), hidden_new.data_ptr(), batch, hidden, x.shape[1], blas_product, eps,
+            input_new.data_ptr(), hidden_new.data_ptr(), batch, hidden, inputs, blas_product, eps,
         )
     )  # fmt: skip
     return h_new, input_new, hidden_new, verdict
 
 
 def summed_estimate(
-    kernels: tuple, hidden_factor: torch.Tensor, input_factor: torch.Tensor, grad_h: torch.Tensor
+    kernels: tuple,
+    hidden_factor: torch.Tensor,
+    input_factor: torch.Tensor,
+    grad_h: torch.Tensor,
+    sizes: tuple[int, int, int],
 ) -> tuple[torch.Tensor, float]:
     """``(sum_b (A_b^T g_b) u_b^T as the flat (P,) [vec(W_h), vec(W_x), b], verdict)`` from ``hidden_factor`` ``A``
-    ``(B, H, H)``, ``input_factor`` ``u`` ``(B, H + I + 1)`` and ``grad_h`` ``g`` ``(B, H)``, all C-contiguous and
-    of one dtype; the verdict is the sum of ``grad_h`` and of the estimate (NaN/inf when either is not finite)."""
-    batch, hidden = grad_h.shape
-    width = input_factor.shape[1]
-    out = grad_h.new_empty(hidden * width)
+    ``(B, H, H)``, ``input_factor`` ``u`` ``(B, H + I + 1)`` and ``grad_h`` ``g`` ``(B, H)`` with ``sizes = (B, H,
+    I)``, all C-contiguous, of one dtype and of these sizes; the verdict is the sum of ``grad_h`` and of the
+    estimate (NaN/inf when either is not finite)."""
+    batch, hidden, inputs = sizes
+    out = grad_h.new_empty(hidden * (hidden + inputs + 1))
     scratch = grad_h.new_empty(hidden) if hidden > STACK_ROWS else None  # (alive until the call returns)
     verdict = kernels[1](
         _GRADIENT_ARGUMENTS(
             hidden_factor.data_ptr(), input_factor.data_ptr(), grad_h.data_ptr(),
-            0 if scratch is None else scratch.data_ptr(), out.data_ptr(), batch, hidden, width - hidden - 1,
+            0 if scratch is None else scratch.data_ptr(), out.data_ptr(), batch, hidden, inputs,
         )
     )  # fmt: skip
     return out, verdict

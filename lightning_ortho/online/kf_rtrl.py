@@ -30,6 +30,7 @@ _STEP_METHODS = ("_advance", "_signs", "_draw", "_balance", "_ratio")
 #: it the kernel's own loop is faster than the call (measured at one stream, float32 and float64).
 BLAS_PRODUCT_MIN = 256
 _autocast = torch.is_autocast_enabled
+_CPU = torch.device("cpu")
 
 
 class KFRTRL(StreamNoise, OnlineGradientEstimator):
@@ -121,7 +122,7 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         self.inputs = sum(columns for _, columns, _ in self.weight_columns)  # n_a
         self.preactivations = _weight_rows(cell, self.weight_columns)  # Z
         # Where the C kernels (lightning_ortho._native.kf_rtrl) compute exactly this estimator, decided once here
-        # (every call still checks its tensors: _fused_kernels). The step: a plain tanh cell, the closed forms, and
+        # (every call still checks its tensors). The step: a plain tanh cell, the closed forms, and
         # the step's methods of this class. The estimate: W = [W_h W_x b] (Z = H) in the layout's order.
         kind, rows = type(self), self.preactivations
         self._fused = (
@@ -179,59 +180,59 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
         """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain tanh cell the whole step in one C
         call (:func:`lightning_ortho._native.kf_rtrl.step`: the cell, ``J A``, the norms, ``p1``, ``p2`` and the new
-        factors, into new tensors, with the verdict), with the signs :meth:`_signs` draws (:meth:`_sign_bits`);
-        else, or where the kernels decline (:meth:`_fused_kernels`), the cell's linearisation and
-        :meth:`_advance`."""
+        factors, into new tensors, with the verdict), with the signs :meth:`_signs` draws (:meth:`_sign_bits`),
+        where every tensor it reads is C-contiguous, of ``h``'s dtype and of the cell's sizes, and the kernels run
+        (:func:`~lightning_ortho._native.kf_rtrl.kf_rtrl_kernels`: real CPU tensors, nothing tracing, the kernels on
+        and built); else the cell's linearisation and :meth:`_advance` (which name what is wrong, if anything).
+
+        A step at one stream is a few microseconds of arithmetic, so the checks are written out: every Python call
+        and tensor attribute here costs a measurable part of it."""
         if self._fused:
-            t, parameters = state.tensors, self.cell._parameters  # (Module.__getattr__ costs a microsecond a name)
-            h, input_factor, hidden_factor = state.h, t["input_factor"], t["hidden_factor"]
+            t, h, parameters = state.tensors, state.h, self.cell._parameters  # (not Module.__getattr__: slower)
+            input_factor, hidden_factor = t["input_factor"], t["hidden_factor"]
             weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
-            kernels = self._fused_kernels(h, input_factor, hidden_factor, x, weight_hh, weight_ih, bias)
-            if kernels is not None:
-                blas_product = h.shape[1] >= BLAS_PRODUCT_MIN
-                if not (blas_product and _autocast("cpu")):  # (autocast would make the product bfloat16)
+            dtype, (batch, hidden), rows = h.dtype, h.shape, self.preactivations
+            if (
+                hidden == rows
+                and input_factor.shape == (batch, self.inputs)
+                and hidden_factor.shape == (batch, rows, rows)
+                and x.dtype is dtype
+                and input_factor.dtype is dtype
+                and hidden_factor.dtype is dtype
+                and weight_hh.dtype is dtype
+                and weight_ih.dtype is dtype
+                and bias.dtype is dtype
+                and h.is_contiguous()
+                and x.is_contiguous()
+                and input_factor.is_contiguous()
+                and hidden_factor.is_contiguous()
+                and weight_hh.is_contiguous()
+                and weight_ih.is_contiguous()
+                and bias.is_contiguous()
+            ):
+                kernels = kf_rtrl_kernels(h, x, input_factor, hidden_factor, weight_hh, weight_ih, bias)
+                blas_product = hidden >= BLAS_PRODUCT_MIN
+                if kernels is not None and not (blas_product and _autocast("cpu")):  # (a bfloat16 product)
                     h_new, input_new, hidden_new, verdict = step(
                         kernels, weight_hh, weight_ih, bias, x, h, input_factor, hidden_factor,
-                        self._sign_bits(state, h), self.eps, blas_product,
+                        self._sign_bits(state, dtype), self.eps, blas_product, (batch, hidden, self.inputs - rows - 1),
                     )  # fmt: skip
                     tensors = {**t, "input_factor": input_new, "hidden_factor": hidden_new}
                     return Advance(h_new, tensors, None, verdict)
         return super()._advance_step(x, state)
 
-    def _sign_bits(self, state: OnlineState, like: torch.Tensor) -> torch.Tensor:
+    def _sign_bits(self, state: OnlineState, dtype: torch.dtype) -> torch.Tensor:
         """The bits ``b`` ``(B, 2)`` in ``{0, 1}`` of the signs ``(c1, c2) = 2 b - 1`` that :meth:`_signs` draws, in
-        ``like``'s dtype and device: the one ``randint`` of :meth:`~StreamNoise._draw` (the same generator, call,
-        shape and dtype, cut to the state's rows), without its conversion to signs, which the fused step does in C
-        (one call fewer). Eager only (where the fused step runs: no compiled region)."""
+        ``dtype`` on the CPU: the one ``randint`` of :meth:`~StreamNoise._draw` (the same generator, call, shape
+        and dtype, cut to the state's rows), without its conversion to signs, which the fused step does in C (one
+        call fewer). Eager only (the fused step runs nowhere else), where the generator is
+        :meth:`~StreamNoise._generator_of`'s: the state's, or the default one inside :meth:`noise_scope`."""
         total, rows = self._rows(state)
+        generator = state.generator
         bits = torch.randint(
-            0, 2, (total, 2), generator=self._generator_of(state), device=like.device, dtype=like.dtype
+            0, 2, (total, 2), generator=None if generator is self._scoped else generator, device=_CPU, dtype=dtype
         )
         return bits if rows is None else bits[rows]
-
-    def _fused_kernels(
-        self, rows: torch.Tensor, input_factor: torch.Tensor, hidden_factor: torch.Tensor, *others: torch.Tensor
-    ) -> tuple | None:
-        """The C kernels (:func:`~lightning_ortho._native.kf_rtrl.kf_rtrl_kernels`) for ``rows`` ``(B, H)`` (``h``
-        for the step, ``grad_h`` for the estimate), the factors ``u``, ``A`` and ``others`` (the step's ``x`` and
-        the cell's parameters), when every one is C-contiguous and of ``rows``'s dtype, ``u`` and ``A`` have the
-        sizes of the cell (``(B, H + I + 1)``, ``(B, H, H)``), and the kernels run here (real CPU tensors, nothing
-        tracing, the kernels on and built); else ``None`` (the PyTorch path then runs, and names what is wrong)."""
-        dtype, (batch, hidden) = rows.dtype, rows.shape
-        size = self.preactivations
-        if (
-            hidden != size
-            or input_factor.shape != (batch, self.inputs)
-            or hidden_factor.shape != (batch, size, size)
-            or not (rows.is_contiguous() and input_factor.is_contiguous() and hidden_factor.is_contiguous())
-            or input_factor.dtype is not dtype
-            or hidden_factor.dtype is not dtype
-        ):
-            return None
-        for tensor in others:
-            if tensor.dtype is not dtype or not tensor.is_contiguous():
-                return None
-        return kf_rtrl_kernels(rows, input_factor, hidden_factor, *others)
 
     def _balance(
         self, input_factor: torch.Tensor, propagated: torch.Tensor, inputs: torch.Tensor, local: torch.Tensor
@@ -250,14 +251,27 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
         """Where ``W = [W_h W_x b]`` (a tanh cell's layout) ``sum_b (A_b^T g_b) u_b^T`` in one C call, written into
         the flat layout ``[vec(W_h), vec(W_x), b]``, with the sum of ``grad_h`` and of the estimate as the verdict
-        (:func:`lightning_ortho._native.kf_rtrl.summed_estimate`); else, or where the kernels decline,
-        :meth:`_gradient_summed`."""
+        (:func:`lightning_ortho._native.kf_rtrl.summed_estimate`), where ``grad_h``, ``u`` and ``A`` are
+        C-contiguous, of one dtype and of the cell's sizes and the kernels run; else :meth:`_gradient_summed`.
+        (``grad_h`` has the state's shape, dtype and device: the template checked it.)"""
         if self._fused_gradient:
             t = state.tensors
-            hidden_factor, input_factor = t["hidden_factor"], t["input_factor"]
-            kernels = self._fused_kernels(grad_h, input_factor, hidden_factor)
-            if kernels is not None:
-                return summed_estimate(kernels, hidden_factor, input_factor, grad_h)
+            input_factor, hidden_factor = t["input_factor"], t["hidden_factor"]
+            dtype, (batch, hidden), rows = grad_h.dtype, grad_h.shape, self.preactivations
+            if (
+                hidden == rows
+                and input_factor.shape == (batch, self.inputs)
+                and hidden_factor.shape == (batch, rows, rows)
+                and input_factor.dtype is dtype
+                and hidden_factor.dtype is dtype
+                and grad_h.is_contiguous()
+                and input_factor.is_contiguous()
+                and hidden_factor.is_contiguous()
+            ):
+                kernels = kf_rtrl_kernels(grad_h, input_factor, hidden_factor)
+                if kernels is not None:
+                    sizes = (batch, hidden, self.inputs - rows - 1)
+                    return summed_estimate(kernels, hidden_factor, input_factor, grad_h, sizes)
         return super()._gradient_estimate(state, grad_h)
 
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
