@@ -10,8 +10,8 @@
  * [vec(W_h), vec(W_x), b].
  *
  * Arithmetic in the order of the PyTorch path (lightning_ortho.online.KFRTRL): (W_h A) first, then times d, then
- * times c1 / p1, plus (c2 / p2) d on the diagonal; sums in SIMD lanes, so results agree with it to rounding. All arrays
- * C-contiguous; no fast-math, so a NaN or inf in an input reaches the returned sums, which the callers check.
+ * times c1 / p1, plus (c2 / p2) d on the diagonal; sums in SIMD lanes, so results agree with it to rounding. All
+ * arrays C-contiguous; no fast-math, so a NaN or inf in an input reaches the returned sums, which the callers check.
  */
 #include <math.h>
 
@@ -40,7 +40,7 @@ typedef struct {
 #define DEFINE_KERNELS(T, SUFFIX, SQRT, TANH)                                                                         \
     DEFINE_TANH_CELL(T, SUFFIX, TANH)                                                                                 \
                                                                                                                       \
-    /* 32 bytes of T (GCC/clang vector extension: an AVX register in the AVX2 clone, two SSE registers in the        \
+    /* 32 bytes of T (GCC/clang vector extension: an AVX register in the AVX2 clone, two SSE registers in the         \
      * baseline one); unaligned, and it may alias T. */                                                               \
     typedef T kf_rtrl_vector_##SUFFIX __attribute__((vector_size(32), aligned(sizeof(T)), may_alias));                \
                                                                                                                       \
@@ -49,13 +49,13 @@ typedef struct {
      * rows (per k: two loads of A, four entries of W_h, sixteen products and sums: no partial sums stored and        \
      * reloaded, which makes the plain i-k-j loop twice as slow); the rows and columns past the last full tile take   \
      * plain loops. Each entry sums over k in order and is then multiplied by d_i, as the PyTorch path's              \
-     * d[:, None] * (W_h @ A). Always inlined: out of line, a static function is compiled for the baseline target   \
+     * d[:, None] * (W_h @ A). Always inlined: out of line, a static function is compiled for the baseline target     \
      * only (not cloned for AVX2). */                                                                                 \
     static inline __attribute__((always_inline)) T kf_rtrl_propagate_##SUFFIX(                                        \
         const T *restrict w_hh, const T *restrict a_old, const T *restrict y, long hidden, T *restrict out) {         \
         typedef kf_rtrl_vector_##SUFFIX V;                                                                            \
         enum { LANES = 32 / sizeof(T) };                                                                              \
-        const long full_rows = hidden - hidden % 4, full_columns = hidden - hidden % (2 * LANES);                      \
+        const long full_rows = hidden - hidden % 4, full_columns = hidden - hidden % (2 * LANES);                     \
         V norm2_lanes = {0};                                                                                          \
         T norm2 = 0;                                                                                                  \
         for (long i = 0; i < full_rows; i += 4) {                                                                     \
@@ -126,8 +126,10 @@ typedef struct {
         return norm2;                                                                                                 \
     }                                                                                                                 \
                                                                                                                       \
-    /* propagated (H, H) <- diag(d) propagated in place (it holds W_h A from BLAS); returns ||propagated||^2. */       \
-    static inline T kf_rtrl_scale_rows_##SUFFIX(const T *restrict y, long hidden, T *restrict out) {                  \
+    /* propagated (H, H) <- diag(d) propagated in place (it holds W_h A from BLAS); returns ||propagated||^2.         \
+     * (Always inlined, as kf_rtrl_propagate.) */                                                                     \
+    static inline __attribute__((always_inline)) T kf_rtrl_scale_rows_##SUFFIX(                                       \
+        const T *restrict y, long hidden, T *restrict out) {                                                          \
         T norm2 = 0;                                                                                                  \
         for (long i = 0; i < hidden; ++i) {                                                                           \
             const T slope = 1 - y[i] * y[i];                                                                          \
@@ -191,7 +193,7 @@ typedef struct {
                     a_total += value;                                                                                 \
                 }                                                                                                     \
                 const T diagonal = row[i] + s2 * (1 - yb[i] * yb[i]);                                                 \
-                a_total += diagonal - row[i];                                                                         \
+                a_total += diagonal - row[i]; /* the sum counts the new diagonal (NaN where it overflowed) */         \
                 row[i] = diagonal;                                                                                    \
             }                                                                                                         \
             _Pragma("omp simd reduction(+ : u_total)") for (long j = 0; j < hidden; ++j) {                            \
@@ -219,9 +221,9 @@ typedef struct {
                                      a->hidden_new);                                                                  \
     }                                                                                                                 \
                                                                                                                       \
-    /* The summed estimate sum_b (A_b^T g_b) u_b^T (H, n_a) into out (P,) = [vec(W_h) (H H), vec(W_x) (H I), b (H)]  \
+    /* The summed estimate sum_b (A_b^T g_b) u_b^T (H, n_a) into out (P,) = [vec(W_h) (H H), vec(W_x) (H I), b (H)]   \
      * from hidden (B, H, H), u (B, n_a) and grad_h (B, H); scratch holds H entries (NULL: the stack, for H up to     \
-     * KF_RTRL_STACK_ROWS). Returns the sum of grad_h and out (in double; NaN/inf when either is not finite). */       \
+     * KF_RTRL_STACK_ROWS). Returns the sum of grad_h and out (in double; NaN/inf when either is not finite). */      \
     static inline __attribute__((always_inline)) double kf_rtrl_estimate_##SUFFIX(                                    \
         const T *restrict hidden_factor, const T *restrict u, const T *restrict grad_h, long batch, long hidden,      \
         long inputs, T *restrict scratch, T *restrict out) {                                                          \
