@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_ortho.online.estimator import OnlineGradientEstimator
+from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels, step, summed_estimate
+from lightning_ortho.online.cells import TanhRNNCell
+from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator
 from lightning_ortho.online.linearization import (
     StepLinearization,
     factorisation_problem,
@@ -17,10 +19,18 @@ from lightning_ortho.online.linearization import (
 )
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
+from lightning_ortho.online.uoro_fused import fusable_tanh_cell
 
 __all__ = ["KFRTRL"]
 
 _FACTORS = ("input_factor", "hidden_factor")
+#: The methods of a step whose override (a subclass's own signs, draws or constants) keeps the PyTorch path.
+_STEP_METHODS = ("_advance", "_signs", "_draw", "_balance", "_ratio")
+#: ``H`` from which the fused step takes ``W_h A`` with BLAS (``torch.matmul``) and finishes the step in C; below
+#: it the kernel's own loop is faster than the call (measured at one stream, float32 and float64).
+BLAS_PRODUCT_MIN = 256
+_autocast = torch.is_autocast_enabled
+_CPU = torch.device("cpu")
 
 
 class KFRTRL(StreamNoise, OnlineGradientEstimator):
@@ -60,6 +70,11 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
 
     State entries: ``input_factor`` ``u`` ``(B, n_a)``, ``hidden_factor`` ``A`` ``(B, H, Z)``, and (as UORO)
     ``stream_ids`` / ``total_streams``.
+
+    On a plain :class:`~lightning_ortho.online.TanhRNNCell` on the CPU (float32/float64, C-contiguous, outside
+    tracing) a step is one C call (:mod:`lightning_ortho._native.kf_rtrl`: the cell, ``J_t A_{t-1}``, the norms and
+    the new factors, in new tensors; ``W_h A`` from BLAS from ``H = BLAS_PRODUCT_MIN``) and so is the summed
+    estimate; they compute what the PyTorch ops compute, to rounding, from the same signs.
 
     Args:
         cell: a recurrent cell with the factorisation above (every parameter in ``W``).
@@ -106,6 +121,22 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         self.weight_columns = _weight_columns(cell)
         self.inputs = sum(columns for _, columns, _ in self.weight_columns)  # n_a
         self.preactivations = _weight_rows(cell, self.weight_columns)  # Z
+        # Where the C kernels (lightning_ortho._native.kf_rtrl) compute exactly this estimator, decided once here
+        # (every call still checks its tensors). The step: a plain tanh cell, the closed forms, and
+        # the step's methods of this class. The estimate: W = [W_h W_x b] (Z = H) in the layout's order.
+        kind, rows = type(self), self.preactivations
+        self._fused = (
+            closed_form
+            and fusable_tanh_cell(cell, self.layout)
+            and type(cell).preactivation_input is TanhRNNCell.preactivation_input
+            and all(getattr(kind, name) is getattr(KFRTRL, name) for name in _STEP_METHODS)
+        )
+        tanh_columns = [("weight_hh", rows, False), ("weight_ih", self.inputs - rows - 1, False), ("bias", 1, True)]
+        self._fused_gradient = (
+            self.layout.names == tuple(name for name, _, _ in tanh_columns)
+            and self.weight_columns == tanh_columns
+            and kind._gradient_summed is KFRTRL._gradient_summed
+        )
 
     # -- state -------------------------------------------------------------------------------------------------
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -146,6 +177,63 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         hidden_factor = (c1 / p1)[:, None, None] * propagated + (c2 / p2)[:, None, None] * local
         return {**t, "input_factor": input_factor, "hidden_factor": hidden_factor}
 
+    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
+        """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain tanh cell the whole step in one C
+        call (:func:`lightning_ortho._native.kf_rtrl.step`: the cell, ``J A``, the norms, ``p1``, ``p2`` and the new
+        factors, into new tensors, with the verdict), with the signs :meth:`_signs` draws (:meth:`_sign_bits`),
+        where every tensor it reads is C-contiguous, of ``h``'s dtype and of the cell's sizes, and the kernels run
+        (:func:`~lightning_ortho._native.kf_rtrl.kf_rtrl_kernels`: real CPU tensors, nothing tracing, the kernels on
+        and built); else the cell's linearisation and :meth:`_advance` (which name what is wrong, if anything).
+
+        A step at one stream is a few microseconds of arithmetic, so the checks are written out: every Python call
+        and tensor attribute here costs a measurable part of it."""
+        if self._fused:
+            t, h, parameters = state.tensors, state.h, self.cell._parameters  # (not Module.__getattr__: slower)
+            input_factor, hidden_factor = t["input_factor"], t["hidden_factor"]
+            weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
+            dtype, (batch, hidden), rows = h.dtype, h.shape, self.preactivations
+            if (
+                hidden == rows
+                and input_factor.shape == (batch, self.inputs)
+                and hidden_factor.shape == (batch, rows, rows)
+                and x.dtype is dtype
+                and input_factor.dtype is dtype
+                and hidden_factor.dtype is dtype
+                and weight_hh.dtype is dtype
+                and weight_ih.dtype is dtype
+                and bias.dtype is dtype
+                and h.is_contiguous()
+                and x.is_contiguous()
+                and input_factor.is_contiguous()
+                and hidden_factor.is_contiguous()
+                and weight_hh.is_contiguous()
+                and weight_ih.is_contiguous()
+                and bias.is_contiguous()
+            ):
+                kernels = kf_rtrl_kernels(h, x, input_factor, hidden_factor, weight_hh, weight_ih, bias)
+                blas_product = hidden >= BLAS_PRODUCT_MIN
+                if kernels is not None and not (blas_product and _autocast("cpu")):  # (a bfloat16 product)
+                    h_new, input_new, hidden_new, verdict = step(
+                        kernels, weight_hh, weight_ih, bias, x, h, input_factor, hidden_factor,
+                        self._sign_bits(state, dtype), self.eps, blas_product, (batch, hidden, self.inputs - rows - 1),
+                    )  # fmt: skip
+                    tensors = {**t, "input_factor": input_new, "hidden_factor": hidden_new}
+                    return Advance(h_new, tensors, None, verdict)
+        return super()._advance_step(x, state)
+
+    def _sign_bits(self, state: OnlineState, dtype: torch.dtype) -> torch.Tensor:
+        """The bits ``b`` ``(B, 2)`` in ``{0, 1}`` of the signs ``(c1, c2) = 2 b - 1`` that :meth:`_signs` draws, in
+        ``dtype`` on the CPU: the one ``randint`` of :meth:`~StreamNoise._draw` (the same generator, call, shape
+        and dtype, cut to the state's rows), without its conversion to signs, which the fused step does in C (one
+        call fewer). Eager only (the fused step runs nowhere else), where the generator is
+        :meth:`~StreamNoise._generator_of`'s: the state's, or the default one inside :meth:`noise_scope`."""
+        total, rows = self._rows(state)
+        generator = state.generator
+        bits = torch.randint(
+            0, 2, (total, 2), generator=None if generator is self._scoped else generator, device=_CPU, dtype=dtype
+        )
+        return bits if rows is None else bits[rows]
+
     def _balance(
         self, input_factor: torch.Tensor, propagated: torch.Tensor, inputs: torch.Tensor, local: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,6 +248,32 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         return torch.sqrt((numerator + self.eps) / (denominator + self.eps))
 
     # -- the estimate ------------------------------------------------------------------------------------------
+    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """Where ``W = [W_h W_x b]`` (a tanh cell's layout) ``sum_b (A_b^T g_b) u_b^T`` in one C call, written into
+        the flat layout ``[vec(W_h), vec(W_x), b]``, with the sum of ``grad_h`` and of the estimate as the verdict
+        (:func:`lightning_ortho._native.kf_rtrl.summed_estimate`), where ``grad_h``, ``u`` and ``A`` are
+        C-contiguous, of one dtype and of the cell's sizes and the kernels run; else :meth:`_gradient_summed`.
+        (``grad_h`` has the state's shape, dtype and device: the template checked it.)"""
+        if self._fused_gradient:
+            t = state.tensors
+            input_factor, hidden_factor = t["input_factor"], t["hidden_factor"]
+            dtype, (batch, hidden), rows = grad_h.dtype, grad_h.shape, self.preactivations
+            if (
+                hidden == rows
+                and input_factor.shape == (batch, self.inputs)
+                and hidden_factor.shape == (batch, rows, rows)
+                and input_factor.dtype is dtype
+                and hidden_factor.dtype is dtype
+                and grad_h.is_contiguous()
+                and input_factor.is_contiguous()
+                and hidden_factor.is_contiguous()
+            ):
+                kernels = kf_rtrl_kernels(grad_h, input_factor, hidden_factor)
+                if kernels is not None:
+                    sizes = (batch, hidden, self.inputs - rows - 1)
+                    return summed_estimate(kernels, hidden_factor, input_factor, grad_h, sizes)
+        return super()._gradient_estimate(state, grad_h)
+
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         t = state.tensors
         row = torch.einsum("bh,bhz->bz", grad_h, t["hidden_factor"])  # A_t^T g_t (B, Z)
