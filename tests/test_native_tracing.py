@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import lightning_ortho._native as native
 from lightning_ortho._native import lru, readout, reflection_rows, rtrl, tbptt, uoro
 from lightning_ortho._native.factored_traces import factored_trace_kernels
+from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels
 from lightning_ortho._native.lru import lru_kernels
 from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
@@ -66,6 +67,7 @@ from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
 from lightning_ortho._native.factored_traces import factored_trace_kernels
+from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels
 from lightning_ortho._native.lru import lru_kernels
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
@@ -295,6 +297,8 @@ def _decisions(t: torch.Tensor) -> list:
         factored_trace_kernels(plain, t),
         lru_kernels(t),
         lru_kernels(plain, t),
+        kf_rtrl_kernels(t),
+        kf_rtrl_kernels(plain, t),
     ]
 
 
@@ -417,6 +421,7 @@ def test_under_cpu_autocast_only_the_kernels_fed_by_pytorch_products_decline(ker
         assert rtrl_gradient_kernel(plain) is not None
         assert factored_trace_kernels(plain) is not None  # it reads only its inputs
         assert lru_kernels(plain) is not None  # no PyTorch product feeds it
+        assert kf_rtrl_kernels(plain) is not None  # KFRTRL declines itself where BLAS would compute the product
         assert tbptt_tanh_kernels(plain) is None  # its step runs the cell, whose products autocast would take
 
 

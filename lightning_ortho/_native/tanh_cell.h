@@ -10,8 +10,16 @@
 #ifndef LIGHTNING_ORTHO_TANH_CELL_H
 #define LIGHTNING_ORTHO_TANH_CELL_H
 
+/* Always inlined: a helper left out of line is compiled for the baseline target only, not cloned with the
+ * VECTOR_CLONES function that calls it. */
+#if defined(__GNUC__)
+#define TANH_CELL_INLINE static inline __attribute__((always_inline))
+#else
+#define TANH_CELL_INLINE static inline
+#endif
+
 #define DEFINE_TANH_CELL(T, SUFFIX, TANH)                                                                            \
-    static inline void tanh_cell_##SUFFIX(const T *restrict w_hh, const T *restrict w_ih, const T *restrict bias,    \
+    TANH_CELL_INLINE void tanh_cell_##SUFFIX(const T *restrict w_hh, const T *restrict w_ih, const T *restrict bias,    \
                                           const T *restrict x, const T *restrict h, long batch, long hidden,         \
                                           long inputs, T *restrict h_new) {                                          \
         for (long b = 0; b < batch; ++b) {                                                                           \
