@@ -26,7 +26,7 @@ from torch.func import functional_call, jacfwd, jacrev, jvp, vjp, vmap
 from lightning_ortho._native.lru import fused_gradient, fused_step
 from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.health import new_record
-from lightning_ortho.online.linearization import ParameterLayout, StepLinearization, steps_as
+from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
 from lightning_ortho.online.state import OnlineState
 
 _COMPLEX_DTYPES = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
@@ -68,6 +68,11 @@ class DiagonalTraces:
     order (parameters outside the recurrence get zeros)."""
 
     complex_state = False
+
+    def lru_kernels(self) -> bool:
+        """Whether the C kernels of :mod:`lightning_ortho._native.lru` compute these traces' step and estimate (only
+        the linear recurrent unit's own closed form says yes)."""
+        return False
 
     def initial(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -570,12 +575,9 @@ class DiagonalRTRL(OnlineGradientEstimator):
 
 
 def _fusable_lru(cell: nn.Module, traces: DiagonalTraces, layout: ParameterLayout) -> bool:
-    """Whether the C kernels of :mod:`lightning_ortho._native.lru` compute ``traces``' step and estimate: the
-    closed-form traces of a :class:`~lightning_ortho.online.lru.LinearRecurrentUnit` (exactly
-    :class:`~lightning_ortho.online.lru.LRUTraces`, not a subclass of it) on a cell that steps as the class does (no
-    override of ``forward``, ``eigenvalues``, ``input_projection``, its eight plain parameters: what
-    ``LinearRecurrentUnit.diagonal_traces`` itself asks before it offers them). Decided once, at construction."""
-    from lightning_ortho.online.lru import LRU_PARAMETERS, LinearRecurrentUnit, LRUTraces  # noqa: PLC0415 (a cycle)
-
-    step = ("forward", "eigenvalues", "input_projection")
-    return type(traces) is LRUTraces and steps_as(cell, LinearRecurrentUnit, layout, LRU_PARAMETERS, step)
+    """Whether the C kernels of :mod:`lightning_ortho._native.lru` compute ``traces``' step and estimate: the traces
+    say so (:meth:`DiagonalTraces.lru_kernels`: the closed-form traces of a
+    :class:`~lightning_ortho.online.lru.LinearRecurrentUnit`, exactly :class:`~lightning_ortho.online.lru.LRUTraces`,
+    which the cell offers only when it steps as the class does, on its eight plain parameters). Decided once, at
+    construction."""
+    return traces.lru_kernels()

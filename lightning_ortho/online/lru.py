@@ -165,6 +165,11 @@ class LRUTraces(DiagonalTraces):
 
     complex_state = True
 
+    def lru_kernels(self) -> bool:
+        """This class's step and estimate are the C kernels' (:mod:`lightning_ortho._native.lru`); a subclass that
+        changes them is not (it gets the PyTorch path)."""
+        return type(self) is LRUTraces
+
     def __init__(self, cell: LinearRecurrentUnit, layout: ParameterLayout) -> None:
         self.cell, self.layout = cell, layout
         self.recurrent = 3 * cell.hidden_size + 2 * cell.hidden_size * cell.input_size  # entries before C_re
