@@ -67,6 +67,9 @@ def test_the_resume_warning_names_replaced_nested_and_dict_options(tmp_path):
     short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     command("fit", "online_copy", tmp_path, "--trainer.max_epochs=1", *short)
     (checkpoint,) = (tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt")
-    given = ["--model.init_args.estimator_options={projection: state}", "--model.init_args.cell.init_args.hidden_size=8"]
+    given = [
+        "--model.init_args.estimator_options={projection: state}",
+        "--model.init_args.cell.init_args.hidden_size=8",
+    ]
     with pytest.warns(UserWarning, match=r"hidden_size=8 -> 64, estimator_options=\{'projection': 'state'\} ->"):
         command("fit", "online_copy", tmp_path, f"--ckpt_path={checkpoint}", *given, "--trainer.max_epochs=2", *short)

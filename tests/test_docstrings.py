@@ -120,9 +120,7 @@ def findings() -> tuple[str, ...]:
             if obj.docstring is None:
                 continue
             collect.messages.clear()
-            sections = obj.docstring.parse(
-                "google", warn_unknown_params=True, warn_missing_types=False, warnings=True
-            )
+            sections = obj.docstring.parse("google", warn_unknown_params=True, warn_missing_types=False, warnings=True)
             problems.extend(f"{label}: {message.split(': ', 1)[-1]}" for message in collect.messages)
             names = _parameter_names(obj)
             for section in sections:
@@ -151,8 +149,9 @@ def findings() -> tuple[str, ...]:
                 if kind == "parameters" and names is not None:
                     documented = {p.name.lstrip("*") for p in section.value}
                     missing = [
-                        n for n in names if n not in UNDOCUMENTED and n.lstrip("*") not in documented
-                        and not n.startswith("*")
+                        n
+                        for n in names
+                        if n not in UNDOCUMENTED and n.lstrip("*") not in documented and not n.startswith("*")
                     ]
                     if missing:
                         problems.append(f"{label}: Args: lacks {', '.join(missing)}")

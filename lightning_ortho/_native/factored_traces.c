@@ -102,15 +102,14 @@ typedef struct {
                sum_##SUFFIX(influence_new, batch * hidden * columns);                                                 \
     }                                                                                                                 \
                                                                                                                       \
-    /* The summed estimate sum_b diag(grad_h_b) trace_b of a trace (B, H, H + I + 1) into out (P,), P = H (H + I + 1),\
-     * in the layout [vec(W_h), vec(W_x), b]. Returns the sum of grad_h and of out. */                                \
+    /* The summed estimate sum_b diag(grad_h_b) trace_b of a trace (B, H, H + I + 1), by parameter: W_h into out_hh   \
+     * (H, H), W_x into out_ih (H, I), b into out_b (H,) (three allocations, or the parts of one (P,) laid out as     \
+     * [vec(W_h), vec(W_x), b]). Returns the sum of grad_h and of the estimate. */                                    \
     VECTOR_CLONES                                                                                                     \
     double factored_gradient_##SUFFIX(const factored_setup *setup, const T *restrict trace,                          \
-                                      const T *restrict grad_h, long batch, T *restrict out) {                        \
+                                      const T *restrict grad_h, long batch, T *restrict out_hh,                       \
+                                      T *restrict out_ih, T *restrict out_b) {                                        \
         const long hidden = setup->hidden, inputs = setup->inputs, columns = hidden + inputs + 1;                     \
-        T *restrict out_hh = out;                                                                                     \
-        T *restrict out_ih = out + hidden * hidden;                                                                   \
-        T *restrict out_b = out_ih + hidden * inputs;                                                                 \
         for (long i = 0; i < hidden; ++i) {                                                                           \
             T *restrict row_hh = out_hh + i * hidden;                                                                 \
             T *restrict row_ih = out_ih + i * inputs;                                                                 \
@@ -127,7 +126,8 @@ typedef struct {
                 out_b[i] += gb * other[hidden + inputs];                                                              \
             }                                                                                                         \
         }                                                                                                             \
-        return sum_##SUFFIX(grad_h, batch * hidden) + sum_##SUFFIX(out, hidden * columns);                            \
+        return sum_##SUFFIX(grad_h, batch * hidden) + sum_##SUFFIX(out_hh, hidden * hidden) +                         \
+               sum_##SUFFIX(out_ih, hidden * inputs) + sum_##SUFFIX(out_b, hidden);                                   \
     }
 
 DEFINE_KERNELS(float, float32, tanhf)

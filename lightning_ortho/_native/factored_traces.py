@@ -55,7 +55,8 @@ def factored_trace_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> 
 
         rflo_step(setup, x, h, trace, B, h_new, trace_new) -> the sum of x, h_new and trace_new
         snap1_step(setup, x, h, influence, B, h_new, influence_new) -> the sum of x, h_new and influence_new
-        gradient(setup, trace, grad_h, B, out (P,)) -> the sum of grad_h and out
+        gradient(setup, trace, grad_h, B, out_hh (H, H), out_ih (H, I), out_b (H,)) -> the sum of grad_h and the
+            estimate
     """
     dtype = like.dtype
     if dtype not in _SUFFIXES or not real_cpu(like, *others):
@@ -77,7 +78,7 @@ def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> tuple:
     gradient = getattr(library, f"factored_gradient_{suffix}")
     for step in (rflo, snap):
         step.argtypes = [_POINTER] * 4 + [_LONG] + [_POINTER] * 2
-    gradient.argtypes = [_POINTER] * 3 + [_LONG, _POINTER]
+    gradient.argtypes = [_POINTER] * 3 + [_LONG] + [_POINTER] * 3
     for function in (rflo, snap, gradient):
         function.restype = _DOUBLE
     return rflo, snap, gradient
@@ -138,8 +139,8 @@ class FactoredTanhTrace:
         #: the parameters themselves (which keep their ids theirs)
         self._key: tuple | None = None
         self._parameters: tuple = ()
-        #: ``(h', trace', h'.data_ptr(), trace'.data_ptr(), B)`` of the last fused step
-        self._made: tuple = (None, None, 0, 0, 0)
+        #: ``(h', trace', h'.data_ptr(), trace'.data_ptr(), B, dtype)`` of the last fused step
+        self._made: tuple = (None, None, 0, 0, 0, None)
 
     def __getstate__(self) -> dict:  # copy and pickle: the cell and the layout; nothing remembered travels
         return {"cell": self.cell, "flat": self.flat}
@@ -172,12 +173,12 @@ class FactoredTanhTrace:
         ``m'[i, j] = d_i (W_h[i, i] m[i, j] + a_j)``. The sum is NaN/inf when an input or an output holds NaN/inf
         (or the sum of finite entries overflows)."""
         kernels = self._kernels_for(x)
-        if kernels is None or not x.is_contiguous():
+        if kernels is None or x.dim() != 2 or not x.is_contiguous():
             return None
         batch, inputs = x.shape
         hidden, dtype = self.hidden, x.dtype
         made = self._made
-        if h is made[0] and trace is made[1] and batch == made[4]:  # this object's outputs: checked when made
+        if h is made[0] and trace is made[1] and batch == made[4] and dtype is made[5]:  # made here: checked then
             h_pointer, trace_pointer = h.data_ptr(), trace.data_ptr()
             fits = h_pointer == made[2] and trace_pointer == made[3]  # still at their memory (no resize_, set_)
         else:
@@ -211,7 +212,7 @@ class FactoredTanhTrace:
         total = kernels[snap](
             self._address, x.data_ptr(), h_pointer, trace_pointer, batch, h_new_pointer, trace_new_pointer
         )
-        self._made = (h_new, trace_new, h_new_pointer, trace_new_pointer, batch)
+        self._made = (h_new, trace_new, h_new_pointer, trace_new_pointer, batch, dtype)
         return h_new, trace_new, total
 
     def _set_up(self, weight_hh: torch.Tensor, weight_ih: torch.Tensor, bias: torch.Tensor, key: tuple) -> bool:
@@ -237,30 +238,46 @@ class FactoredTanhTrace:
         self._key, self._parameters = key, (weight_hh, weight_ih, bias)
         return True
 
-    def gradient(self, trace: torch.Tensor, grad_h: torch.Tensor) -> tuple[torch.Tensor, float] | None:
-        """``(sum_b diag(grad_h_b) E_b (P,), the sum of grad_h and of it)`` laid out as ``[vec(W_h), vec(W_x),
-        b]``, or ``None`` where the PyTorch path must run. The sum is NaN/inf when the estimate or ``grad_h`` is not
-        finite (or the sum of finite entries overflows)."""
+    def gradient(
+        self, h: torch.Tensor, trace: torch.Tensor, grad_h: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], float] | None:
+        """``({"weight_hh": (H, H), "weight_ih": (H, I), "bias": (H,)}, the sum of grad_h and of them)``, the
+        estimate ``sum_b diag(grad_h_b) E_b`` by parameter, or ``None`` where the PyTorch path must run: also where ``grad_h`` is not ``(B, H)`` of the dtype of
+        the state ``h`` (whose shape it must have) and the trace. The sum is NaN/inf when the estimate or
+        ``grad_h`` is not finite (or the sum of finite entries overflows)."""
         kernels = self._kernels_for(grad_h)
-        if kernels is None or not grad_h.is_contiguous():
+        if kernels is None or grad_h.dim() != 2 or not grad_h.is_contiguous():
             return None
         batch, hidden = grad_h.shape
-        made = self._made
-        if trace is made[1] and batch == made[4]:  # this object's output: checked when made
+        dtype, made = grad_h.dtype, self._made
+        if h is made[0] and trace is made[1] and batch == made[4] and dtype is made[5]:  # made here: checked then
             trace_pointer = trace.data_ptr()
             fits = trace_pointer == made[3]  # still at its memory (no resize_, set_)
         else:
             fits = (
-                trace.dtype is grad_h.dtype
+                trace.dtype is dtype
+                and h.dtype is dtype
+                and h.shape == grad_h.shape
                 and trace.numel() == batch * hidden * self.columns
                 and trace.is_contiguous()
                 and real_cpu(trace)
             )
             trace_pointer = trace.data_ptr() if fits else 0
-        if not fits:
+        if not fits or hidden != self.hidden:
             return None
-        if hidden != self.hidden:
-            return None
-        out = grad_h.new_empty(hidden * self.columns)
-        total = kernels[2](self._address, trace_pointer, grad_h.data_ptr(), batch, out.data_ptr())
-        return out, total
+        # One allocation per parameter: cheaper than three views of one (P,) tensor.
+        out_hh, out_ih, out_b = (
+            grad_h.new_empty(hidden, hidden),
+            grad_h.new_empty(hidden, self.inputs),
+            grad_h.new_empty(hidden),
+        )
+        total = kernels[2](
+            self._address,
+            trace_pointer,
+            grad_h.data_ptr(),
+            batch,
+            out_hh.data_ptr(),
+            out_ih.data_ptr(),
+            out_b.data_ptr(),
+        )
+        return {"weight_hh": out_hh, "weight_ih": out_ih, "bias": out_b}, total

@@ -290,25 +290,38 @@ class OnlineGradientEstimator:
             FloatingPointError: the new state or the influence approximation is NaN/inf (the message names the
                 parameters that hold NaN/inf, if any).
         """
+        fused = self._fused_step(x, state)
+        if fused is not None and math.isfinite(fused.verdict):  # the whole step in one call, finite: settled
+            step = state.step + 1
+            new_state = state.replace(h=fused.h_new, tensors=fused.tensors, step=step)
+            every = self._check_every
+            if every is not None and every > 1 and step % every == 0:
+                self.check(new_state)
+            return fused.h_new, new_state
         threads = None if torch.compiler.is_compiling() else self._call_threads(state)
         if threads is None:
-            return self._step(x, state)
+            return self._step(x, state, fused)
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            return self._step(x, state)
+            return self._step(x, state, fused)
         finally:
             torch.set_num_threads(previous)
 
-    def _step(self, x: torch.Tensor, state: OnlineState) -> tuple[torch.Tensor, OnlineState]:
+    def _step(
+        self, x: torch.Tensor, state: OnlineState, fused: Advance | None = None
+    ) -> tuple[torch.Tensor, OnlineState]:
         """:meth:`step` on the current thread count: the one template of every estimator's step.
 
-        Checks ``x`` (Python comparisons), advances (:meth:`_advance_step`), checks NaN/inf (:meth:`_settle_step`,
-        at once or recorded: :attr:`check_every`), then lets the step write what it writes in place (its
-        ``commit``), so that an error raised at once leaves the state passed in as it was."""
+        Checks ``x`` (Python comparisons), advances (:meth:`_advance_step`, unless ``fused``, the result of
+        :meth:`_fused_step`, is given), checks NaN/inf (:meth:`_settle_step`, at once or recorded:
+        :attr:`check_every`), then lets the step write what it writes in place (its ``commit``), so that an error
+        raised at once leaves the state passed in as it was."""
         self._check_step_input(x, state)
-        with self._call_context():
-            h_new, tensors, commit, verdict = self._advance_step(x, state)
+        if fused is None:
+            with self._call_context():
+                fused = self._advance_step(x, state)
+        h_new, tensors, commit, verdict = fused
         if h_new.requires_grad:
             h_new = h_new.detach()
         step = state.step + 1
@@ -319,6 +332,27 @@ class OnlineGradientEstimator:
         if self._check_due(step):
             self.check(new_state)
         return h_new, new_state
+
+    def _fused_step(self, x: torch.Tensor, state: OnlineState) -> Advance | None:
+        """The whole step in one fused call, or ``None`` (the default) where none applies: then the template
+        checks ``x`` and calls :meth:`_advance_step`.
+
+        Called first, before any check of the template and outside its call context (autograd on, the caller's
+        thread count): an implementation runs no PyTorch op that autograd would record, and returns an
+        :class:`Advance` only where its own checks imply the template's (``x`` a ``(B, I)`` tensor of the state's
+        dtype and device, ``I`` the cell's input size), with a ``verdict`` (a float) and no ``commit``. A finite
+        verdict settles the step then and there (no other check, no other call: at one stream a step is a few
+        microseconds, and every Python call of the template is a measurable part of it); a NaN/inf one goes through
+        the template's checks, which name the cause."""
+        return None
+
+    def _fused_gradient(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[dict[str, torch.Tensor], float] | None:
+        """The summed estimate by parameter (what :meth:`gradient` returns, in the layout's order) and its verdict
+        (the sum of ``grad_h`` and of the estimate, a float) in one fused call, or ``None`` (the default) where none applies: then the template checks ``grad_h`` and calls
+        :meth:`_gradient_estimate`. The contract of :meth:`_fused_step`: called first, outside the call context,
+        returning only where its own checks imply the template's (``grad_h`` of the state's shape, dtype and
+        device)."""
+        return None
 
     def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
         """One step under ``no_grad``: :class:`Advance` ``(h_new, tensors, commit, verdict)``. The default
@@ -426,24 +460,34 @@ class OnlineGradientEstimator:
             ValueError: ``grad_h`` is not ``(B, H)`` like the state's ``h``, or holds NaN/inf.
             FloatingPointError: the estimate is NaN/inf (e.g. a parameter holds NaN: the message names it).
         """
+        fused = None if per_stream else self._fused_gradient(state, grad_h)
+        if fused is not None:
+            if math.isfinite(fused[1]):  # one call, finite: settled
+                return fused[0]
+            fused = (torch.cat([value.reshape(-1) for value in fused[0].values()]), fused[1])  # checked below
         threads = None if torch.compiler.is_compiling() else self._call_threads(state)
         if threads is None:
-            return self._gradient(state, grad_h, per_stream)
+            return self._gradient(state, grad_h, per_stream, fused)
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            return self._gradient(state, grad_h, per_stream)
+            return self._gradient(state, grad_h, per_stream, fused)
         finally:
             torch.set_num_threads(previous)
 
-    def _gradient(self, state: OnlineState, grad_h: torch.Tensor, per_stream: bool) -> dict[str, torch.Tensor]:
-        """:meth:`gradient` on the current thread count."""
+    def _gradient(
+        self, state: OnlineState, grad_h: torch.Tensor, per_stream: bool, fused: tuple | None = None
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`gradient` on the current thread count (``fused``: the result of :meth:`_fused_gradient`)."""
         self._check(grad_h, "grad_h", dims=2, like=state.h, same_shape=True)
-        with self._call_context():  # a gradient that replays the cell (TruncatedBPTT) calls it
-            if per_stream:
-                flat, verdict = self._gradient_flat(state, grad_h), None
-            else:
-                flat, verdict = self._gradient_estimate(state, grad_h)
+        if fused is not None:
+            flat, verdict = fused
+        else:
+            with self._call_context():  # a gradient that replays the cell (TruncatedBPTT) calls it
+                if per_stream:
+                    flat, verdict = self._gradient_flat(state, grad_h), None
+                else:
+                    flat, verdict = self._gradient_estimate(state, grad_h)
         if verdict is not None and math.isfinite(verdict):  # a fused pass summed grad_h and the estimate: finite
             return self.layout.views(flat)
         if self._recording():  # no synchronisation: read by check() (check_every)

@@ -132,7 +132,7 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
             and all(getattr(kind, name) is getattr(KFRTRL, name) for name in _STEP_METHODS)
         )
         tanh_columns = [("weight_hh", rows, False), ("weight_ih", self.inputs - rows - 1, False), ("bias", 1, True)]
-        self._fused_gradient = (
+        self._fuses_gradient = (
             self.layout.names == tuple(name for name, _, _ in tanh_columns)
             and self.weight_columns == tanh_columns
             and kind._gradient_summed is KFRTRL._gradient_summed
@@ -254,7 +254,7 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         (:func:`lightning_ortho._native.kf_rtrl.summed_estimate`), where ``grad_h``, ``u`` and ``A`` are
         C-contiguous, of one dtype and of the cell's sizes and the kernels run; else :meth:`_gradient_summed`.
         (``grad_h`` has the state's shape, dtype and device: the template checked it.)"""
-        if self._fused_gradient:
+        if self._fuses_gradient:
             t = state.tensors
             input_factor, hidden_factor = t["input_factor"], t["hidden_factor"]
             dtype, (batch, hidden), rows = grad_h.dtype, grad_h.shape, self.preactivations

@@ -118,28 +118,24 @@ class RFLO(OnlineGradientEstimator):
         columns = self.inputs if self.factored else self.layout.size
         return {"trace": h0.new_zeros(h0.shape[0], h0.shape[1], columns)}
 
-    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
-        """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain
-        :class:`~lightning_ortho.online.TanhRNNCell` the cell's step and the factored trace's update in one C call
+    def _fused_step(self, x: torch.Tensor, state: OnlineState) -> Advance | None:
+        """The cell's step and the factored trace's update in one C call on a plain
+        :class:`~lightning_ortho.online.TanhRNNCell`
         (:meth:`~lightning_ortho._native.factored_traces.FactoredTanhTrace.step`, which also sums ``x``, ``h'`` and
-        the new trace for the NaN/inf verdict) where the tensors allow it; else the cell's linearisation and
-        :meth:`_advance`."""
+        the new trace for the NaN/inf verdict) where the tensors allow it (see
+        :meth:`OnlineGradientEstimator._fused_step`); else ``None``: the cell's linearisation and :meth:`_advance`."""
         fused = self._fused
         if fused is not None:
             done = fused.step(x, state.h, state.tensors["trace"], False, self.decay, self.rate)
             if done is not None:
                 return Advance(done[0], {"trace": done[1]}, None, done[2])
-        return super()._advance_step(x, state)
+        return None
 
-    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-        """The summed estimate ``sum_b diag(g_b) E_b`` in one C call where :meth:`_advance_step` may fuse (its
-        verdict: the sum of ``grad_h`` and the estimate); else :meth:`_gradient_summed`."""
+    def _fused_gradient(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[dict[str, torch.Tensor], float] | None:
+        """The summed estimate in one C call where :meth:`_fused_step` may fuse (its verdict: the sum of ``grad_h``
+        and the estimate); else ``None``: :meth:`_gradient_summed`."""
         fused = self._fused
-        if fused is not None:
-            done = fused.gradient(state.tensors["trace"], grad_h)
-            if done is not None:
-                return done
-        return self._gradient_summed(state, grad_h), None
+        return None if fused is None else fused.gradient(state.h, state.tensors["trace"], grad_h)
 
     def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:
         trace = state.tensors["trace"]

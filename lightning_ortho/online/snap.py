@@ -306,29 +306,24 @@ class SnAp(OnlineGradientEstimator):
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"influence": h0.new_zeros(h0.shape[0], self.kept)}
 
-    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
-        """One step (see :meth:`OnlineGradientEstimator._advance_step`): where the kept entries are a factored trace
-        of a plain tanh cell (SnAp-1 of :class:`~lightning_ortho.online.TanhRNNCell`), the cell's step and
-        ``m' = d * (diag(W_h) m + a^T)`` row by row in one C call
-        (:meth:`~lightning_ortho._native.factored_traces.FactoredTanhTrace.step`, which also sums ``x``, ``h'`` and
-        ``m'`` for the NaN/inf verdict) where the tensors allow it; else the cell's linearisation and
-        :meth:`_advance`."""
+    def _fused_step(self, x: torch.Tensor, state: OnlineState) -> Advance | None:
+        """Where the kept entries are a factored trace of a plain tanh cell (SnAp-1 of
+        :class:`~lightning_ortho.online.TanhRNNCell`), the cell's step and ``m' = d * (diag(W_h) m + a^T)`` row by
+        row in one C call (:meth:`~lightning_ortho._native.factored_traces.FactoredTanhTrace.step`, which also sums
+        ``x``, ``h'`` and ``m'`` for the NaN/inf verdict) where the tensors allow it (see
+        :meth:`OnlineGradientEstimator._fused_step`); else ``None``: the cell's linearisation and :meth:`_advance`."""
         fused = self._fused
         if fused is not None:
             done = fused.step(x, state.h, state.tensors["influence"], True)
             if done is not None:
                 return Advance(done[0], {"influence": done[1]}, None, done[2])
-        return super()._advance_step(x, state)
+        return None
 
-    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-        """The summed estimate in one C call where :meth:`_advance_step` may fuse (its verdict: the sum of ``grad_h``
-        and the estimate); else :meth:`_gradient_summed`."""
+    def _fused_gradient(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[dict[str, torch.Tensor], float] | None:
+        """The summed estimate in one C call where :meth:`_fused_step` may fuse (its verdict: the sum of ``grad_h``
+        and the estimate); else ``None``: :meth:`_gradient_summed`."""
         fused = self._fused
-        if fused is not None:
-            done = fused.gradient(state.tensors["influence"], grad_h)
-            if done is not None:
-                return done
-        return self._gradient_summed(state, grad_h), None
+        return None if fused is None else fused.gradient(state.h, state.tensors["influence"], grad_h)
 
     def _advance(self, lin: StepLinearization, x: torch.Tensor, state: OnlineState) -> dict[str, torch.Tensor]:
         values = state.tensors["influence"]

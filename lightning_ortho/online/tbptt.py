@@ -97,7 +97,7 @@ class TruncatedBPTT(OnlineGradientEstimator):
         """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a fusable cell one C call (the cell's
         step, the window shifted by one step into new tensors, and the verdict), else the cell and :meth:`_advance`."""
         if self._fusable and not torch.compiler.is_compiling():
-            fused = self._fused_step(x, state)
+            fused = self._one_call_step(x, state)
             if fused is not None:
                 return fused
         return super()._advance_step(x, state)
@@ -112,7 +112,7 @@ class TruncatedBPTT(OnlineGradientEstimator):
                 return summed_gradient(operands, state.h, grad_h, self._snapshot)
         return self._gradient_summed(state, grad_h), None
 
-    def _fused_step(self, x: torch.Tensor, state: OnlineState) -> Advance | None:
+    def _one_call_step(self, x: torch.Tensor, state: OnlineState) -> Advance | None:
         """The step as one C call (:func:`~lightning_ortho._native.tbptt.step`), or ``None`` where it declines
         (then the PyTorch path runs). The new window entries are new tensors (the state passed in is left as it
         was; the all-false ``cut_next`` of the last fused step, untouched, is shared); the verdict sums ``x``,
