@@ -1,5 +1,6 @@
 """Python binding of ``tanh_cell.c``: the tanh cell's step ``h' = tanh(W_h h + W_x x + b)`` in one C call, for
-:class:`~lightning_ortho.online.TanhRNNCell`'s forward at small sizes outside autograd."""
+:class:`~lightning_ortho.online.TanhRNNCell`'s forward at small sizes outside autograd
+(:class:`TanhCellForward`, one per cell)."""
 
 from __future__ import annotations
 
@@ -9,67 +10,139 @@ import torch
 
 from lightning_ortho._native import load, real_cpu
 
+__all__ = ["MAX_WORK", "TanhCellForward"]
+
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 _SUFFIX = {torch.float32: "float32", torch.float64: "float64"}
 #: Multiply-adds ``B H (H + I)`` up to which the C loop beats PyTorch's two GEMMs, add and tanh (each a dispatch of a
 #: few microseconds); past it the GEMMs' blocking wins.
 MAX_WORK = 1 << 16
+#: Whether an autocast (of any device) is on: a third of the cost of ``torch.is_autocast_enabled("cpu")``, which
+#: stands in where a version of torch lacks the private check.
+_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
+#: {(library, dtype): its declared C function}
+_DECLARED: dict[tuple, ctypes._CFuncPtr] = {}
 
 
-def tanh_cell_step(
-    weight_hh: torch.Tensor, weight_ih: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, h: torch.Tensor
-) -> torch.Tensor | None:
-    """``tanh(h W_h^T + x W_x^T + b)`` ``(B, H)`` in one C call, or ``None`` where the kernel does not apply: autograd
-    records (grad mode on), another dtype than float32/float64, shapes that do not fit (``x`` ``(B, I)``, ``h``
-    ``(B, H)``, ``W_h`` ``(H, H)``, ``W_x`` ``(H, I)``, ``b`` ``(H,)``: PyTorch's ops then raise their own errors),
-    a tensor not C-contiguous or of another dtype, more than :data:`MAX_WORK` multiply-adds, CPU autocast, something
-    tracing or a tensor that is not a plain CPU tensor (:func:`~lightning_ortho._native.real_cpu`), or the kernels off
-    or unavailable (:func:`~lightning_ortho._native.load`). Agrees with the PyTorch expression to rounding (the dot
-    products are summed in another order than BLAS's)."""
-    dtype = x.dtype
-    if dtype not in _SUFFIX or _grad_enabled() or x.dim() != 2 or h.dim() != 2 or bias.dim() != 1:
-        return None
-    batch, inputs = x.shape
-    hidden = bias.shape[0]
-    if (
-        h.shape[0] != batch
-        or h.shape[1] != hidden
-        or weight_hh.shape != (hidden, hidden)
-        or weight_ih.shape != (hidden, inputs)
-        or batch * hidden * (hidden + inputs) > MAX_WORK
-        or not (h.dtype is dtype and weight_hh.dtype is dtype and weight_ih.dtype is dtype and bias.dtype is dtype)
-        or not (x.is_contiguous() and h.is_contiguous() and weight_hh.is_contiguous() and weight_ih.is_contiguous())
-        or not bias.is_contiguous()
-        or _autocast("cpu")
-        or not real_cpu(x, h, weight_hh, weight_ih, bias)
-    ):
-        return None
-    kernel = _kernel(dtype)
+class _Setup(ctypes.Structure):
+    """``tanh_cell_setup`` of ``tanh_cell.c``: the parameters' addresses and the cell's sizes."""
+
+    _fields_ = (("w_hh", _POINTER), ("w_ih", _POINTER), ("bias", _POINTER), ("hidden", _LONG), ("inputs", _LONG))
+
+
+def _kernel(library: ctypes.CDLL, dtype: torch.dtype):
+    """``library``'s forward for ``dtype``, its signature declared once."""
+    kernel = _DECLARED.get((library, dtype))
     if kernel is None:
-        return None
-    h_new = torch.empty_like(h)
-    kernel(
-        weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr(), x.data_ptr(), h.data_ptr(),
-        batch, hidden, inputs, h_new.data_ptr(),
-    )  # fmt: skip
-    return h_new
-
-
-_grad_enabled, _autocast = torch.is_grad_enabled, torch.is_autocast_enabled
-#: {dtype: (library, its declared C function)}: the function of the library :func:`load` gives now.
-_DECLARED: dict[torch.dtype, tuple[ctypes.CDLL, ctypes._CFuncPtr]] = {}
-
-
-def _kernel(dtype: torch.dtype):
-    """The C function for ``dtype`` with its signature declared, or ``None`` (kernels off or unavailable)."""
-    library = load("tanh_cell")
-    if library is None:
-        return None
-    declared = _DECLARED.get(dtype)
-    if declared is not None and declared[0] is library:
-        return declared[1]
-    kernel = getattr(library, f"tanh_cell_forward_{_SUFFIX[dtype]}")
-    kernel.argtypes = [_POINTER] * 5 + [_LONG] * 3 + [_POINTER]
-    kernel.restype = None
-    _DECLARED[dtype] = (library, kernel)
+        kernel = getattr(library, f"tanh_cell_forward_{_SUFFIX[dtype]}")
+        kernel.argtypes = [_POINTER] * 3 + [_LONG, _POINTER]
+        kernel.restype = None
+        _DECLARED[library, dtype] = kernel
     return kernel
+
+
+class TanhCellForward:
+    """``tanh(h W_h^T + x W_x^T + b)`` ``(B, H)`` in one C call for one cell, or ``None`` where the kernel does not
+    apply and the caller runs its PyTorch ops: parameters missing from the cell's ``_parameters`` (a
+    parametrisation moved them), another dtype than float32/float64, shapes that do not fit (``x`` ``(B, I)``,
+    ``h`` ``(B, H)``, ``W_h`` ``(H, H)``, ``W_x`` ``(H, I)``, ``b`` ``(H,)``: PyTorch's ops then raise their own
+    errors), a tensor not C-contiguous or of another dtype than ``x``, more than :data:`MAX_WORK` multiply-adds,
+    autocast, something tracing or a tensor that is not a plain CPU tensor (:func:`~lightning_ortho._native.real_cpu`),
+    or the kernels off or unavailable (:func:`~lightning_ortho._native.load`). The caller checks that autograd is
+    off. Agrees with the PyTorch expression to rounding (the dot products are summed in another order than BLAS's).
+
+    A forward at one stream costs a few microseconds, as much as its checks, so the parameters' checks are
+    remembered: they pass while the cell's parameters are the same objects at the same addresses (``data_ptr``) and
+    the call's dtype is the one they were checked in (moving or converting them, ``cell.to(...)``, an assignment of
+    ``.data``, gives them new memory). ``x`` and ``h`` are checked at every call. Copies and pickles start afresh.
+    """
+
+    __slots__ = ("_setup", "_address", "_key", "_kernel", "_library", "_rows_work")
+
+    def __init__(self) -> None:
+        self._setup = _Setup()
+        self._address = ctypes.addressof(self._setup)  # (self._setup keeps it alive)
+        #: ``(weight_hh, weight_ih, bias, their data_ptr()s, dtype)`` written in the setup (the parameters held, so
+        #: that ``is`` compares objects that are alive)
+        self._key: tuple = (None,) * 7
+        self._kernel = self._library = None
+        self._rows_work = 0  # H (H + I): a stream's multiply-adds
+
+    def __getstate__(self) -> dict:  # copy and pickle: nothing remembered travels
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def __call__(self, parameters: dict, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        """The step from the cell's ``_parameters`` (``weight_hh``, ``weight_ih``, ``bias``), ``x`` ``(B, I)`` and
+        ``h`` ``(B, H)``: a new ``(B, H)`` tensor, or ``None`` (see the class docstring)."""
+        library = load("tanh_cell")  # (honours native_kernels(False) at every call)
+        if library is None or x.dim() != 2 or h.dim() != 2:
+            return None
+        weight_hh, weight_ih, bias = parameters.get("weight_hh"), parameters.get("weight_ih"), parameters.get("bias")
+        dtype, key = x.dtype, self._key
+        if not (
+            weight_hh is key[0]
+            and weight_ih is key[1]
+            and bias is key[2]
+            and dtype is key[6]
+            and library is self._library
+            and weight_hh.data_ptr() == key[3]
+            and weight_ih.data_ptr() == key[4]
+            and bias.data_ptr() == key[5]
+        ) and not self._set_up(library, weight_hh, weight_ih, bias, dtype):
+            return None
+        batch, inputs = x.shape
+        hidden = self._setup.hidden
+        if (
+            inputs != self._setup.inputs
+            or h.shape != (batch, hidden)
+            or batch * self._rows_work > MAX_WORK
+            or h.dtype is not dtype
+            or not x.is_contiguous()
+            or not h.is_contiguous()
+            or _autocast()
+            or not real_cpu(x, h)
+        ):
+            return None
+        h_new = h.new_empty(batch, hidden)  # ints, not a torch.Size: a third of the cost
+        self._kernel(self._address, x.data_ptr(), h.data_ptr(), batch, h_new.data_ptr())
+        return h_new
+
+    def _set_up(
+        self,
+        library: ctypes.CDLL,
+        weight_hh: torch.Tensor | None,
+        weight_ih: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> bool:
+        """Check the parameters (present, of ``dtype`` (float32/float64), of the cell's shapes, contiguous, plain CPU
+        tensors with nothing tracing) and write their addresses and the sizes into the setup; false (nothing
+        written) when a check fails."""
+        if weight_hh is None or weight_ih is None or bias is None or dtype not in _SUFFIX:
+            return False
+        if weight_hh.dim() != 2 or weight_ih.dim() != 2 or bias.dim() != 1:
+            return False
+        hidden, inputs = weight_ih.shape
+        if not (
+            weight_hh.shape == (hidden, hidden)
+            and bias.shape == (hidden,)
+            and weight_hh.dtype is dtype
+            and weight_ih.dtype is dtype
+            and bias.dtype is dtype
+            and weight_hh.is_contiguous()
+            and weight_ih.is_contiguous()
+            and bias.is_contiguous()
+            and real_cpu(weight_hh, weight_ih, bias)
+        ):
+            return False
+        pointers = weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr()
+        setup = self._setup
+        setup.w_hh, setup.w_ih, setup.bias = pointers
+        setup.hidden, setup.inputs = hidden, inputs
+        self._rows_work = hidden * (hidden + inputs)
+        self._kernel, self._library = _kernel(library, dtype), library
+        self._key = (weight_hh, weight_ih, bias, *pointers, dtype)
+        return True

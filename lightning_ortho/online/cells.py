@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from lightning_ortho._native.tanh_cell import tanh_cell_step
+from lightning_ortho._native.tanh_cell import TanhCellForward
 from lightning_ortho.online.linearization import (
     LinearStepLinearization,
     ParameterLayout,
@@ -38,6 +38,9 @@ from lightning_ortho.online.linearization import (
     TanhStepLinearization,
     steps_as,
 )
+
+
+_grad_enabled, _compiling = torch.is_grad_enabled, torch.compiler.is_compiling
 
 
 def _check_sizes(cell: str, **sizes: int) -> None:
@@ -69,6 +72,9 @@ class TanhRNNCell(nn.Module):
         cls._plain_step = cls.preactivation is TanhRNNCell.preactivation and cls.activation is TanhRNNCell.activation
 
     _plain_step = True
+    #: the cell's one-call forward (:class:`~lightning_ortho._native.tanh_cell.TanhCellForward`), made at the first
+    #: call that may use it
+    _fused_forward: TanhCellForward | None = None
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
@@ -116,12 +122,14 @@ class TanhRNNCell(nn.Module):
             ``(B, hidden_size)``, the new states.
 
         Outside autograd, at small sizes on plain CPU tensors, the step is one C call
-        (:func:`~lightning_ortho._native.tanh_cell.tanh_cell_step`: the same expression to rounding); a subclass that
+        (:class:`~lightning_ortho._native.tanh_cell.TanhCellForward`: the same expression to rounding); a subclass that
         overrides ``preactivation`` or ``activation`` keeps them.
         """
-        parameters = self._parameters  # read directly: nn.Module's __getattr__ costs a microsecond per name
-        if self._plain_step and not torch.is_grad_enabled() and "weight_hh" in parameters:
-            h_new = tanh_cell_step(parameters["weight_hh"], parameters["weight_ih"], parameters["bias"], x, h)
+        if self._plain_step and not _grad_enabled() and not _compiling():
+            fused = self._fused_forward
+            if fused is None:  # made at the first call (a cell unpickled from an older version has none either)
+                fused = self._fused_forward = TanhCellForward()
+            h_new = fused(self._parameters, x, h)  # (_parameters: nn.Module's __getattr__ costs a microsecond a name)
             if h_new is not None:
                 return h_new
         return self.activation(self.preactivation(x, h))

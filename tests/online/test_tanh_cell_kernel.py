@@ -21,16 +21,16 @@ def kernels_on():
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The number of times the C kernel was fetched for a call (each fused forward fetches it once)."""
+    """Whether each call of the cell's one-call forward ran the C kernel (true) or declined (false)."""
     seen = []
-    original = binding._kernel
+    original = binding.TanhCellForward.__call__
 
-    def spy(dtype):
-        kernel = original(dtype)
-        seen.append(kernel is not None)
-        return kernel
+    def spy(self, parameters, x, h):
+        h_new = original(self, parameters, x, h)
+        seen.append(h_new is not None)
+        return h_new
 
-    monkeypatch.setattr(binding, "_kernel", spy)
+    monkeypatch.setattr(binding.TanhCellForward, "__call__", spy)
     return seen
 
 
@@ -75,7 +75,7 @@ def test_autograd_parametrised_and_subclassed_cells_take_the_pytorch_ops(calls):
     parametrize.register_parametrization(cell, "weight_hh", Doubled())
     with torch.no_grad():
         torch.testing.assert_close(cell(x, h), reference(cell, x, h))
-    assert calls == []
+    assert calls == [False]  # asked, and declined: weight_hh is no longer a parameter of the cell
 
 
 def test_the_switch_wrong_shapes_and_large_sizes_take_the_pytorch_ops(calls):
@@ -90,7 +90,9 @@ def test_the_switch_wrong_shapes_and_large_sizes_take_the_pytorch_ops(calls):
         wide = TanhRNNCell(8, 512).double()
         wide(torch.randn(1, 8, dtype=torch.float64), torch.randn(1, 512, dtype=torch.float64))
         cell(x.T.contiguous().T, h[:, ::1])  # contiguous views still fit
-    assert calls == [False, True]
+        with pytest.raises(RuntimeError):  # (4, 1) and (6, 1): the shapes do not fit, PyTorch's ops raise
+            cell(x.T, h.T)
+    assert calls == [False, False, False, True, False]
 
 
 def test_nan_reaches_the_output_and_meta_tensors_take_the_pytorch_ops(calls):
@@ -100,7 +102,7 @@ def test_nan_reaches_the_output_and_meta_tensors_take_the_pytorch_ops(calls):
         assert torch.isnan(cell(x, torch.zeros(1, 4, dtype=torch.float64))).all()
         meta = TanhRNNCell(3, 4).to("meta")
         assert meta(torch.zeros(2, 3, device="meta"), torch.zeros(2, 4, device="meta")).shape == (2, 4)
-    assert calls == [True]
+    assert calls == [True, False]
 
 
 def test_compiled_forward_traces_the_pytorch_ops_without_a_graph_break(calls):
@@ -115,3 +117,31 @@ def test_compiled_forward_traces_the_pytorch_ops_without_a_graph_break(calls):
     compiled = torch.compile(step, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x, h), reference(cell, x, h).detach())
     assert calls == []  # the compiled region runs the traced PyTorch ops
+
+
+def test_updated_moved_and_copied_parameters_are_read_afresh(calls):
+    """The checks of the parameters are remembered: an update in place is seen (same memory), and new memory
+    (``.data`` assigned, a dtype change, a deep copy) is checked again before the kernel reads it."""
+    import copy
+    import pickle
+
+    torch.manual_seed(3)
+    cell = TanhRNNCell(3, 4).double()
+    x, h = torch.randn(1, 3, dtype=torch.float64), torch.randn(1, 4, dtype=torch.float64)
+    with torch.no_grad():
+        cell(x, h)
+        cell.weight_hh.mul_(2)  # in place: the remembered addresses still hold it
+        torch.testing.assert_close(cell(x, h), reference(cell, x, h), rtol=1e-14, atol=1e-14)
+        cell.weight_ih.data = torch.randn(4, 3, dtype=torch.float64)  # new memory
+        torch.testing.assert_close(cell(x, h), reference(cell, x, h), rtol=1e-14, atol=1e-14)
+        cell.weight_ih.data = torch.randn(3, 4, dtype=torch.float64).T  # not contiguous: declined
+        torch.testing.assert_close(cell(x, h), reference(cell, x, h), rtol=1e-14, atol=1e-14)
+        cell.weight_ih.data = cell.weight_ih.data.contiguous()
+        cell.float()  # new memory in another dtype
+        torch.testing.assert_close(cell(x.float(), h.float()), reference(cell, x.float(), h.float()))
+        with pytest.raises(RuntimeError):  # h of another dtype: declined, and PyTorch's ops refuse it
+            cell(x.float(), h)
+        for other in (copy.deepcopy(cell), pickle.loads(pickle.dumps(cell))):
+            other.bias.add_(1)
+            torch.testing.assert_close(other(x.float(), h.float()), reference(other, x.float(), h.float()))
+    assert calls == [True, True, True, False, True, False, True, True]
