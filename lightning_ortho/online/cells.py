@@ -39,7 +39,6 @@ from lightning_ortho.online.linearization import (
     steps_as,
 )
 
-
 _grad_enabled, _compiling = torch.is_grad_enabled, torch.compiler.is_compiling
 
 
