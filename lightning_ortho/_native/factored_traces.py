@@ -123,7 +123,6 @@ class FactoredTanhTrace:
         "_dtype",
         "_kernels",
         "_key",
-        "_parameters",
         "_made",
     )
 
@@ -135,10 +134,9 @@ class FactoredTanhTrace:
         self._address = ctypes.addressof(self._setup)  # (self._setup keeps it alive)
         #: the library, the dtype and the kernels of the last call (a dictionary lookup fewer per call)
         self._library = self._dtype = self._kernels = None
-        #: ``(ids of weight_hh, weight_ih, bias, their data_ptr()s, dtype, decay, rate)`` written in the setup, and
-        #: the parameters themselves (which keep their ids theirs)
-        self._key: tuple | None = None
-        self._parameters: tuple = ()
+        #: ``(weight_hh, weight_ih, bias, their data_ptr()s, dtype, decay, rate)`` written in the setup (the
+        #: parameters held, so that ``is`` compares objects that are alive)
+        self._key: tuple = (None,) * 9
         #: ``(h', trace', h'.data_ptr(), trace'.data_ptr(), B, dtype)`` of the last fused step
         self._made: tuple = (None, None, 0, 0, 0, None)
 
@@ -200,11 +198,18 @@ class FactoredTanhTrace:
             return None
         parameters = cell._parameters  # what nn.Module.__getattr__ looks up, without its fallbacks
         weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
-        key = (
-            id(weight_hh), id(weight_ih), id(bias), weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr(),
-            dtype, decay, rate,
-        )  # fmt: skip
-        if key != self._key and not self._set_up(weight_hh, weight_ih, bias, key):
+        key = self._key  # compared entry by entry: no tuple built at every step
+        if not (
+            weight_hh is key[0]
+            and weight_ih is key[1]
+            and bias is key[2]
+            and dtype is key[6]
+            and decay == key[7]
+            and rate == key[8]
+            and weight_hh.data_ptr() == key[3]
+            and weight_ih.data_ptr() == key[4]
+            and bias.data_ptr() == key[5]
+        ) and not self._set_up(weight_hh, weight_ih, bias, dtype, decay, rate):
             return None
         h_new = x.new_empty(batch, hidden)  # ints, not a torch.Size: a third of the cost; on x's device
         trace_new = x.new_empty(batch, hidden * self.columns) if self.flat else x.new_empty(batch, hidden, self.columns)
@@ -215,11 +220,19 @@ class FactoredTanhTrace:
         self._made = (h_new, trace_new, h_new_pointer, trace_new_pointer, batch, dtype)
         return h_new, trace_new, total
 
-    def _set_up(self, weight_hh: torch.Tensor, weight_ih: torch.Tensor, bias: torch.Tensor, key: tuple) -> bool:
-        """Check the parameters (``key``'s dtype, the cell's shapes, contiguous, real CPU tensors) and write their
-        addresses, ``decay`` and ``rate`` (``key``) into the setup the kernels read; false (nothing written) when a
-        check fails."""
-        hidden, dtype = self.hidden, key[6]
+    def _set_up(
+        self,
+        weight_hh: torch.Tensor,
+        weight_ih: torch.Tensor,
+        bias: torch.Tensor,
+        dtype: torch.dtype,
+        decay: float,
+        rate: float,
+    ) -> bool:
+        """Check the parameters (``dtype``, the cell's shapes, contiguous, real CPU tensors) and write their
+        addresses, ``decay`` and ``rate`` into the setup the kernels read; false (nothing written) when a check
+        fails."""
+        hidden = self.hidden
         if not (
             weight_hh.dtype is dtype
             and weight_ih.dtype is dtype
@@ -233,9 +246,11 @@ class FactoredTanhTrace:
             and real_cpu(weight_hh, weight_ih, bias)
         ):
             return False
+        pointers = weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr()
         setup = self._setup
-        setup.w_hh, setup.w_ih, setup.bias, setup.decay, setup.rate = key[3], key[4], key[5], key[7], key[8]
-        self._key, self._parameters = key, (weight_hh, weight_ih, bias)
+        setup.w_hh, setup.w_ih, setup.bias = pointers
+        setup.decay, setup.rate = decay, rate
+        self._key = (weight_hh, weight_ih, bias, *pointers, dtype, decay, rate)
         return True
 
     def gradient(

@@ -293,7 +293,7 @@ class OnlineGradientEstimator:
         fused = self._fused_step(x, state)
         if fused is not None and math.isfinite(fused.verdict):  # the whole step in one call, finite: settled
             step = state.step + 1
-            new_state = state.replace(h=fused.h_new, tensors=fused.tensors, step=step)
+            new_state = state._advanced(fused.h_new, fused.tensors, step)
             every = self._check_every
             if every is not None and every > 1 and step % every == 0:
                 self.check(new_state)
@@ -340,7 +340,8 @@ class OnlineGradientEstimator:
         Called first, before any check of the template and outside its call context (autograd on, the caller's
         thread count): an implementation runs no PyTorch op that autograd would record, and returns an
         :class:`Advance` only where its own checks imply the template's (``x`` a ``(B, I)`` tensor of the state's
-        dtype and device, ``I`` the cell's input size), with a ``verdict`` (a float) and no ``commit``. A finite
+        dtype and device, ``I`` the cell's input size), with a ``verdict`` (a float), no ``commit``, and a
+        ``tensors`` dict of its own (the new state takes it as it is). A finite
         verdict settles the step then and there (no other check, no other call: at one stream a step is a few
         microseconds, and every Python call of the template is a measurable part of it); a NaN/inf one goes through
         the template's checks, which name the cause."""
