@@ -24,9 +24,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import lightning_ortho._native as native
 from lightning_ortho._native import lru, readout, reflection_rows, rtrl, tbptt, uoro
 from lightning_ortho._native.factored_traces import factored_trace_kernels
+from lightning_ortho._native.guard import real_cpu_tensor
 from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels
 from lightning_ortho._native.lru import lru_kernels
 from lightning_ortho._native.readout import linear_readout_kernel
+from lightning_ortho._native.tanh_cell import TanhCellForward
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
@@ -64,9 +66,11 @@ import sys
 import torch
 from torch import nn
 from lightning_ortho._native.readout import linear_readout_kernel
+from lightning_ortho._native.tanh_cell import TanhCellForward
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
 from lightning_ortho._native.factored_traces import factored_trace_kernels
+from lightning_ortho._native.guard import real_cpu_tensor
 from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels
 from lightning_ortho._native.lru import lru_kernels
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
@@ -275,10 +279,17 @@ def test_the_spy_sees_every_kernel_family_on_real_tensors(spy):
 # -- every getter declines ------------------------------------------------------------------------------------------
 
 
+#: The parameters of a TanhRNNCell(3, 3), made outside every mode and transform, for the cell's one-call forward.
+_CELL_PARAMETERS = dict(TanhRNNCell(3, 3).double().requires_grad_(False).named_parameters())
+
+
 def _decisions(t: torch.Tensor) -> list:
     """What every getter answers for ``t`` alone and for ``t`` among plain tensors."""
     plain = torch.zeros(2, 3, dtype=F64)
     return [
+        real_cpu_tensor(t) or None,
+        TanhCellForward()(_CELL_PARAMETERS, t, plain),
+        TanhCellForward()(_CELL_PARAMETERS, plain, t),
         row_kernels(t),
         row_kernels(plain, t),
         uoro_tanh_kernels(t),

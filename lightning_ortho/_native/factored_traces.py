@@ -15,6 +15,7 @@ import ctypes
 import torch
 
 from lightning_ortho._native import load, real_cpu
+from lightning_ortho._native.guard import real_cpu_tensor
 
 __all__ = ["FactoredTanhTrace", "factored_trace_kernels"]
 
@@ -149,8 +150,10 @@ class FactoredTanhTrace:
     def _kernels_for(self, like: torch.Tensor) -> tuple | None:
         """:func:`factored_trace_kernels` of ``like`` alone, with the last library's lookup remembered; ``None``
         also under autocast, where the PyTorch path computes (or refuses) another dtype's step and estimate."""
+        if not real_cpu_tensor(like):  # first: also a tensor at all, and false when compiling
+            return None
         dtype = like.dtype
-        if dtype not in _SUFFIXES or not real_cpu(like) or _autocast():  # (real_cpu first: false when compiling)
+        if dtype not in _SUFFIXES or _autocast():
             return None
         library = load("factored_traces")
         if library is not self._library or dtype is not self._dtype:

@@ -30,7 +30,7 @@ import torch.fx._symbolic_trace as _fx
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
 
-__all__ = ["real_cpu", "tracing"]
+__all__ = ["real_cpu", "real_cpu_tensor", "tracing"]
 
 _PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
 _compiling = torch.compiler.is_compiling
@@ -47,7 +47,7 @@ _fx_symbolic_tracing = getattr(_fx, "is_fx_symbolic_tracing", lambda: False)
 
 def _fx_tracing() -> bool:
     if _fx_state is not None:
-        return bool(_fx_state.__dict__.get("flag", False))
+        return bool(getattr(_fx_state, "flag", False))
     return _fx_symbolic_tracing()
 
 
@@ -66,6 +66,24 @@ def tracing() -> bool:
         or _jit_tracing()
         or _fx_tracing()
         or (_function_modes() and _foreign_function_mode())
+    )
+
+
+def real_cpu_tensor(t: torch.Tensor) -> bool:
+    """:func:`real_cpu` of one tensor (not ``None``), written out: the check of a step's ``x`` at one stream, where
+    the call and the loop of :func:`real_cpu` are a measurable part of the step."""
+    return not (
+        _compiling()
+        or _dispatch_modes()
+        or _functorch_level() is not None
+        or _jit_tracing()
+        or (getattr(_fx_state, "flag", False) if _fx_state is not None else _fx_symbolic_tracing())
+        or (_function_modes() and _foreign_function_mode())
+        or type(t) not in _PLAIN
+        or not t.is_cpu
+        or t.is_neg()
+        or not _has_storage(t)
+        or _functional(t)
     )
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_ortho.online import RTRL, InfluenceBalancingCell, OnlineState, TruncatedBPTT
+from lightning_ortho.online import KFRTRL, RFLO, RTRL, UORO, InfluenceBalancingCell, OnlineState, SnAp, TruncatedBPTT
 
 from . import references as ref
 from .references import DTYPE
@@ -110,10 +110,22 @@ def test_replace_keeps_the_generator_and_the_original():
 
 
 # -- estimator input checks ----------------------------------------------------------------------------------
-@pytest.fixture(params=["rtrl", "tbptt"])
+#: Every estimator whose step or gradient on a tanh cell may be one fused call: the fused call runs before the
+#: template's checks and must decline whatever they refuse, so that their errors are the ones raised.
+_ESTIMATORS = {
+    "rtrl": RTRL,
+    "tbptt": lambda cell: TruncatedBPTT(cell, 3),
+    "uoro": UORO,
+    "kf_rtrl": KFRTRL,
+    "rflo": lambda cell: RFLO(cell, tau=2.0),
+    "snap1": lambda cell: SnAp(cell, order=1),
+}
+
+
+@pytest.fixture(params=list(_ESTIMATORS))
 def started(request):
     cell = ref.make_cell("tanh")
-    est = RTRL(cell) if request.param == "rtrl" else TruncatedBPTT(cell, 3)
+    est = _ESTIMATORS[request.param](cell)
     h0 = torch.zeros(B, cell.hidden_size, dtype=DTYPE)
     state = est.initial_state(h0)
     return est, state, cell
@@ -150,10 +162,17 @@ def test_bad_grad_h_raises(started):
         (good[:1], r"grad_h must have shape \(2, 3\) like the state, got \(1, 3\)"),
         (good[None], r"grad_h must be \(streams, features\)"),
         (good.float(), "grad_h is torch.float32"),
+        (good.tolist(), "grad_h must be a tensor, got list"),
+        (good.T.contiguous().T, None),  # not contiguous: a good grad_h all the same
         (good.index_fill(1, torch.tensor([2]), float("nan")), "grad_h holds NaN or inf"),
     ]
     for grad_h, match in cases:
         for per_stream in (False, True):
+            if match is None:
+                expected = est.gradient(state, good, per_stream=per_stream)
+                for name, value in est.gradient(state, grad_h, per_stream=per_stream).items():
+                    torch.testing.assert_close(value, expected[name], rtol=1e-12, atol=1e-12)
+                continue
             with pytest.raises(ValueError, match=match):
                 est.gradient(state, grad_h, per_stream=per_stream)
 
