@@ -28,9 +28,9 @@ from lightning_ortho._native.guard import real_cpu_tensor
 from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels
 from lightning_ortho._native.lru import lru_kernels
 from lightning_ortho._native.readout import linear_readout_kernel
-from lightning_ortho._native.tanh_cell import TanhCellForward
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
+from lightning_ortho._native.tanh_cell import TanhCellForward
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
 from lightning_ortho.models.online_readout_step import readout_step
