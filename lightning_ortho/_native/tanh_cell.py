@@ -9,6 +9,7 @@ import ctypes
 import torch
 
 from lightning_ortho._native import load, real_cpu
+from lightning_ortho._native.guard import real_cpu_tensor
 
 __all__ = ["MAX_WORK", "TanhCellForward"]
 
@@ -54,10 +55,12 @@ class TanhCellForward:
     A forward at one stream costs a few microseconds, as much as its checks, so the parameters' checks are
     remembered: they pass while the cell's parameters are the same objects at the same addresses (``data_ptr``) and
     the call's dtype is the one they were checked in (moving or converting them, ``cell.to(...)``, an assignment of
-    ``.data``, gives them new memory). ``x`` and ``h`` are checked at every call. Copies and pickles start afresh.
+    ``.data``, gives them new memory). ``x`` is checked at every call, and so is ``h`` unless it is this object's
+    output of the last call, still at its memory (a rollout feeds each output back). Copies and pickles start
+    afresh.
     """
 
-    __slots__ = ("_setup", "_address", "_key", "_kernel", "_library", "_rows_work")
+    __slots__ = ("_setup", "_address", "_key", "_kernel", "_library", "_rows_work", "_hidden", "_inputs", "_made")
 
     def __init__(self) -> None:
         self._setup = _Setup()
@@ -66,7 +69,9 @@ class TanhCellForward:
         #: that ``is`` compares objects that are alive)
         self._key: tuple = (None,) * 7
         self._kernel = self._library = None
-        self._rows_work = 0  # H (H + I): a stream's multiply-adds
+        self._rows_work = self._hidden = self._inputs = 0  # H (H + I): a stream's multiply-adds; H; I
+        #: ``(h', h'.data_ptr(), B, dtype)`` of the last call
+        self._made: tuple = (None, 0, 0, None)
 
     def __getstate__(self) -> dict:  # copy and pickle: nothing remembered travels
         return {}
@@ -94,20 +99,25 @@ class TanhCellForward:
         ) and not self._set_up(library, weight_hh, weight_ih, bias, dtype):
             return None
         batch, inputs = x.shape
-        hidden = self._setup.hidden
-        if (
-            inputs != self._setup.inputs
-            or h.shape != (batch, hidden)
-            or batch * self._rows_work > MAX_WORK
-            or h.dtype is not dtype
-            or not x.is_contiguous()
-            or not h.is_contiguous()
-            or _autocast()
-            or not real_cpu(x, h)
-        ):
+        hidden, made = self._hidden, self._made
+        if h is made[0] and batch == made[2] and dtype is made[3]:  # the last output: checked when made
+            h_pointer = h.data_ptr()
+            fits = h_pointer == made[1] and real_cpu_tensor(x)  # (still at its memory: no resize_, set_)
+        else:
+            fits = (
+                h.shape == (batch, hidden)
+                and h.dtype is dtype
+                and h.is_contiguous()
+                and batch * self._rows_work <= MAX_WORK
+                and real_cpu(x, h)
+            )
+            h_pointer = h.data_ptr() if fits else 0
+        if not fits or inputs != self._inputs or not x.is_contiguous() or _autocast():
             return None
         h_new = h.new_empty(batch, hidden)  # ints, not a torch.Size: a third of the cost
-        self._kernel(self._address, x.data_ptr(), h.data_ptr(), batch, h_new.data_ptr())
+        h_new_pointer = h_new.data_ptr()
+        self._kernel(self._address, x.data_ptr(), h_pointer, batch, h_new_pointer)
+        self._made = (h_new, h_new_pointer, batch, dtype)
         return h_new
 
     def _set_up(
@@ -142,7 +152,8 @@ class TanhCellForward:
         setup = self._setup
         setup.w_hh, setup.w_ih, setup.bias = pointers
         setup.hidden, setup.inputs = hidden, inputs
-        self._rows_work = hidden * (hidden + inputs)
+        self._rows_work, self._hidden, self._inputs = hidden * (hidden + inputs), hidden, inputs
         self._kernel, self._library = _kernel(library, dtype), library
         self._key = (weight_hh, weight_ih, bias, *pointers, dtype)
+        self._made = (None, 0, 0, None)  # an output of other sizes must be checked again
         return True

@@ -145,3 +145,20 @@ def test_updated_moved_and_copied_parameters_are_read_afresh(calls):
             other.bias.add_(1)
             torch.testing.assert_close(other(x.float(), h.float()), reference(other, x.float(), h.float()))
     assert calls == [True, True, True, False, True, False, True, True]
+
+
+def test_an_output_fed_back_after_the_parameters_changed_size_is_checked_again(calls):
+    torch.manual_seed(4)
+    cell = TanhRNNCell(3, 4).double()
+    x = torch.randn(1, 3, dtype=torch.float64)
+    with torch.no_grad():
+        h = cell(x, torch.zeros(1, 4, dtype=torch.float64))
+        h = cell(x, h)  # the last output, fed back
+        cell.weight_hh = torch.nn.Parameter(torch.randn(6, 6, dtype=torch.float64))
+        cell.weight_ih = torch.nn.Parameter(torch.randn(6, 3, dtype=torch.float64))
+        cell.bias = torch.nn.Parameter(torch.randn(6, dtype=torch.float64))
+        with pytest.raises(RuntimeError):  # h (1, 4) no longer fits: never a read past its end
+            cell(x, h)
+        wide = torch.randn(1, 6, dtype=torch.float64)
+        torch.testing.assert_close(cell(x, wide), reference(cell, x, wide), rtol=1e-14, atol=1e-14)
+    assert calls == [True, True, False, True]
