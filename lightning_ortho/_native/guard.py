@@ -47,7 +47,7 @@ _fx_symbolic_tracing = getattr(_fx, "is_fx_symbolic_tracing", lambda: False)
 
 def _fx_tracing() -> bool:
     if _fx_state is not None:
-        return bool(getattr(_fx_state, "flag", False))
+        return bool(_fx_state.__dict__.get("flag", False))
     return _fx_symbolic_tracing()
 
 
@@ -77,7 +77,7 @@ def real_cpu_tensor(t: torch.Tensor) -> bool:
         or _dispatch_modes()
         or _functorch_level() is not None
         or _jit_tracing()
-        or (getattr(_fx_state, "flag", False) if _fx_state is not None else _fx_symbolic_tracing())
+        or (_fx_state.__dict__.get("flag", False) if _fx_state is not None else _fx_symbolic_tracing())
         or (_function_modes() and _foreign_function_mode())
         or type(t) not in _PLAIN
         or not t.is_cpu
