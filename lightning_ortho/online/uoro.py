@@ -38,6 +38,8 @@ PROJECTIONS: tuple[str, ...] = Projection.__args__  # type: ignore[attr-defined]
 _ESTIMATE_TENSORS = ("h_tilde", "w_tilde", "a_tilde")
 #: Draw buffers kept per estimator (one per thread and shape; emptied when more are asked for).
 _DRAW_BUFFERS = 8
+#: The methods of a step whose override (a subclass's own step or noise) keeps the one-call step from running.
+_STEP_METHODS = ("_advance_step", "_noise", "_noise_bits", "_draw", "_draw_bits")
 
 
 class UORO(StreamNoise, OnlineGradientEstimator):
@@ -145,15 +147,25 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         self._fused: FusedStep | None = (
             fused_step_for(cell, projection, self.layout, self.eps) if fused and closed_form else None
         )
+        # A subclass with a step, noise or estimate of its own keeps it: the one-call step and the C estimate,
+        # which the template tries first, stand only for this class's.
+        kind = type(self)
+        own_step = all(getattr(kind, name) is getattr(UORO, name) for name in _STEP_METHODS)
         #: the fused step where it can run the whole GIR step as one call (uoro_fused.OneCallStep), else None
         self._one_call_step: OneCallStep | None = (
-            self._fused if self.gir and isinstance(self._fused, OneCallStep) else None
+            self._fused if self.gir and own_step and isinstance(self._fused, OneCallStep) else None
         )
         self._native = True  # the deprecated per-estimator switch (see native)
         #: {(thread, total, size, dtype): (nu, bits)}: where the one-call step's draws land (_noise_bits; CPU only)
         self._draw_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         #: the summed estimate's C pass, one output per parameter (_fused_gradient), where w_tilde is (B, P)
-        self._estimate = None if projection == "none" else SummedEstimate(self.layout.names, self.layout.shapes)
+        self._estimate = (
+            SummedEstimate(self.layout.names, self.layout.shapes)
+            if projection != "none"
+            and kind._gradient_summed is UORO._gradient_summed
+            and kind._gradient_estimate is OnlineGradientEstimator._gradient_estimate
+            else None
+        )
 
     @property
     def native(self) -> bool:
