@@ -124,6 +124,9 @@ class SummedEstimate:
         #: the three parts' fields side by side, where there are three (else ``None``)
         self._three = sum(self._parts, ()) if len(self._parts) == 3 else None
 
+    def __reduce__(self) -> tuple:  # copy and pickle: made again from the layout (a struct.Struct does not pickle)
+        return type(self), (self.names, self.shapes)
+
     def __call__(
         self, kernel, w_tilde: int, grad_h: torch.Tensor, h_tilde: int, batch: int, hidden: int
     ) -> tuple[dict[str, torch.Tensor], float]:

@@ -79,7 +79,9 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     On a plain :class:`~lightning_ortho.online.TanhRNNCell` on the CPU (float32/float64, C-contiguous, outside
     tracing) a step is one C call (:mod:`lightning_ortho._native.kf_rtrl`: the cell, ``J_t A_{t-1}``, the norms and
     the new factors, in new tensors; ``W_h A`` from BLAS from ``H = BLAS_PRODUCT_MIN``) and so is the summed
-    estimate; they compute what the PyTorch ops compute, to rounding, from the same signs.
+    estimate, each parameter's into a tensor of its own; they compute what the PyTorch ops compute, to rounding,
+    from the same signs. Below ``BLAS_PRODUCT_MIN`` both are tried before the template's checks, which they imply
+    (:meth:`_fused_step`, :meth:`_fused_gradient`).
 
     Args:
         cell: a recurrent cell with the factorisation above (every parameter in ``W``).

@@ -93,10 +93,12 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             ``w_tilde`` that you want to look at later); ``False`` keeps the step on the cell's closed-form
             linearisation.
 
-    On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde``; the fused tanh step with GIR is
-    one C call at small sizes (the cell's step and ``W_h h_tilde`` included, ``w_tilde'`` a new tensor:
-    :data:`~lightning_ortho.online.uoro_fused.ONE_CALL_MAX_BYTES`), and above them PyTorch's GEMMs and two C row
-    passes (:mod:`lightning_ortho._native.uoro`; the same expressions);
+    On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde`` that writes each parameter's
+    estimate into a tensor of its own (:meth:`_fused_gradient`); the fused tanh step with GIR is one C call at small
+    sizes (the cell's step and ``W_h h_tilde`` included, ``w_tilde'`` a new tensor:
+    :data:`~lightning_ortho.online.uoro_fused.ONE_CALL_MAX_BYTES`; :meth:`_fused_step`), both tried before the
+    template's checks, which they imply, and above those sizes PyTorch's GEMMs and two C row passes
+    (:mod:`lightning_ortho._native.uoro`; the same expressions);
     :func:`lightning_ortho._native.native_kernels` ``(False)`` or ``LIGHTNING_ORTHO_NATIVE=0`` keeps them in
     PyTorch ops (as does ``torch.compile``, whose graph they could not enter).
 
@@ -456,30 +458,33 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         dtype, h, tensors = grad_h.dtype, state.h, state.tensors
         h_tilde, w_tilde = tensors["h_tilde"], tensors["w_tilde"]
         one = self._one_call_step
-        made = NOTHING_MADE if one is None else one._made
-        if h is made[0] and h_tilde is made[1] and w_tilde is made[2] and batch == made[6] and dtype is made[7]:
+        made = NOTHING_MADE if one is None else one.made
+        fits = (
+            h is made[0] and h_tilde is made[1] and w_tilde is made[2] and batch == made[6] and dtype is made[7]
+            and hidden == one.hidden
+        )  # fmt: skip
+        if fits:  # made by the one-call step, checked then: still at their memory (no set_, resize_)?
             h_tilde_pointer, w_tilde_pointer = h_tilde.data_ptr(), w_tilde.data_ptr()
-            if hidden != one.hidden or h_tilde_pointer != made[4] or w_tilde_pointer != made[5]:
+            fits = h_tilde_pointer == made[4] and w_tilde_pointer == made[5]
+        if not fits:
+            if not (
+                isinstance(h, torch.Tensor)
+                and h.dtype is dtype
+                and h_tilde.dtype is dtype
+                and w_tilde.dtype is dtype
+                and h.shape == grad_h.shape
+                and h_tilde.shape == grad_h.shape
+                and w_tilde.shape == (batch, estimate.size)
+                and h_tilde.is_contiguous()
+                and w_tilde.is_contiguous()
+                and real_cpu(h, h_tilde, w_tilde)  # (h: of grad_h's device, the CPU)
+            ):
                 return None
-        elif (
-            isinstance(h, torch.Tensor)
-            and h.dtype is dtype
-            and h_tilde.dtype is dtype
-            and w_tilde.dtype is dtype
-            and h.shape == grad_h.shape
-            and h_tilde.shape == grad_h.shape
-            and w_tilde.shape == (batch, estimate.size)
-            and h_tilde.is_contiguous()
-            and w_tilde.is_contiguous()
-            and real_cpu(h, h_tilde, w_tilde)  # (h: of grad_h's device, the CPU)
-        ):
             h_tilde_pointer, w_tilde_pointer = h_tilde.data_ptr(), w_tilde.data_ptr()
-        else:
-            return None
         return estimate(kernel, w_tilde_pointer, grad_h, h_tilde_pointer, batch, hidden)
 
     def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
-        # grad_h enters the estimate only through products with it (see _gradient_estimate): one sum covers both.
+        # grad_h enters the estimate only through products with it (see _gradient_summed): one sum covers both.
         return math.isfinite(flat.sum(dtype=_sum_dtype(flat.dtype)).item())
 
     def _watched_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -17,7 +17,9 @@ form, to float rounding (the tests compare it with the ``torch.func`` path in fl
 With GIR at small sizes on the CPU (:data:`ONE_CALL_MAX_BYTES`) the whole step is one C call instead
 (:meth:`TanhUOROStep.whole_gir`, :class:`OneCallStep`): the cell's step, ``W_h h_tilde``, the norms, gamma and beta,
 ``h_tilde'`` and ``w_tilde'`` (into a new tensor), from the draw as drawn; a step then costs the draw (two generator
-calls), the checks of the tensors, three allocations and the call.
+calls), the checks of ``x`` (those of the state and of the parameters are remembered while they hold:
+:meth:`TanhUOROStep.whole_gir_kernels`, :class:`TanhParameters`), three allocations and the call. UORO tries it
+first, before its template's checks (:meth:`lightning_ortho.online.UORO._fused_step`).
 
 Every fused step plugs into :class:`~lightning_ortho.online.UORO`'s one step template behind the
 :class:`FusedStep` protocol (:class:`TanhUOROStep` here, :class:`~lightning_ortho.online.orthogonal_uoro.OrthogonalUOROStep`
@@ -119,10 +121,19 @@ class OneCallStep(FusedStep, Protocol):
     the noise and calls :meth:`whole_gir`; where it declines, :meth:`FusedStep.gir` and :meth:`FusedStep.commit`
     run (the same draw either way)."""
 
+    #: ``H``, the cell's hidden size.
+    hidden: int
+    #: ``(h', h_tilde', w_tilde', their data_ptr()s, B, dtype)`` of the last :meth:`whole_gir` (a tuple of eight
+    #: entries that no tensor is before the first): tensors checked when they were made, which a summed estimate may
+    #: take as such while they are the very tensors it is given, at the same addresses.
+    made: tuple
+
     def whole_gir_kernels(
         self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor, w_tilde: torch.Tensor
     ) -> Any | None:
-        """What :meth:`whole_gir` needs to run on these tensors (the C kernels), or ``None`` where it cannot."""
+        """What :meth:`whole_gir` needs to run on these tensors (the C kernels), or ``None`` where it cannot: in the
+        contract of :meth:`lightning_ortho.online.OnlineGradientEstimator._fused_step` (no op autograd records,
+        every check of the template's implied)."""
         ...
 
     def whole_gir(
@@ -263,10 +274,10 @@ class TanhUOROStep:
         #: the cell's parameters as the one-call step checks them (whole_gir_kernels)
         self.parameters = TanhParameters(cell)
         #: ``(h', h_tilde', w_tilde', their data_ptr()s, B, dtype)`` of the last one-call step (whole_gir)
-        self._made: tuple = NOTHING_MADE
+        self.made: tuple = NOTHING_MADE
 
     def __getstate__(self) -> dict:  # copy and pickle: what was checked does not travel (new tensors, new memory)
-        return {**self.__dict__, "_made": NOTHING_MADE}
+        return {**self.__dict__, "made": NOTHING_MADE}
 
     @classmethod
     def fits(cls, cell: nn.Module, projection: str, layout: ParameterLayout) -> bool:
@@ -354,7 +365,7 @@ class TanhUOROStep:
         dtype, hidden = x.dtype, self.hidden
         if inputs != self.inputs or batch > self.one_call_streams.get(dtype, 0):
             return None
-        made = self._made
+        made = self.made
         fits = h is made[0] and h_tilde is made[1] and w_tilde is made[2] and batch == made[6] and dtype is made[7]
         if fits:  # made here, checked then: still at their memory (no set_, resize_)?
             h_pointer, h_tilde_pointer, w_tilde_pointer = h.data_ptr(), h_tilde.data_ptr(), w_tilde.data_ptr()
@@ -402,7 +413,7 @@ class TanhUOROStep:
         h_new, h_tilde_new, w_tilde_new, total, *pointers = gir_step(
             step, addresses, h, w_tilde, nu, bits, sizes, self.eps, self.state_cut
         )
-        self._made = (h_new, h_tilde_new, w_tilde_new, *pointers, sizes[0], h.dtype)
+        self.made = (h_new, h_tilde_new, w_tilde_new, *pointers, sizes[0], h.dtype)
         return h_new, h_tilde_new, w_tilde_new, total
 
     def gir(

@@ -465,3 +465,21 @@ def test_a_nan_verdict_is_settled_by_the_template_from_the_one_draw(calls):
     estimator._sign_bits(state, x)  # one draw: what the failed step drew
     assert torch.equal(state.generator.get_state(), after)
     assert calls["step"] == 3
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_estimator_steps_on_as_the_original(how):
+    import copy  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+
+    estimator, state, xs, grads = started()
+    copied = copy.deepcopy(estimator) if how == "deepcopy" else pickle.loads(pickle.dumps(estimator))
+    counts = spied(copied)
+    saved = state.state_dict()
+    ours = by_parameter(estimator, state, xs[2:], grads[2:])[0]
+    resumed = copied.initial_state(state.h)
+    resumed.load_state_dict(saved)
+    theirs = by_parameter(copied, resumed, xs[2:], grads[2:])[0]
+    assert counts == {"step": STEPS - 2, "gradient": STEPS - 2}
+    for (h, grads_ours), (h_ref, grads_ref) in zip(ours, theirs, strict=True):
+        assert torch.equal(h, h_ref) and all(torch.equal(grads_ours[n], grads_ref[n]) for n in grads_ref)

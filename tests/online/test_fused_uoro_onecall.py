@@ -512,3 +512,39 @@ def test_a_nan_verdict_is_settled_by_the_template_from_the_one_draw(one_calls):
     estimator._noise_bits(state, HIDDEN, x)  # one draw: what the failed step drew
     assert torch.equal(state.generator.get_state(), after)
     assert one_calls["one_call"] == 2
+
+
+def test_the_estimate_of_a_cell_of_four_parameters_is_one_pass_by_parameter():
+    from lightning_ortho.online import GRUCell  # noqa: PLC0415
+
+    xs, _, h0 = data(3)
+    grads = torch.randn(STEPS, 3, HIDDEN, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    traces = []
+    for kernels in (True, False):
+        torch.manual_seed(0)
+        estimator = UORO(GRUCell(INPUT, HIDDEN).double(), generator=2)
+        counts = spied(estimator)
+        with native.native_kernels(kernels):
+            traces.append(gradient_trace(estimator, xs, grads, estimator.initial_state(h0))[0])
+        assert counts == {"step": 0, "gradient": STEPS if kernels else 0}
+    assert_gradient_traces_close(*traces, torch.float64)
+    assert len(traces[0][0][1]) == 4
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_estimator_steps_on_as_the_original(how):
+    import copy  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+
+    xs, grads, h0 = data(2)
+    estimator = UORO(make_cell(), generator=6)
+    _, state = gradient_trace(estimator, xs[:2], grads[:2], estimator.initial_state(h0))
+    copied = copy.deepcopy(estimator) if how == "deepcopy" else pickle.loads(pickle.dumps(estimator))
+    counts = spied(copied)
+    saved = state.state_dict()
+    ours = gradient_trace(estimator, xs[2:], grads[2:], state)[0]
+    resumed = copied.initial_state(h0)
+    resumed.load_state_dict(saved)
+    theirs = gradient_trace(copied, xs[2:], grads[2:], resumed)[0]
+    assert counts == {"step": STEPS - 2, "gradient": STEPS - 2}
+    assert_gradient_traces_close(ours, theirs, torch.float64)
