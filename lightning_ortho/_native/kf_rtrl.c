@@ -6,8 +6,8 @@
  * caller (as bits b in {0, 1}: c = 2 b - 1):
  *     p1 = sqrt((||J A|| + eps) / (||u|| + eps)),     p2 = sqrt((||d|| + eps) / (||a|| + eps))
  *     u' = (c1 p1) u + (c2 p2) a,                     A' = (c1 / p1) J A + (c2 / p2) diag(d)
- * (||diag(d)|| = ||d||.) The estimate is sum_b (A_b^T g_b) u_b^T (Z, n_a), written in the layout
- * [vec(W_h), vec(W_x), b].
+ * (||diag(d)|| = ||d||.) The estimate is sum_b (A_b^T g_b) u_b^T (Z, n_a), written by parameter: W_h (H, H),
+ * W_x (H, I) and b (H,), each into an output of its own.
  *
  * Arithmetic in the order of the PyTorch path (lightning_ortho.online.KFRTRL): (W_h A) first, then times d, then
  * times c1 / p1, plus (c2 / p2) d on the diagonal; sums in SIMD lanes, so results agree with it to rounding. All
@@ -30,7 +30,7 @@ typedef struct {
 
 typedef struct {
     const void *hidden, *u, *grad_h;
-    void *scratch, *out;
+    void *scratch, *out_hh, *out_ih, *out_b;
     long batch, hidden_size, inputs;
 } kf_rtrl_gradient_arguments;
 
@@ -221,17 +221,16 @@ typedef struct {
                                      a->hidden_new);                                                                  \
     }                                                                                                                 \
                                                                                                                       \
-    /* The summed estimate sum_b (A_b^T g_b) u_b^T (H, n_a) into out (P,) = [vec(W_h) (H H), vec(W_x) (H I), b (H)]   \
-     * from hidden (B, H, H), u (B, n_a) and grad_h (B, H); scratch holds H entries (NULL: the stack, for H up to     \
-     * KF_RTRL_STACK_ROWS). Returns the sum of grad_h and out (in double; NaN/inf when either is not finite). */      \
+    /* The summed estimate sum_b (A_b^T g_b) u_b^T (H, n_a) by parameter: its columns [W_h | W_x | b] into out_hh     \
+     * (H, H), out_ih (H, I) and out_b (H,), from hidden (B, H, H), u (B, n_a) and grad_h (B, H); scratch holds H     \
+     * entries (NULL: the stack, for H up to KF_RTRL_STACK_ROWS). Returns the sum of grad_h and of the estimate (in   \
+     * double; NaN/inf when either is not finite). */                                                                 \
     static inline __attribute__((always_inline)) double kf_rtrl_estimate_##SUFFIX(                                    \
         const T *restrict hidden_factor, const T *restrict u, const T *restrict grad_h, long batch, long hidden,      \
-        long inputs, T *restrict scratch, T *restrict out) {                                                          \
+        long inputs, T *restrict scratch, T *restrict out, T *restrict out_ih, T *restrict out_b) {                   \
         T stack[KF_RTRL_STACK_ROWS];                                                                                  \
         T *restrict r = scratch ? scratch : stack;                                                                    \
         const long width = hidden + inputs + 1, square = hidden * hidden;                                             \
-        T *restrict out_ih = out + square;                                                                            \
-        T *restrict out_b = out_ih + hidden * inputs;                                                                 \
         double total = 0;                                                                                             \
         for (long b = 0; b < batch; ++b) {                                                                            \
             const T *restrict a_b = hidden_factor + b * square;                                                       \
@@ -262,9 +261,12 @@ typedef struct {
                 }                                                                                                     \
             }                                                                                                         \
         }                                                                                                             \
-        const long size = square + hidden * inputs + hidden;                                                          \
         T out_total = 0;                                                                                              \
-        _Pragma("omp simd reduction(+ : out_total)") for (long p = 0; p < size; ++p) out_total += out[p];             \
+        _Pragma("omp simd reduction(+ : out_total)") for (long p = 0; p < square; ++p) out_total += out[p];           \
+        _Pragma("omp simd reduction(+ : out_total)") for (long p = 0; p < hidden * inputs; ++p) {                     \
+            out_total += out_ih[p];                                                                                   \
+        }                                                                                                             \
+        _Pragma("omp simd reduction(+ : out_total)") for (long p = 0; p < hidden; ++p) out_total += out_b[p];         \
         return total + out_total;                                                                                     \
     }                                                                                                                 \
                                                                                                                       \
@@ -272,7 +274,7 @@ typedef struct {
     VECTOR_CLONES                                                                                                     \
     double kf_rtrl_gradient_##SUFFIX(const kf_rtrl_gradient_arguments *a) {                                           \
         return kf_rtrl_estimate_##SUFFIX(a->hidden, a->u, a->grad_h, a->batch, a->hidden_size, a->inputs,             \
-                                         a->scratch, a->out);                                                         \
+                                         a->scratch, a->out_hh, a->out_ih, a->out_b);                                 \
     }
 
 DEFINE_KERNELS(float, float32, sqrtf, tanhf)

@@ -5,7 +5,7 @@
  * (psi, g) = (nu, m) at the cut h or (m, nu) at z:
  *     gamma = sqrt((||w_tilde|| + eps) / (||d * prop|| + eps)),   beta = sqrt((||g|| ||a|| + eps) / (||psi|| + eps))
  *     h_tilde' = gamma (d * prop) + beta tau psi,                  w_tilde' = w_tilde / gamma + (tau / beta) g a^T
- * For any cell: the summed estimate sum_b (dL/dh_b . h_tilde_b) w_tilde_b.
+ * For any cell: the summed estimate sum_b (dL/dh_b . h_tilde_b) w_tilde_b, written into one output per parameter.
  *
  * At small sizes the whole GIR step is one call (uoro_tanh_gir_step): the cell's step, W_h h_tilde, the norms,
  * gamma and beta, h_tilde' and w_tilde' into fresh outputs; at larger ones PyTorch's GEMMs do the products and the
@@ -23,6 +23,29 @@
 /* Scratch of up to this many entries lives on the stack (g of a step, the per-stream scales of the estimate);
  * above it, one malloc per call. */
 #define UORO_STACK_ENTRIES 512
+
+/* The arguments of the one-call GIR step and of the summed estimate, packed by the binding into one buffer
+ * (struct.Struct, native layout): one ctypes argument instead of seventeen, which ctypes would convert one by one in
+ * Python (a few microseconds of a step that takes tens at one stream). */
+typedef struct {
+    const void *w_hh, *w_ih, *bias, *x, *h, *h_tilde, *w_tilde, *nu, *bits;
+    void *h_new, *h_tilde_new, *w_tilde_new;
+    long batch, hidden, inputs, state_cut;
+    double eps;
+} uoro_step_arguments;
+
+/* One output of the summed estimate: `length` consecutive entries of the flat layout (a parameter's), written to
+ * `out`. */
+typedef struct {
+    long length;
+    void *out;
+} uoro_gradient_part;
+
+typedef struct {
+    const void *w_tilde, *grad_h, *h_tilde;
+    long batch, hidden, size, parts;
+    uoro_gradient_part part[]; /* `parts` of them, in the layout's order; their lengths sum to `size` */
+} uoro_gradient_arguments;
 
 #define DEFINE_KERNELS(T, SUFFIX, SQRT, TANH, LANES)                                                                  \
     DEFINE_TANH_CELL(T, SUFFIX, TANH)                                                                                 \
@@ -196,13 +219,13 @@
      * (B, H) and the bits (B,) in {0, 1} of the signs tau = 2 bit - 1. Returns the sum of x, h' and h_tilde'         \
      * (NaN/inf when the step is not finite: a NaN/inf in x                                                           \
      * reaches h_tilde' through ||a|| and beta, one in w_tilde through gamma, one in the weights through h' and d),   \
-     * or NaN when the scratch cannot be allocated. */                                                                \
-    VECTOR_CLONES                                                                                                     \
-    double uoro_tanh_gir_step_##SUFFIX(const T *restrict w_hh, const T *restrict w_ih, const T *restrict bias,        \
-                                       const T *restrict x, const T *restrict h, const T *restrict h_tilde,           \
-                                       const T *restrict w_tilde, const T *restrict nu, const T *restrict bits,       \
-                                       long batch, long hidden, long inputs, T eps, int state_cut,                    \
-                                       T *restrict h_new, T *restrict h_tilde_new, T *restrict w_tilde_new) {         \
+     * or NaN when the scratch cannot be allocated. Always inlined into its exported caller (out of line, a static   \
+     * function is compiled for the baseline target only, not cloned for AVX2). */                                    \
+    static inline __attribute__((always_inline)) double uoro_gir_step_##SUFFIX(                                       \
+        const T *restrict w_hh, const T *restrict w_ih, const T *restrict bias, const T *restrict x,                  \
+        const T *restrict h, const T *restrict h_tilde, const T *restrict w_tilde, const T *restrict nu,              \
+        const T *restrict bits, long batch, long hidden, long inputs, T eps, int state_cut, T *restrict h_new,        \
+        T *restrict h_tilde_new, T *restrict w_tilde_new) {                                                           \
         const long size = hidden * (hidden + inputs + 1);                                                             \
         T stack[UORO_STACK_ENTRIES];                                                                                  \
         T *restrict g = hidden <= UORO_STACK_ENTRIES ? stack : malloc(sizeof(T) * hidden);                            \
@@ -278,12 +301,24 @@
         if (g != stack) free(g);                                                                                      \
         return total;                                                                                                 \
     }                                                                                                                 \
-    /* The summed estimate sum_b (grad_h_b . h_tilde_b) w_tilde_b into out (P,), reading w_tilde once, in blocks of   \
-     * out that stay in L1 across the streams. Returns the sum of grad_h and of out (NaN/inf when the estimate or     \
-     * grad_h is not finite), or NaN when the scratch cannot be allocated. */                                         \
+                                                                                                                      \
+    /* uoro_gir_step with its arguments unpacked (uoro_step_arguments). */                                            \
     VECTOR_CLONES                                                                                                     \
-    double uoro_gradient_##SUFFIX(const T *restrict w_tilde, const T *restrict grad_h, const T *restrict h_tilde,     \
-                                  long batch, long hidden, long size, T *restrict out) {                              \
+    double uoro_tanh_gir_step_##SUFFIX(const uoro_step_arguments *a) {                                                \
+        return uoro_gir_step_##SUFFIX(a->w_hh, a->w_ih, a->bias, a->x, a->h, a->h_tilde, a->w_tilde, a->nu, a->bits,  \
+                                      a->batch, a->hidden, a->inputs, (T)a->eps, (int)a->state_cut, a->h_new,         \
+                                      a->h_tilde_new, a->w_tilde_new);                                                \
+    }                                                                                                                 \
+                                                                                                                      \
+    /* The summed estimate sum_b (grad_h_b . h_tilde_b) w_tilde_b (P,) for any cell, w_tilde (B, P), grad_h and       \
+     * h_tilde (B, H), written part by part (uoro_gradient_arguments: one output per parameter, each the next         \
+     * `length` entries of the flat layout), reading w_tilde once, in blocks of a part that stay in L1 across the     \
+     * streams. Returns the sum of grad_h and of the estimate (NaN/inf when the estimate or grad_h is not finite),    \
+     * or NaN when the scratch cannot be allocated. */                                                                \
+    VECTOR_CLONES                                                                                                     \
+    double uoro_gradient_##SUFFIX(const uoro_gradient_arguments *a) {                                                 \
+        const T *restrict w_tilde = a->w_tilde, *restrict grad_h = a->grad_h, *restrict h_tilde = a->h_tilde;         \
+        const long batch = a->batch, hidden = a->hidden, size = a->size;                                              \
         T stack[UORO_STACK_ENTRIES];                                                                                  \
         T *restrict scale = batch <= UORO_STACK_ENTRIES ? stack : malloc(sizeof(T) * batch);                          \
         if (scale == NULL) return NAN;                                                                                \
@@ -297,15 +332,22 @@
             scale[b] = s;                                                                                             \
             total += grad_total;                                                                                      \
         }                                                                                                             \
-        for (long start = 0; start < size; start += 512) {                                                            \
-            const long stop = start + 512 < size ? start + 512 : size;                                                \
-            _Pragma("omp simd") for (long p = start; p < stop; ++p) out[p] = scale[0] * w_tilde[p];                   \
-            for (long b = 1; b < batch; ++b) {                                                                        \
-                const T *restrict w = w_tilde + b * size;                                                             \
-                const T s = scale[b];                                                                                 \
-                _Pragma("omp simd") for (long p = start; p < stop; ++p) out[p] += s * w[p];                           \
+        long offset = 0; /* of the part in a row of w_tilde */                                                        \
+        for (long part = 0; part < a->parts; ++part) {                                                                \
+            const long length = a->part[part].length;                                                                 \
+            T *restrict out = a->part[part].out;                                                                      \
+            const T *restrict first = w_tilde + offset;                                                               \
+            for (long start = 0; start < length; start += 512) {                                                      \
+                const long stop = start + 512 < length ? start + 512 : length;                                        \
+                _Pragma("omp simd") for (long p = start; p < stop; ++p) out[p] = scale[0] * first[p];                 \
+                for (long b = 1; b < batch; ++b) {                                                                    \
+                    const T *restrict w = first + b * size;                                                           \
+                    const T s = scale[b];                                                                             \
+                    _Pragma("omp simd") for (long p = start; p < stop; ++p) out[p] += s * w[p];                       \
+                }                                                                                                     \
+                total += sum_values_##SUFFIX(out + start, stop - start);                                              \
             }                                                                                                         \
-            total += sum_values_##SUFFIX(out + start, stop - start);                                                  \
+            offset += length;                                                                                         \
         }                                                                                                             \
         if (scale != stack) free(scale);                                                                              \
         return total;                                                                                                 \

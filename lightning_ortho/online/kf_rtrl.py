@@ -4,9 +4,12 @@ Kronecker Factors", NeurIPS): an unbiased estimate of RTRL's influence matrix as
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import nn
 
+from lightning_ortho._native.guard import real_cpu
 from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels, step, summed_estimate
 from lightning_ortho.online.cells import TanhRNNCell
 from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator
@@ -19,13 +22,15 @@ from lightning_ortho.online.linearization import (
 )
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
-from lightning_ortho.online.uoro_fused import fusable_tanh_cell
+from lightning_ortho.online.uoro_fused import NOTHING_MADE, TanhParameters, fusable_tanh_cell
 
 __all__ = ["KFRTRL"]
 
 _FACTORS = ("input_factor", "hidden_factor")
-#: The methods of a step whose override (a subclass's own signs, draws or constants) keeps the PyTorch path.
-_STEP_METHODS = ("_advance", "_signs", "_draw", "_balance", "_ratio")
+#: The methods of a step whose override (a subclass's own step, signs, draws or constants) keeps the PyTorch path.
+_STEP_METHODS = ("_advance", "_advance_step", "_signs", "_sign_bits", "_draw", "_draw_bits", "_balance", "_ratio")
+#: Sign buffers kept per estimator (one per thread, stream count and dtype; emptied when more are asked for).
+_SIGN_BUFFERS = 8
 #: ``H`` from which the fused step takes ``W_h A`` with BLAS (``torch.matmul``) and finishes the step in C; below
 #: it the kernel's own loop is faster than the call (measured at one stream, float32 and float64).
 BLAS_PRODUCT_MIN = 256
@@ -74,7 +79,9 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
     On a plain :class:`~lightning_ortho.online.TanhRNNCell` on the CPU (float32/float64, C-contiguous, outside
     tracing) a step is one C call (:mod:`lightning_ortho._native.kf_rtrl`: the cell, ``J_t A_{t-1}``, the norms and
     the new factors, in new tensors; ``W_h A`` from BLAS from ``H = BLAS_PRODUCT_MIN``) and so is the summed
-    estimate; they compute what the PyTorch ops compute, to rounding, from the same signs.
+    estimate, each parameter's into a tensor of its own; they compute what the PyTorch ops compute, to rounding,
+    from the same signs. Below ``BLAS_PRODUCT_MIN`` both are tried before the template's checks, which they imply
+    (:meth:`_fused_step`, :meth:`_fused_gradient`).
 
     Args:
         cell: a recurrent cell with the factorisation above (every parameter in ``W``).
@@ -136,7 +143,17 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
             self.layout.names == tuple(name for name, _, _ in tanh_columns)
             and self.weight_columns == tanh_columns
             and kind._gradient_summed is KFRTRL._gradient_summed
+            and kind._gradient_estimate is OnlineGradientEstimator._gradient_estimate
         )
+        #: the tanh cell's parameters as the C step checks them (None where it does not run)
+        self._tanh_parameters = TanhParameters(cell) if self._fused else None
+        #: ``(h', u', A', their data_ptr()s, B, dtype)`` of the last C step: checked then (_kernel_step)
+        self._made: tuple = NOTHING_MADE
+        #: {(thread, total streams, dtype): bits (total, 2)}: where the C step's signs are drawn (_sign_bits)
+        self._sign_buffers: dict[tuple, torch.Tensor] = {}
+
+    def __getstate__(self) -> dict:  # copy and pickle: what was checked and the draw buffers do not travel
+        return {**self.__dict__, "_made": NOTHING_MADE, "_sign_buffers": {}}
 
     # -- state -------------------------------------------------------------------------------------------------
     def _initial_tensors(self, h0: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -177,61 +194,100 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         hidden_factor = (c1 / p1)[:, None, None] * propagated + (c2 / p2)[:, None, None] * local
         return {**t, "input_factor": input_factor, "hidden_factor": hidden_factor}
 
-    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
-        """One step (see :meth:`OnlineGradientEstimator._advance_step`): on a plain tanh cell the whole step in one C
-        call (:func:`lightning_ortho._native.kf_rtrl.step`: the cell, ``J A``, the norms, ``p1``, ``p2`` and the new
-        factors, into new tensors, with the verdict), with the signs :meth:`_signs` draws (:meth:`_sign_bits`),
-        where every tensor it reads is C-contiguous, of ``h``'s dtype and of the cell's sizes, and the kernels run
-        (:func:`~lightning_ortho._native.kf_rtrl.kf_rtrl_kernels`: real CPU tensors, nothing tracing, the kernels on
-        and built); else the cell's linearisation and :meth:`_advance` (which name what is wrong, if anything).
+    def _fused_step(self, x: torch.Tensor, state: OnlineState) -> Advance | None:
+        """On a plain tanh cell with ``H < BLAS_PRODUCT_MIN``, the whole step in one C call (:meth:`_kernel_step`),
+        under the contract of :meth:`OnlineGradientEstimator._fused_step`; else ``None``: :meth:`_advance_step`
+        (from ``BLAS_PRODUCT_MIN`` the step's product ``W_h A`` is a PyTorch op, which runs there, in the call
+        context: autograd off, the estimator's thread count)."""
+        if not self._fused or self.preactivations >= BLAS_PRODUCT_MIN:
+            return None
+        return self._kernel_step(x, state, False)
 
-        A step at one stream is a few microseconds of arithmetic, so the checks are written out: every Python call
-        and tensor attribute here costs a measurable part of it."""
-        if self._fused:
-            t, h, parameters = state.tensors, state.h, self.cell._parameters  # (not Module.__getattr__: slower)
-            input_factor, hidden_factor = t["input_factor"], t["hidden_factor"]
-            weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
-            dtype, (batch, hidden), rows = h.dtype, h.shape, self.preactivations
-            if (
-                hidden == rows
-                and input_factor.shape == (batch, self.inputs)
-                and hidden_factor.shape == (batch, rows, rows)
-                and x.dtype is dtype
-                and input_factor.dtype is dtype
-                and hidden_factor.dtype is dtype
-                and weight_hh.dtype is dtype
-                and weight_ih.dtype is dtype
-                and bias.dtype is dtype
-                and h.is_contiguous()
-                and x.is_contiguous()
-                and input_factor.is_contiguous()
-                and hidden_factor.is_contiguous()
-                and weight_hh.is_contiguous()
-                and weight_ih.is_contiguous()
-                and bias.is_contiguous()
-            ):
-                kernels = kf_rtrl_kernels(h, x, input_factor, hidden_factor, weight_hh, weight_ih, bias)
-                blas_product = hidden >= BLAS_PRODUCT_MIN
-                if kernels is not None and not (blas_product and _autocast("cpu")):  # (a bfloat16 product)
-                    h_new, input_new, hidden_new, verdict = step(
-                        kernels, weight_hh, weight_ih, bias, x, h, input_factor, hidden_factor,
-                        self._sign_bits(state, dtype), self.eps, blas_product, (batch, hidden, self.inputs - rows - 1),
-                    )  # fmt: skip
-                    tensors = {**t, "input_factor": input_new, "hidden_factor": hidden_new}
-                    return Advance(h_new, tensors, None, verdict)
+    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
+        """One step (see :meth:`OnlineGradientEstimator._advance_step`) where :meth:`_fused_step` did not take it:
+        on a plain tanh cell with ``H >= BLAS_PRODUCT_MIN``, ``W_h A`` from BLAS and the rest of the step in one C
+        call (:meth:`_kernel_step`), where it applies; else the cell's linearisation and :meth:`_advance` (which name
+        what is wrong, if anything)."""
+        if self._fused and self.preactivations >= BLAS_PRODUCT_MIN:
+            advance = self._kernel_step(x, state, True)
+            if advance is not None:
+                return advance
         return super()._advance_step(x, state)
 
-    def _sign_bits(self, state: OnlineState, dtype: torch.dtype) -> torch.Tensor:
+    def _kernel_step(self, x: torch.Tensor, state: OnlineState, blas_product: bool) -> Advance | None:
+        """The whole step in one C call (:func:`lightning_ortho._native.kf_rtrl.step`: the cell, ``J A``, the
+        norms, ``p1``, ``p2`` and the new factors, into new tensors, with the verdict: the sum of ``x``, ``h'``,
+        ``u'`` and ``A'``), with the signs :meth:`_signs` draws (:meth:`_sign_bits`, drawn only once every check has
+        passed), or ``None``. It answers only where every tensor it reads is C-contiguous, of ``x``'s dtype
+        (float32/float64) and of the cell's sizes (``x`` ``(B, I)``, ``h`` ``(B, H)``, ``u`` ``(B, n_a)``, ``A``
+        ``(B, H, H)``), a real CPU tensor, nothing tracing and the kernels on and built
+        (:func:`~lightning_ortho._native.kf_rtrl.kf_rtrl_kernels`), and (``blas_product``: ``W_h A`` from
+        ``torch.matmul``, to be called under ``no_grad``) no CPU autocast: the template's checks of ``x`` and more.
+
+        A step at one stream is a few microseconds of arithmetic, so what was checked is remembered: the state
+        tensors the last call made (held until the next one) pass while they are the very tensors passed in, at the
+        same addresses, for a step of the same ``B`` and dtype; the parameters as
+        :class:`~lightning_ortho.online.uoro_fused.TanhParameters` remembers them. ``x`` is checked at every call."""
+        if not isinstance(x, torch.Tensor):
+            return None
+        kernels = kf_rtrl_kernels(x)  # (first: declines while compiling, before any other call on x)
+        if kernels is None or x.dim() != 2 or not x.is_contiguous() or (blas_product and _autocast("cpu")):
+            return None
+        batch, inputs = x.shape
+        dtype, rows, h, tensors = x.dtype, self.preactivations, state.h, state.tensors
+        input_factor, hidden_factor = tensors["input_factor"], tensors["hidden_factor"]
+        if inputs != self.inputs - rows - 1:
+            return None
+        made = self._made
+        fits = (
+            h is made[0] and input_factor is made[1] and hidden_factor is made[2] and batch == made[6]
+            and dtype is made[7]
+        )  # fmt: skip
+        if fits:  # made here, checked then: still at their memory (no set_, resize_)?
+            pointers = h.data_ptr(), input_factor.data_ptr(), hidden_factor.data_ptr()
+            fits = pointers == made[3:6]
+        if not fits:
+            if not (
+                isinstance(h, torch.Tensor)  # (the others: real_cpu below)
+                and h.dtype is dtype
+                and input_factor.dtype is dtype
+                and hidden_factor.dtype is dtype
+                and h.shape == (batch, rows)
+                and input_factor.shape == (batch, self.inputs)
+                and hidden_factor.shape == (batch, rows, rows)
+                and h.is_contiguous()
+                and input_factor.is_contiguous()
+                and hidden_factor.is_contiguous()
+                and real_cpu(h, input_factor, hidden_factor)
+            ):
+                return None
+            pointers = h.data_ptr(), input_factor.data_ptr(), hidden_factor.data_ptr()
+        addresses = self._tanh_parameters.addresses(dtype)
+        if addresses is None:
+            return None
+        weight_hh = self.cell._parameters["weight_hh"] if blas_product else None
+        h_new, input_new, hidden_new, verdict, *made_pointers = step(
+            kernels, (*addresses, x.data_ptr(), *pointers), h, input_factor, hidden_factor,
+            self._sign_bits(state, x), self.eps, (batch, rows, inputs), weight_hh,
+        )  # fmt: skip
+        self._made = (h_new, input_new, hidden_new, *made_pointers, batch, dtype)
+        return Advance(h_new, {**tensors, "input_factor": input_new, "hidden_factor": hidden_new}, None, verdict)
+
+    def _sign_bits(self, state: OnlineState, like: torch.Tensor) -> torch.Tensor:
         """The bits ``b`` ``(B, 2)`` in ``{0, 1}`` of the signs ``(c1, c2) = 2 b - 1`` that :meth:`_signs` draws, in
-        ``dtype`` on the CPU: the one ``randint`` of :meth:`~StreamNoise._draw` (the same generator, call, shape
-        and dtype, cut to the state's rows), without its conversion to signs, which the fused step does in C (one
-        call fewer). Eager only (the fused step runs nowhere else), where the generator is
-        :meth:`~StreamNoise._generator_of`'s: the state's, or the default one inside :meth:`noise_scope`."""
-        total, rows = self._rows(state)
-        generator = state.generator
-        bits = torch.randint(
-            0, 2, (total, 2), generator=None if generator is self._scoped else generator, device=_CPU, dtype=dtype
-        )
+        ``like``'s dtype on the CPU: the draw of :meth:`~StreamNoise._draw_bits` (the same generator, the same
+        numbers, cut to the state's rows), without its conversion to signs, which the C step does (one call fewer),
+        drawn into a buffer of this thread's (``random_(0, 2)``: what ``randint`` runs on the tensor it allocates,
+        without the allocation); the caller reads it before this thread draws again."""
+        streams = total, rows = self._rows(state)
+        key = (threading.get_ident(), total, like.dtype)
+        bits = self._sign_buffers.get(key)
+        if bits is None:
+            if len(self._sign_buffers) >= _SIGN_BUFFERS:  # threads come and go: keep a few
+                self._sign_buffers.clear()
+            with torch.inference_mode(False):  # a normal tensor: drawn into in and out of inference mode alike
+                bits = self._sign_buffers[key] = like.new_empty(total, 2)
+        self._draw_bits(state, like, None, (2,), into=(None, bits), streams=streams)
         return bits if rows is None else bits[rows]
 
     def _balance(
@@ -248,31 +304,47 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         return torch.sqrt((numerator + self.eps) / (denominator + self.eps))
 
     # -- the estimate ------------------------------------------------------------------------------------------
-    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-        """Where ``W = [W_h W_x b]`` (a tanh cell's layout) ``sum_b (A_b^T g_b) u_b^T`` in one C call, written into
-        the flat layout ``[vec(W_h), vec(W_x), b]``, with the sum of ``grad_h`` and of the estimate as the verdict
-        (:func:`lightning_ortho._native.kf_rtrl.summed_estimate`), where ``grad_h``, ``u`` and ``A`` are
-        C-contiguous, of one dtype and of the cell's sizes and the kernels run; else :meth:`_gradient_summed`.
-        (``grad_h`` has the state's shape, dtype and device: the template checked it.)"""
-        if self._fuses_gradient:
-            t = state.tensors
-            input_factor, hidden_factor = t["input_factor"], t["hidden_factor"]
-            dtype, (batch, hidden), rows = grad_h.dtype, grad_h.shape, self.preactivations
-            if (
+    def _fused_gradient(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[dict[str, torch.Tensor], float] | None:
+        """Where ``W = [W_h W_x b]`` (a tanh cell's layout) ``sum_b (A_b^T g_b) u_b^T`` in one C call that writes
+        each parameter's estimate into a tensor of its own, with the sum of ``grad_h`` and of the estimate as the
+        verdict (:func:`lightning_ortho._native.kf_rtrl.summed_estimate`), where ``grad_h`` is a C-contiguous
+        float32/float64 real CPU tensor of the state's ``h``'s shape and dtype, ``u`` and ``A`` are too and of the
+        cell's sizes (those the C step made pass as checked then: :meth:`_kernel_step`), and the kernels run; else
+        ``None``: :meth:`_gradient_summed` in the template."""
+        if not self._fuses_gradient or not isinstance(grad_h, torch.Tensor):
+            return None
+        kernels = kf_rtrl_kernels(grad_h)  # (first: declines while compiling, before any other call on grad_h)
+        if kernels is None or grad_h.dim() != 2 or not grad_h.is_contiguous():
+            return None
+        batch, hidden = grad_h.shape
+        dtype, rows, h, tensors = grad_h.dtype, self.preactivations, state.h, state.tensors
+        input_factor, hidden_factor = tensors["input_factor"], tensors["hidden_factor"]
+        made = self._made
+        fits = (
+            h is made[0] and input_factor is made[1] and hidden_factor is made[2] and batch == made[6]
+            and dtype is made[7] and hidden == rows
+        )  # fmt: skip
+        if fits:  # made by the C step, checked then: still at their memory?
+            input_pointer, hidden_pointer = input_factor.data_ptr(), hidden_factor.data_ptr()
+            fits = input_pointer == made[4] and hidden_pointer == made[5]
+        if not fits:
+            if not (
                 hidden == rows
-                and input_factor.shape == (batch, self.inputs)
-                and hidden_factor.shape == (batch, rows, rows)
+                and isinstance(h, torch.Tensor)
+                and h.dtype is dtype
                 and input_factor.dtype is dtype
                 and hidden_factor.dtype is dtype
-                and grad_h.is_contiguous()
+                and h.shape == grad_h.shape
+                and input_factor.shape == (batch, self.inputs)
+                and hidden_factor.shape == (batch, rows, rows)
                 and input_factor.is_contiguous()
                 and hidden_factor.is_contiguous()
+                and real_cpu(h, input_factor, hidden_factor)  # (h: of grad_h's device, the CPU)
             ):
-                kernels = kf_rtrl_kernels(grad_h, input_factor, hidden_factor)
-                if kernels is not None:
-                    sizes = (batch, hidden, self.inputs - rows - 1)
-                    return summed_estimate(kernels, hidden_factor, input_factor, grad_h, sizes)
-        return super()._gradient_estimate(state, grad_h)
+                return None
+            input_pointer, hidden_pointer = input_factor.data_ptr(), hidden_factor.data_ptr()
+        sizes = (batch, hidden, self.inputs - rows - 1)
+        return summed_estimate(kernels, hidden_pointer, input_pointer, grad_h, sizes, self.layout.names)
 
     def _gradient_flat(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         t = state.tensors

@@ -16,7 +16,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from lightning_ortho._native.uoro import summed_estimate, uoro_gradient_kernel
+from lightning_ortho._native.guard import real_cpu
+from lightning_ortho._native.uoro import SummedEstimate, uoro_gradient_kernel
 from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.linearization import (
     StepLinearization,
@@ -26,7 +27,7 @@ from lightning_ortho.online.linearization import (
 )
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
-from lightning_ortho.online.uoro_fused import FusedStep, OneCallStep, fused_step_for
+from lightning_ortho.online.uoro_fused import NOTHING_MADE, FusedStep, OneCallStep, fused_step_for
 from lightning_ortho.online.uoro_rescaling import Alpha, FixedRescaling, alpha_at, check_alpha, prepare_q0
 
 __all__ = ["PROJECTIONS", "UORO", "Alpha", "FixedRescaling", "FusedStep", "Projection"]
@@ -37,6 +38,8 @@ PROJECTIONS: tuple[str, ...] = Projection.__args__  # type: ignore[attr-defined]
 _ESTIMATE_TENSORS = ("h_tilde", "w_tilde", "a_tilde")
 #: Draw buffers kept per estimator (one per thread and shape; emptied when more are asked for).
 _DRAW_BUFFERS = 8
+#: The methods of a step whose override (a subclass's own step or noise) keeps the one-call step from running.
+_STEP_METHODS = ("_advance_step", "_noise", "_noise_bits", "_draw", "_draw_bits")
 
 
 class UORO(StreamNoise, OnlineGradientEstimator):
@@ -90,10 +93,12 @@ class UORO(StreamNoise, OnlineGradientEstimator):
             ``w_tilde`` that you want to look at later); ``False`` keeps the step on the cell's closed-form
             linearisation.
 
-    On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde``; the fused tanh step with GIR is
-    one C call at small sizes (the cell's step and ``W_h h_tilde`` included, ``w_tilde'`` a new tensor:
-    :data:`~lightning_ortho.online.uoro_fused.ONE_CALL_MAX_BYTES`), and above them PyTorch's GEMMs and two C row
-    passes (:mod:`lightning_ortho._native.uoro`; the same expressions);
+    On the CPU (float32, float64) the summed estimate is one C pass over ``w_tilde`` that writes each parameter's
+    estimate into a tensor of its own (:meth:`_fused_gradient`); the fused tanh step with GIR is one C call at small
+    sizes (the cell's step and ``W_h h_tilde`` included, ``w_tilde'`` a new tensor:
+    :data:`~lightning_ortho.online.uoro_fused.ONE_CALL_MAX_BYTES`; :meth:`_fused_step`), both tried before the
+    template's checks, which they imply, and above those sizes PyTorch's GEMMs and two C row passes
+    (:mod:`lightning_ortho._native.uoro`; the same expressions);
     :func:`lightning_ortho._native.native_kernels` ``(False)`` or ``LIGHTNING_ORTHO_NATIVE=0`` keeps them in
     PyTorch ops (as does ``torch.compile``, whose graph they could not enter).
 
@@ -144,14 +149,25 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         self._fused: FusedStep | None = (
             fused_step_for(cell, projection, self.layout, self.eps) if fused and closed_form else None
         )
-        # whether the fused step can run the whole GIR step as one call (uoro_fused.OneCallStep)
-        self._one_call = self.gir and isinstance(self._fused, OneCallStep)
+        # A subclass with a step, noise or estimate of its own keeps it: the one-call step and the C estimate,
+        # which the template tries first, stand only for this class's.
+        kind = type(self)
+        own_step = all(getattr(kind, name) is getattr(UORO, name) for name in _STEP_METHODS)
+        #: the fused step where it can run the whole GIR step as one call (uoro_fused.OneCallStep), else None
+        self._one_call_step: OneCallStep | None = (
+            self._fused if self.gir and own_step and isinstance(self._fused, OneCallStep) else None
+        )
         self._native = True  # the deprecated per-estimator switch (see native)
         #: {(thread, total, size, dtype): (nu, bits)}: where the one-call step's draws land (_noise_bits; CPU only)
         self._draw_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        #: {dtype: a (P,) CPU tensor}: what the summed estimate's output is allocated like (torch.empty_like costs a
-        #: third of new_empty(shape), whose shape and dtype arguments are parsed at every call)
-        self._estimate_like: dict[torch.dtype, torch.Tensor] = {}
+        #: the summed estimate's C pass, one output per parameter (_fused_gradient), where w_tilde is (B, P)
+        self._estimate = (
+            SummedEstimate(self.layout.names, self.layout.shapes)
+            if projection != "none"
+            and kind._gradient_summed is UORO._gradient_summed
+            and kind._gradient_estimate is OnlineGradientEstimator._gradient_estimate
+            else None
+        )
 
     @property
     def native(self) -> bool:
@@ -246,17 +262,38 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         return buffers
 
     # -- the fused step (TanhRNNCell cut at h or z, OrthogonalRNNCell cut at h) -----------------------------------
-    def _advance_step(self, x: torch.Tensor, state: OnlineState):
-        """One step (see :meth:`OnlineGradientEstimator._advance_step`): the cell's linearisation and
-        :meth:`_advance`, or on a fused cell (``fused``) the whole step as the fused step's sequence of calls
-        (:class:`~lightning_ortho.online.uoro_fused.FusedStep`), with the same noise (:meth:`_noise`).
+    def _fused_step(self, x: torch.Tensor, state: OnlineState) -> Advance | None:
+        """With GIR on a plain :class:`~lightning_ortho.online.TanhRNNCell` (cut at ``h`` or ``z``) at small sizes
+        on the CPU, the whole step as one C call that writes ``h'``, ``h_tilde'`` and ``w_tilde'`` into new tensors
+        (:class:`~lightning_ortho.online.uoro_fused.OneCallStep`: ``whole_gir_kernels`` checks, in the contract of
+        :meth:`OnlineGradientEstimator._fused_step`, then :meth:`_noise_bits` draws, then ``whole_gir``); its verdict
+        is the sum of ``x``, ``h'`` and ``h_tilde'``. ``None``, with nothing drawn, wherever that call does not
+        apply (other cells, cuts or rescalings, more streams, a split of the streams, tensors it cannot take): then
+        :meth:`_advance_step`. A NaN/inf verdict goes through the template's checks with this same step (the noise
+        is drawn once)."""
+        one = self._one_call_step
+        if one is None:
+            return None
+        h, tensors = state.h, state.tensors
+        h_tilde, w_tilde = tensors["h_tilde"], tensors["w_tilde"]
+        kernels = one.whole_gir_kernels(x, h, h_tilde, w_tilde)
+        if kernels is None:
+            return None
+        draw = self._noise_bits(state, kernels[2][1], x)
+        if draw is None:
+            return None
+        h_new, h_tilde, w_tilde, verdict = one.whole_gir(kernels, x, h, h_tilde, w_tilde, *draw)
+        return Advance(h_new, {**tensors, "h_tilde": h_tilde, "w_tilde": w_tilde}, None, verdict)
 
-        With GIR, where the fused step can (:class:`~lightning_ortho.online.uoro_fused.OneCallStep`: the tanh cell
-        at small sizes, on the CPU), the whole step is one C call that writes ``h'``, ``h_tilde'`` and ``w_tilde'``
-        into new tensors. Elsewhere the fused step updates ``w_tilde`` in place, in its ``commit``, which the template
-        calls after the NaN/inf checks: an error leaves the state passed in as it was; after a step the new state
-        holds the ``w_tilde`` tensor of ``state``, updated (continue from the state returned, copy with
-        ``state_dict``).
+    def _advance_step(self, x: torch.Tensor, state: OnlineState):
+        """One step (see :meth:`OnlineGradientEstimator._advance_step`) where :meth:`_fused_step` did not take it:
+        the cell's linearisation and :meth:`_advance`, or on a fused cell (``fused``) the whole step as the fused
+        step's sequence of calls (:class:`~lightning_ortho.online.uoro_fused.FusedStep`), with the same noise
+        (:meth:`_noise`).
+
+        With GIR the fused step updates ``w_tilde`` in place, in its ``commit``, which the template calls after the
+        NaN/inf checks: an error leaves the state passed in as it was; after a step the new state holds the
+        ``w_tilde`` tensor of ``state``, updated (continue from the state returned, copy with ``state_dict``).
 
         Raises:
             ValueError: a fixed rescaling's ``Q0`` whose size is not the cut vertex's.
@@ -267,12 +304,6 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         t, h = state.tensors, state.h
         h_tilde, w_tilde = t["h_tilde"], t["w_tilde"]
         if self.gir:
-            kernels = fused.whole_gir_kernels(x, h, h_tilde, w_tilde) if self._one_call else None
-            if kernels is not None:
-                draw = self._noise_bits(state, h.shape[1], h)
-                if draw is not None:  # the one call: a new w_tilde, nothing to commit
-                    h_new, h_tilde, w_tilde, verdict = fused.whole_gir(kernels, x, h, h_tilde, w_tilde, *draw)
-                    return Advance(h_new, {**t, "h_tilde": h_tilde, "w_tilde": w_tilde}, None, verdict)
             nu, tau = self._noise(state, h.shape[1], h, (1,))  # tau (B, 1)
             # w_tilde is read here and updated in place by commit, after the checks
             h_new, h_tilde, inverse_gamma, pending, verdict = fused.gir(x, h, h_tilde, w_tilde, nu, tau)
@@ -409,30 +440,51 @@ class UORO(StreamNoise, OnlineGradientEstimator):
         # sum_b (dL/dh_b . h_tilde_b) w_tilde_b as one matrix-vector product: no (B, P) temporary.
         return torch.mv(w_tilde.T, (grad_h * h_tilde).sum(1))
 
-    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-        # The C pass returns the sum of grad_h and of the estimate (a NaN/inf in either makes it NaN/inf), taken on
-        # the way: a finite sum settles the gradient's check without reading a tensor.
-        if self.projection != "none" and self._native:
-            tensors = state.tensors
-            w_tilde, h_tilde = tensors["w_tilde"], tensors["h_tilde"]
-            dtype = w_tilde.dtype
-            if (
-                grad_h.dtype is dtype
+    def _fused_gradient(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[dict[str, torch.Tensor], float] | None:
+        """The summed estimate ``sum_b (grad_h_b . h_tilde_b) w_tilde_b`` of any cell (a cut at ``h``, ``z`` or
+        ``theta``: ``w_tilde`` ``(B, P)``) in one C pass that writes each parameter's estimate into a tensor of its
+        own (:class:`~lightning_ortho._native.uoro.SummedEstimate`), with the sum of ``grad_h`` and of the estimate
+        as its verdict, where ``grad_h`` is a C-contiguous ``(B, H)`` float32/float64 real CPU tensor of the state's
+        ``h``'s shape and dtype and ``h_tilde`` ``(B, H)`` and ``w_tilde`` ``(B, P)`` are too (those that the
+        one-call step made pass as checked then: :meth:`~lightning_ortho.online.uoro_fused.TanhUOROStep.whole_gir_kernels`),
+        and the kernels are on; else ``None``: :meth:`_gradient_summed` in the template."""
+        estimate = self._estimate
+        if estimate is None or not isinstance(grad_h, torch.Tensor):
+            return None
+        kernel = uoro_gradient_kernel(grad_h)  # (first: declines while compiling, before any other call on grad_h)
+        if kernel is None or not self._native or grad_h.dim() != 2 or not grad_h.is_contiguous():
+            return None
+        batch, hidden = grad_h.shape
+        dtype, h, tensors = grad_h.dtype, state.h, state.tensors
+        h_tilde, w_tilde = tensors["h_tilde"], tensors["w_tilde"]
+        one = self._one_call_step
+        made = NOTHING_MADE if one is None else one.made
+        fits = (
+            h is made[0] and h_tilde is made[1] and w_tilde is made[2] and batch == made[6] and dtype is made[7]
+            and hidden == one.hidden
+        )  # fmt: skip
+        if fits:  # made by the one-call step, checked then: still at their memory (no set_, resize_)?
+            h_tilde_pointer, w_tilde_pointer = h_tilde.data_ptr(), w_tilde.data_ptr()
+            fits = h_tilde_pointer == made[4] and w_tilde_pointer == made[5]
+        if not fits:
+            if not (
+                isinstance(h, torch.Tensor)
+                and h.dtype is dtype
                 and h_tilde.dtype is dtype
-                and grad_h.is_contiguous()
-                and w_tilde.is_contiguous()
+                and w_tilde.dtype is dtype
+                and h.shape == grad_h.shape
+                and h_tilde.shape == grad_h.shape
+                and w_tilde.shape == (batch, estimate.size)
                 and h_tilde.is_contiguous()
+                and w_tilde.is_contiguous()
+                and real_cpu(h, h_tilde, w_tilde)  # (h: of grad_h's device, the CPU)
             ):
-                kernel = uoro_gradient_kernel(w_tilde, grad_h, h_tilde)
-                if kernel is not None:
-                    like = self._estimate_like.get(dtype)
-                    if like is None or like.shape[0] != w_tilde.shape[1]:
-                        like = self._estimate_like[dtype] = w_tilde.new_empty(w_tilde.shape[1])
-                    return summed_estimate(kernel, w_tilde, grad_h, h_tilde, torch.empty_like(like))
-        return self._gradient_summed(state, grad_h), None
+                return None
+            h_tilde_pointer, w_tilde_pointer = h_tilde.data_ptr(), w_tilde.data_ptr()
+        return estimate(kernel, w_tilde_pointer, grad_h, h_tilde_pointer, batch, hidden)
 
     def _finite_estimate(self, grad_h: torch.Tensor, flat: torch.Tensor) -> bool:
-        # grad_h enters the estimate only through products with it (see _gradient_estimate): one sum covers both.
+        # grad_h enters the estimate only through products with it (see _gradient_summed): one sum covers both.
         return math.isfinite(flat.sum(dtype=_sum_dtype(flat.dtype)).item())
 
     def _watched_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

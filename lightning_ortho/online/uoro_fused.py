@@ -17,7 +17,9 @@ form, to float rounding (the tests compare it with the ``torch.func`` path in fl
 With GIR at small sizes on the CPU (:data:`ONE_CALL_MAX_BYTES`) the whole step is one C call instead
 (:meth:`TanhUOROStep.whole_gir`, :class:`OneCallStep`): the cell's step, ``W_h h_tilde``, the norms, gamma and beta,
 ``h_tilde'`` and ``w_tilde'`` (into a new tensor), from the draw as drawn; a step then costs the draw (two generator
-calls), the checks of the tensors, three allocations and the call.
+calls), the checks of ``x`` (those of the state and of the parameters are remembered while they hold:
+:meth:`TanhUOROStep.whole_gir_kernels`, :class:`TanhParameters`), three allocations and the call. UORO tries it
+first, before its template's checks (:meth:`lightning_ortho.online.UORO._fused_step`).
 
 Every fused step plugs into :class:`~lightning_ortho.online.UORO`'s one step template behind the
 :class:`FusedStep` protocol (:class:`TanhUOROStep` here, :class:`~lightning_ortho.online.orthogonal_uoro.OrthogonalUOROStep`
@@ -33,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from lightning_ortho._native.guard import tracing
+from lightning_ortho._native.guard import real_cpu, tracing
 from lightning_ortho._native.uoro import commit, gir_rows, gir_step, row_norms, uoro_tanh_kernels
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
@@ -53,6 +55,10 @@ STACKED_FORWARD_MIN = 1 << 21
 #: ``w_tilde`` updated in place (measured: the one call takes half the time at one stream, H = 32 to 256, and at
 #: 8 streams, H = 32 and 64; the GEMMs win from about 8 streams at H = 128 in float64, 192 in float32).
 ONE_CALL_MAX_BYTES = 1 << 20
+#: What a one-call step remembers before its first step, ``(h', its influence tensors, their data_ptr()s, B, dtype)``
+#: (:class:`TanhUOROStep`, :class:`~lightning_ortho.online.KFRTRL`): no tensor is this object, no dtype either.
+NOTHING_MADE = (object(),) * 8
+_NOTHING = NOTHING_MADE[0]
 
 
 @runtime_checkable
@@ -115,10 +121,19 @@ class OneCallStep(FusedStep, Protocol):
     the noise and calls :meth:`whole_gir`; where it declines, :meth:`FusedStep.gir` and :meth:`FusedStep.commit`
     run (the same draw either way)."""
 
+    #: ``H``, the cell's hidden size.
+    hidden: int
+    #: ``(h', h_tilde', w_tilde', their data_ptr()s, B, dtype)`` of the last :meth:`whole_gir` (a tuple of eight
+    #: entries that no tensor is before the first): tensors checked when they were made, which a summed estimate may
+    #: take as such while they are the very tensors it is given, at the same addresses.
+    made: tuple
+
     def whole_gir_kernels(
         self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor, w_tilde: torch.Tensor
     ) -> Any | None:
-        """What :meth:`whole_gir` needs to run on these tensors (the C kernels), or ``None`` where it cannot."""
+        """What :meth:`whole_gir` needs to run on these tensors (the C kernels), or ``None`` where it cannot: in the
+        contract of :meth:`lightning_ortho.online.OnlineGradientEstimator._fused_step` (no op autograd records,
+        every check of the template's implied)."""
         ...
 
     def whole_gir(
@@ -157,6 +172,70 @@ def fusable_tanh_cell(cell: nn.Module, layout: ParameterLayout) -> bool:
     return plain_tanh_step(cell, layout) and type(cell).linearize is TanhRNNCell.linearize
 
 
+class TanhParameters:
+    """The addresses of a plain :class:`TanhRNNCell`'s ``weight_hh`` ``(H, H)``, ``weight_ih`` ``(H, I)`` and
+    ``bias`` ``(H,)`` for a C kernel, checked as at most once per change (the one-call steps of UORO and KF-RTRL).
+
+    :meth:`addresses` answers where every parameter is a C-contiguous real CPU tensor of the cell's shape and of the
+    step's dtype (:func:`lightning_ortho._native.real_cpu`) and the cell is still of its class at construction (a
+    parametrisation registered since swaps the class). What passed is remembered (as
+    :class:`~lightning_ortho._native.factored_traces.FactoredTanhTrace` does): the same parameter objects (held
+    here, so that their ids stay theirs) at the same addresses (``data_ptr()``: ``cell.to(...)``, ``cell.double()``
+    or an assignment of ``.data`` gives them new memory), for a step of the dtype they were checked in, pass without
+    the other checks. They are read from the cell at every call: an optimiser's update between steps is seen.
+
+    Args:
+        cell: the plain tanh cell (:func:`fusable_tanh_cell`: the caller checks it).
+    """
+
+    __slots__ = ("cell", "kind", "hidden", "inputs", "_checked")
+
+    def __init__(self, cell: TanhRNNCell) -> None:
+        self.cell, self.kind, self.hidden, self.inputs = cell, type(cell), cell.hidden_size, cell.input_size
+        #: ``(weight_hh, weight_ih, bias, dtype, their data_ptr()s)`` as last checked
+        self._checked: tuple = (_NOTHING,) * 5
+
+    def __getstate__(self) -> dict:  # copy and pickle: the cell; nothing checked travels
+        return {"cell": self.cell}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["cell"])
+
+    def addresses(self, dtype: torch.dtype) -> tuple[int, int, int] | None:
+        """``(weight_hh, weight_ih, bias)``'s ``data_ptr()`` where the kernel may read them in a step of ``dtype``,
+        else ``None``."""
+        cell = self.cell
+        if type(cell) is not self.kind:  # a parametrisation registered since: the weights are no longer these
+            return None
+        parameters = cell._parameters  # what nn.Module.__getattr__ looks up, without its fallbacks
+        weight_hh, weight_ih, bias = parameters.get("weight_hh"), parameters.get("weight_ih"), parameters.get("bias")
+        checked = self._checked
+        if weight_hh is checked[0] and weight_ih is checked[1] and bias is checked[2] and dtype is checked[3]:
+            addresses = (weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr())
+            if addresses == checked[4]:
+                return addresses
+        hidden = self.hidden
+        if not (
+            real_cpu(weight_hh, weight_ih, bias)  # (first: a parameter set to None passes it and fails below)
+            and weight_hh is not None
+            and weight_ih is not None
+            and bias is not None
+            and weight_hh.dtype is dtype
+            and weight_ih.dtype is dtype
+            and bias.dtype is dtype
+            and weight_hh.shape == (hidden, hidden)
+            and weight_ih.shape == (hidden, self.inputs)
+            and bias.shape == (hidden,)
+            and weight_hh.is_contiguous()
+            and weight_ih.is_contiguous()
+            and bias.is_contiguous()
+        ):
+            return None
+        addresses = (weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr())
+        self._checked = (weight_hh, weight_ih, bias, dtype, addresses)
+        return addresses
+
+
 class TanhUOROStep:
     """One UORO step of a tanh cell for ``B`` streams.
 
@@ -190,6 +269,15 @@ class TanhUOROStep:
         #: ``{dtype: the most streams whose GIR step whole_gir runs as one call}`` (:data:`ONE_CALL_MAX_BYTES`)
         macs = cell.hidden_size * (cell.hidden_size + cell.input_size)
         self.one_call_streams = {t: ONE_CALL_MAX_BYTES // (macs * t.itemsize) for t in (torch.float32, torch.float64)}
+        self.hidden, self.inputs = cell.hidden_size, cell.input_size
+        self.size = self.hidden * (self.hidden + self.inputs + 1)  # P
+        #: the cell's parameters as the one-call step checks them (whole_gir_kernels)
+        self.parameters = TanhParameters(cell)
+        #: ``(h', h_tilde', w_tilde', their data_ptr()s, B, dtype)`` of the last one-call step (whole_gir)
+        self.made: tuple = NOTHING_MADE
+
+    def __getstate__(self) -> dict:  # copy and pickle: what was checked does not travel (new tensors, new memory)
+        return {**self.__dict__, "made": NOTHING_MADE}
 
     @classmethod
     def fits(cls, cell: nn.Module, projection: str, layout: ParameterLayout) -> bool:
@@ -251,36 +339,58 @@ class TanhUOROStep:
     def whole_gir_kernels(
         self, x: torch.Tensor, h: torch.Tensor, h_tilde: torch.Tensor, w_tilde: torch.Tensor
     ) -> tuple | None:
-        """``(the C step, W_h, W_x, b)`` for :meth:`whole_gir`, or ``None`` (UORO then runs :meth:`gir` and
-        :meth:`commit`): more streams than :attr:`one_call_streams` gives the dtype, or unless ``x``, ``h``,
-        ``h_tilde``, ``w_tilde`` and the cell's parameters are C-contiguous real CPU tensors of the parameters' dtype
-        (float32/float64) and the kernels load (:func:`~lightning_ortho._native.uoro.uoro_tanh_kernels`). The
-        shapes are the state's (``(B, I)``, ``(B, H)``, ``(B, H)``, ``(B, P)`` with the cell's ``I`` and ``H``, as
-        the estimator checks them). The draw that :meth:`whole_gir` reads is drawn after this, in ``h``'s dtype and
+        """``(the C step, the addresses it reads, (B, H, I))`` for :meth:`whole_gir`, or ``None`` (UORO then runs
+        :meth:`gir` and :meth:`commit`, or its template: see :meth:`lightning_ortho.online.UORO._fused_step`).
+
+        It answers only where the one call computes the step of these tensors: ``x`` a ``(B, I)`` tensor with the
+        cell's ``I`` and at most :attr:`one_call_streams` streams for its dtype (float32/float64), ``h`` and
+        ``h_tilde`` ``(B, H)``, ``w_tilde`` ``(B, P)``, the cell's parameters of their shapes, all of ``x``'s dtype,
+        C-contiguous and real CPU tensors, nothing tracing, no autocast, the kernels on and loaded
+        (:func:`~lightning_ortho._native.uoro.uoro_tanh_kernels`), the cell still of its class at construction (a
+        parametrisation registered since swaps the class). Those are all the template's checks of ``x`` and more.
+
+        At one stream these checks cost as much as the arithmetic, so what was checked is remembered (as
+        :class:`~lightning_ortho._native.factored_traces.FactoredTanhTrace` does): the state tensors that
+        :meth:`whole_gir` made last (fresh tensors, held here until the next one) pass while they are the very
+        tensors passed in, at the same addresses, for a step of the same ``B`` and dtype; the parameters are checked
+        by :attr:`parameters` (:class:`TanhParameters`, which remembers them likewise). ``x``, new at every call, is
+        checked at every call. The draw that :meth:`whole_gir` reads is drawn after this, in ``x``'s dtype and
         device, into contiguous tensors of its own (:meth:`lightning_ortho.online.UORO._noise_bits`)."""
-        parameters = self.cell._parameters  # the plain cell's own (fusable_tanh_cell); read at every call
-        weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
-        dtype = weight_hh.dtype
-        if (
-            not self._native
-            or h.shape[0] > self.one_call_streams.get(dtype, 0)
-            or x.dtype is not dtype
-            or h.dtype is not dtype
-            or h_tilde.dtype is not dtype
-            or w_tilde.dtype is not dtype
-            or weight_ih.dtype is not dtype
-            or bias.dtype is not dtype
-            or not x.is_contiguous()
-            or not h.is_contiguous()
-            or not h_tilde.is_contiguous()
-            or not w_tilde.is_contiguous()
-            or not weight_hh.is_contiguous()
-            or not weight_ih.is_contiguous()
-            or not bias.is_contiguous()
-        ):
+        if not isinstance(x, torch.Tensor):
             return None
-        kernels = uoro_tanh_kernels(h, x, h_tilde, w_tilde, weight_hh, weight_ih, bias)
-        return None if kernels is None else (kernels[3], weight_hh, weight_ih, bias)
+        kernels = uoro_tanh_kernels(x)  # (first: declines while compiling, before any other call on x)
+        if kernels is None or not self._native or x.dim() != 2 or not x.is_contiguous():
+            return None
+        batch, inputs = x.shape
+        dtype, hidden = x.dtype, self.hidden
+        if inputs != self.inputs or batch > self.one_call_streams.get(dtype, 0):
+            return None
+        made = self.made
+        fits = h is made[0] and h_tilde is made[1] and w_tilde is made[2] and batch == made[6] and dtype is made[7]
+        if fits:  # made here, checked then: still at their memory (no set_, resize_)?
+            h_pointer, h_tilde_pointer, w_tilde_pointer = h.data_ptr(), h_tilde.data_ptr(), w_tilde.data_ptr()
+            fits = h_pointer == made[3] and h_tilde_pointer == made[4] and w_tilde_pointer == made[5]
+        if not fits:
+            if not (
+                isinstance(h, torch.Tensor)  # (the others: real_cpu below)
+                and h.dtype is dtype
+                and h_tilde.dtype is dtype
+                and w_tilde.dtype is dtype
+                and h.shape == (batch, hidden)
+                and h_tilde.shape == (batch, hidden)
+                and w_tilde.shape == (batch, self.size)
+                and h.is_contiguous()
+                and h_tilde.is_contiguous()
+                and w_tilde.is_contiguous()
+                and real_cpu(h, h_tilde, w_tilde)
+            ):
+                return None
+            h_pointer, h_tilde_pointer, w_tilde_pointer = h.data_ptr(), h_tilde.data_ptr(), w_tilde.data_ptr()
+        addresses = self.parameters.addresses(dtype)
+        if addresses is None:
+            return None
+        addresses += (x.data_ptr(), h_pointer, h_tilde_pointer, w_tilde_pointer)
+        return kernels[3], addresses, (batch, hidden, inputs)
 
     def whole_gir(
         self,
@@ -297,11 +407,14 @@ class TanhUOROStep:
         :meth:`whole_gir_kernels` returned for the same tensors: ``(h', h_tilde', w_tilde', the sum of x, h' and
         h_tilde')``, new tensors, ``w_tilde`` read only (the state stays as it was whatever the checks find: nothing
         to commit), from the draw ``nu`` ``(B, H)`` and the sign bits ``bits`` ``(B, 1)`` in ``{0, 1}``
-        (C-contiguous, of ``h``'s dtype); the expressions of :meth:`gir` and :meth:`commit`."""
-        cell = self.cell
-        return gir_step(
-            *kernels, x, h, h_tilde, w_tilde, nu, bits, cell.hidden_size, cell.input_size, self.eps, self.state_cut
+        (C-contiguous, of ``h``'s dtype); the expressions of :meth:`gir` and :meth:`commit`. The new state tensors
+        are remembered as checked (:meth:`whole_gir_kernels`)."""
+        step, addresses, sizes = kernels
+        h_new, h_tilde_new, w_tilde_new, total, *pointers = gir_step(
+            step, addresses, h, w_tilde, nu, bits, sizes, self.eps, self.state_cut
         )
+        self.made = (h_new, h_tilde_new, w_tilde_new, *pointers, sizes[0], h.dtype)
+        return h_new, h_tilde_new, w_tilde_new, total
 
     def gir(
         self,

@@ -34,7 +34,7 @@ def calls(monkeypatch):
 
     def spy_step(*args):
         counts["step"] += 1
-        counts["blas"] += bool(args[10])  # step(kernels, 4 tensors, h, u, A, bits, eps, blas_product, sizes)
+        counts["blas"] += args[8] is not None  # step(kernels, addresses, h, u, A, bits, eps, sizes, weight_hh)
         return step(*args)
 
     def spy_estimate(*args):
@@ -272,7 +272,214 @@ def test_a_nan_grad_h_raises(calls):
 
 def test_a_finite_step_returns_its_verdict():
     estimator, state, xs, _ = started()
-    advance = estimator._advance_step(xs[2], state)
+    advance = estimator._fused_step(xs[2], state)
     t = advance.tensors
     expected = sum(float(v.sum()) for v in (xs[2], advance.h_new, t["input_factor"], t["hidden_factor"]))
     assert advance.verdict == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+# -- the template's fast lane (OnlineGradientEstimator._fused_step / _fused_gradient) ---------------------------------
+def spied(estimator):
+    """``{"step": n, "gradient": n}``: the calls that the fast lane took (``_fused_step`` / ``_fused_gradient``
+    answered), counted on the instance."""
+    counts = {"step": 0, "gradient": 0}
+    step, gradient = estimator._fused_step, estimator._fused_gradient
+
+    def fused_step(x, state):
+        answer = step(x, state)
+        counts["step"] += answer is not None
+        return answer
+
+    def fused_gradient(state, grad_h):
+        answer = gradient(state, grad_h)
+        counts["gradient"] += answer is not None
+        return answer
+
+    estimator._fused_step, estimator._fused_gradient = fused_step, fused_gradient
+    return counts
+
+
+def by_parameter(estimator, state, xs, grads, update_at=None):
+    """``([(h, gradient() as returned)] per step, state)``; the parameters move before step ``update_at``."""
+    trace = []
+    for t in range(len(xs)):
+        if t == update_at:
+            update(estimator.cell)
+        h, state = estimator.step(xs[t], state)
+        trace.append((h, estimator.gradient(state, grads[t])))
+    return trace, state
+
+
+def assert_by_parameter_agree(ours, theirs, dtype):
+    for t, ((h, grads), (h_ref, grads_ref)) in enumerate(zip(ours, theirs, strict=True)):
+        assert_agree(h[None], h_ref[None], dtype)
+        assert list(grads) == list(grads_ref), t  # the names in the order of cell.named_parameters()
+        for name, value in grads.items():
+            assert value.shape == grads_ref[name].shape and value.is_contiguous(), (t, name)
+            assert_agree(value.flatten()[None], grads_ref[name].flatten()[None], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("streams", [1, 3])
+def test_the_fast_lane_gives_what_the_pytorch_path_gives_by_parameter(dtype, streams):
+    xs, grads, h0 = data(streams, 7, dtype)
+    traces = []
+    for kernels in (True, False):
+        estimator = KFRTRL(make_cell(7, dtype), generator=3)
+        counts = spied(estimator)
+        with _native.native_kernels(kernels):
+            traces.append(by_parameter(estimator, estimator.initial_state(h0), xs, grads, update_at=3)[0])
+        assert counts == ({"step": STEPS, "gradient": STEPS} if kernels else {"step": 0, "gradient": 0})
+    assert_by_parameter_agree(*traces, dtype)
+    assert list(traces[0][0][1]) == [name for name, _ in make_cell(7, dtype).named_parameters()]
+
+
+def test_the_fast_lane_follows_the_cell_to_float64():
+    xs, grads, h0 = data(2, 6, torch.float64)
+    traces = []
+    for kernels in (True, False):
+        cell = make_cell(6, torch.float32)
+        estimator = KFRTRL(cell, generator=5)
+        counts = spied(estimator)
+        with _native.native_kernels(kernels):
+            state = estimator.initial_state(h0.float())
+            by_parameter(estimator, state, xs[:2].float(), grads[:2].float())
+            cell.double()  # the same parameter objects, new memory of another dtype
+            traces.append(by_parameter(estimator, estimator.initial_state(h0), xs, grads)[0])
+        assert counts == ({"step": STEPS + 2, "gradient": STEPS + 2} if kernels else {"step": 0, "gradient": 0})
+    assert_by_parameter_agree(*traces, torch.float64)
+
+
+def test_a_blas_product_runs_in_the_call_context_not_in_the_fast_lane(calls, monkeypatch):
+    """From BLAS_PRODUCT_MIN the step's W_h A is a PyTorch op: the fast lane declines it and the template's
+    _advance_step runs it, autograd off, on the estimator's thread count."""
+    monkeypatch.setattr(module, "BLAS_PRODUCT_MIN", 1)
+    xs, grads, h0 = data(2, 5, torch.float64)
+    estimator = KFRTRL(make_cell(5, torch.float64), generator=3)
+    counts = spied(estimator)
+    state = estimator.initial_state(h0)
+    assert estimator._fused_step(xs[0], state) is None
+    for t in range(3):
+        _, state = estimator.step(xs[t], state)
+        estimator.gradient(state, grads[t])
+    assert calls["blas"] == 3 and counts == {"step": 0, "gradient": 3}
+    assert all(value.grad_fn is None and not value.requires_grad for value in state.tensors.values())
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("3-D x", "x must be"),
+        ("x of another dtype", "x is torch.float32"),
+        ("x of another width", r"x must have shape \(2, 3\)"),
+        ("x of other streams", r"x must have shape \(2, "),
+    ],
+)
+def test_the_fast_lane_declines_an_input_the_template_refuses(case, message):
+    estimator, state, xs, _ = started()
+    x = {
+        "3-D x": xs[2][None],
+        "x of another dtype": xs[2].float(),
+        "x of another width": torch.cat([xs[2], xs[2]], 1),
+        "x of other streams": xs[2][:1],
+    }[case]
+    generator = state.generator.get_state()
+    assert estimator._fused_step(x, state) is None
+    assert torch.equal(state.generator.get_state(), generator)  # nothing drawn
+    with pytest.raises(ValueError, match=message):
+        estimator.step(x, state)
+
+
+@pytest.mark.parametrize("case", ["another shape", "another dtype", "3-D", "not a tensor"])
+def test_the_fast_lane_declines_a_grad_h_the_template_refuses(case):
+    estimator, state, _, grads = started()
+    grad_h = {
+        "another shape": grads[2][:1],
+        "another dtype": grads[2].float(),
+        "3-D": grads[2][None],
+        "not a tensor": grads[2].tolist(),
+    }[case]
+    assert estimator._fused_gradient(state, grad_h) is None
+    with pytest.raises(ValueError, match="grad_h"):
+        estimator.gradient(state, grad_h)
+
+
+@pytest.mark.parametrize("name", ["h", "input_factor", "hidden_factor"])
+def test_a_state_made_by_hand_with_a_strided_tensor_takes_the_pytorch_path(name):
+    estimator, state, xs, grads = started()
+    tensors = {"h": state.h, **state.tensors}
+    value = tensors[name]
+    strided = torch.stack([value, value], -1).flatten(-2)[..., ::2]  # the same values, every other column
+    assert not strided.is_contiguous() and torch.equal(strided, value)
+    tensors[name] = strided
+    by_hand = state.replace(h=tensors.pop("h"), tensors=tensors)
+    assert estimator._fused_step(xs[2], by_hand) is None
+    if name != "h":
+        assert estimator._fused_gradient(by_hand, grads[2]) is None
+    generator = state.generator.get_state()  # (shared by both states)
+    ours = by_parameter(estimator, by_hand, xs[2:4], grads[2:4])[0]
+    state.generator.set_state(generator)
+    with _native.native_kernels(False):
+        theirs = by_parameter(estimator, state, xs[2:4], grads[2:4])[0]
+    assert_by_parameter_agree(ours, theirs, torch.float64)
+
+
+def test_the_fast_lane_is_off_for_a_step_or_an_estimate_of_its_own():
+    class OwnStep(KFRTRL):
+        def _advance_step(self, x, state):
+            return super()._advance_step(x, state)
+
+    class OwnEstimate(KFRTRL):
+        def _gradient_estimate(self, state, grad_h):
+            return super()._gradient_estimate(state, grad_h)
+
+    own_step = OwnStep(make_cell(4, torch.float64), generator=0)
+    assert not own_step._fused and own_step._fuses_gradient
+    own_estimate = OwnEstimate(make_cell(4, torch.float64), generator=0)
+    assert own_estimate._fused and not own_estimate._fuses_gradient
+    state = own_step.initial_state(torch.zeros(2, 4, dtype=torch.float64))
+    assert own_step._fused_step(torch.zeros(2, INPUT, dtype=torch.float64), state) is None
+
+
+def test_a_parametrised_cell_leaves_the_fast_lane():
+    from torch.nn.utils import parametrize  # noqa: PLC0415
+
+    class Scaled(torch.nn.Module):
+        def forward(self, weight):
+            return 2 * weight
+
+    estimator, state, xs, _ = started()
+    parametrize.register_parametrization(estimator.cell, "weight_hh", Scaled())
+    assert estimator._fused_step(xs[2], state) is None  # the class is swapped: the weights are no longer these
+
+
+def test_a_nan_verdict_is_settled_by_the_template_from_the_one_draw(calls):
+    estimator, state, xs, _ = started()
+    x = xs[2].clone()
+    x[1, 0] = float("inf")
+    generator = state.generator.get_state()
+    with pytest.raises(ValueError, match="x holds NaN or inf"):
+        estimator.step(x, state)
+    after = state.generator.get_state()
+    state.generator.set_state(generator)
+    estimator._sign_bits(state, x)  # one draw: what the failed step drew
+    assert torch.equal(state.generator.get_state(), after)
+    assert calls["step"] == 3
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_estimator_steps_on_as_the_original(how):
+    import copy  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+
+    estimator, state, xs, grads = started()
+    copied = copy.deepcopy(estimator) if how == "deepcopy" else pickle.loads(pickle.dumps(estimator))
+    counts = spied(copied)
+    saved = state.state_dict()
+    ours = by_parameter(estimator, state, xs[2:], grads[2:])[0]
+    resumed = copied.initial_state(state.h)
+    resumed.load_state_dict(saved)
+    theirs = by_parameter(copied, resumed, xs[2:], grads[2:])[0]
+    assert counts == {"step": STEPS - 2, "gradient": STEPS - 2}
+    for (h, grads_ours), (h_ref, grads_ref) in zip(ours, theirs, strict=True):
+        assert torch.equal(h, h_ref) and all(torch.equal(grads_ours[n], grads_ref[n]) for n in grads_ref)

@@ -292,3 +292,259 @@ def test_the_summed_estimate_of_many_streams_takes_its_scratch_off_the_stack():
         with native.native_kernels(kernels):
             traces.append(run(estimator, xs, grads, estimator.initial_state(h0))[0])
     assert_traces_close(*traces, torch.float64)
+
+
+# -- the template's fast lane (OnlineGradientEstimator._fused_step / _fused_gradient) ---------------------------------
+def spied(estimator):
+    """``{"step": n, "gradient": n}``: the calls that the fast lane took (``_fused_step`` / ``_fused_gradient``
+    answered), counted on the instance."""
+    counts = {"step": 0, "gradient": 0}
+    step, gradient = estimator._fused_step, estimator._fused_gradient
+
+    def fused_step(x, state):
+        answer = step(x, state)
+        counts["step"] += answer is not None
+        return answer
+
+    def fused_gradient(state, grad_h):
+        answer = gradient(state, grad_h)
+        counts["gradient"] += answer is not None
+        return answer
+
+    estimator._fused_step, estimator._fused_gradient = fused_step, fused_gradient
+    return counts
+
+
+def gradient_trace(estimator, xs, grads, state, update_at=None):
+    """Per step ``h`` and every entry of the estimate as ``gradient()`` returns it (names, order, shapes)."""
+    trace = []
+    for t in range(xs.shape[0]):
+        if t == update_at:
+            with torch.no_grad():
+                for p in estimator.cell.parameters():
+                    p.mul_(0.9).add_(0.01)
+        h, state = estimator.step(xs[t], state)
+        trace.append((h, estimator.gradient(state, grads[t])))
+    return trace, state
+
+
+def assert_gradient_traces_close(ours, theirs, dtype):
+    for step, ((h, grads), (h_ref, grads_ref)) in enumerate(zip(ours, theirs, strict=True)):
+        torch.testing.assert_close(h, h_ref, **TOLERANCE[dtype], msg=f"step {step}: h")
+        assert list(grads) == list(grads_ref)  # the names in the order of cell.named_parameters()
+        for name, value in grads.items():
+            assert value.shape == grads_ref[name].shape and value.is_contiguous(), name
+            torch.testing.assert_close(value, grads_ref[name], **TOLERANCE[dtype], msg=f"step {step}: {name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("streams", [1, 3])
+def test_the_fast_lane_gives_what_the_pytorch_path_gives_by_parameter(dtype, streams):
+    xs, grads, h0 = data(streams, dtype)
+    traces = []
+    for kernels in (True, False):
+        estimator = UORO(make_cell(dtype), generator=3)
+        counts = spied(estimator)
+        with native.native_kernels(kernels):
+            traces.append(gradient_trace(estimator, xs, grads, estimator.initial_state(h0), update_at=3)[0])
+        assert counts == ({"step": STEPS, "gradient": STEPS} if kernels else {"step": 0, "gradient": 0})
+    assert_gradient_traces_close(*traces, dtype)
+    assert [name for name, _ in make_cell().named_parameters()] == list(traces[0][0][1])
+
+
+def test_the_fast_lane_follows_the_cell_to_float64():
+    xs, grads, h0 = data(2)
+    traces = []
+    for kernels in (True, False):
+        cell = make_cell(torch.float32)
+        estimator = UORO(cell, generator=5)
+        counts = spied(estimator)
+        with native.native_kernels(kernels):
+            _, state = gradient_trace(estimator, xs[:2].float(), grads[:2].float(), estimator.initial_state(h0.float()))
+            cell.double()  # the same parameter objects, new memory of another dtype
+            state = estimator.initial_state(h0)
+            traces.append(gradient_trace(estimator, xs, grads, state)[0])
+        assert counts == ({"step": STEPS + 2, "gradient": STEPS + 2} if kernels else {"step": 0, "gradient": 0})
+    assert_gradient_traces_close(*traces, torch.float64)
+
+
+def test_the_estimate_of_any_cell_is_one_pass_by_parameter():
+    """The summed estimate serves every cut with a (B, P) w_tilde: here the parameter cut, whose step is generic."""
+    xs, grads, h0 = data(3)
+    traces = []
+    for kernels in (True, False):
+        estimator = UORO(make_cell(), projection="parameter", generator=2)
+        counts = spied(estimator)
+        with native.native_kernels(kernels):
+            traces.append(gradient_trace(estimator, xs, grads, estimator.initial_state(h0))[0])
+        assert counts == {"step": 0, "gradient": STEPS if kernels else 0}
+    assert_gradient_traces_close(*traces, torch.float64)
+
+
+def started(streams: int = 3, check_every=1):
+    xs, grads, h0 = data(streams)
+    estimator = UORO(make_cell(), generator=0)
+    estimator.check_every = check_every
+    _, state = estimator.step(xs[0], estimator.initial_state(h0))
+    return estimator, state, xs, grads
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("3-D x", "x must be"),
+        ("x of another dtype", "x is torch.float32"),
+        ("x of another width", r"x must have shape \(3, 3\)"),
+        ("x of other streams", r"x must have shape \(3, "),
+    ],
+)
+def test_the_fast_lane_declines_an_input_the_template_refuses(case, message):
+    estimator, state, xs, _ = started()
+    x = {
+        "3-D x": xs[1][None],
+        "x of another dtype": xs[1].float(),
+        "x of another width": torch.cat([xs[1], xs[1]], 1),
+        "x of other streams": xs[1][:2],
+    }[case]
+    generator = state.generator.get_state()
+    assert estimator._fused_step(x, state) is None
+    assert torch.equal(state.generator.get_state(), generator)  # nothing drawn
+    with pytest.raises(ValueError, match=message):
+        estimator.step(x, state)
+
+
+@pytest.mark.parametrize("case", ["another shape", "another dtype", "3-D", "not a tensor"])
+def test_the_fast_lane_declines_a_grad_h_the_template_refuses(case):
+    estimator, state, _, grads = started()
+    grad_h = {
+        "another shape": grads[1][:2],
+        "another dtype": grads[1].float(),
+        "3-D": grads[1][None],
+        "not a tensor": grads[1].tolist(),
+    }[case]
+    assert estimator._fused_gradient(state, grad_h) is None
+    with pytest.raises(ValueError, match="grad_h"):
+        estimator.gradient(state, grad_h)
+
+
+@pytest.mark.parametrize("name", ["h", "h_tilde", "w_tilde"])
+def test_a_state_made_by_hand_with_a_strided_tensor_takes_the_pytorch_path(name):
+    estimator, state, xs, grads = started()
+    # copies (the PyTorch path updates w_tilde in place) with one tensor strided: the same values, every other
+    # column of a wider tensor
+    tensors = {"h": state.h, **state.tensors}
+    tensors = {key: value.clone() for key, value in tensors.items()}
+    tensors[name] = torch.stack([tensors[name], tensors[name]], -1).flatten(1)[:, ::2]
+    assert not tensors[name].is_contiguous() and torch.equal(tensors[name], (state.tensors | {"h": state.h})[name])
+    by_hand = state.replace(h=tensors.pop("h"), tensors=tensors)
+    assert estimator._fused_step(xs[1], by_hand) is None
+    if name != "h":
+        assert estimator._fused_gradient(by_hand, grads[1]) is None
+    generator = state.generator.get_state()  # (shared by both states)
+    ours = gradient_trace(estimator, xs[1:3], grads[1:3], by_hand)[0]
+    state.generator.set_state(generator)
+    with native.native_kernels(False):
+        theirs = gradient_trace(estimator, xs[1:3], grads[1:3], state)[0]
+    assert_gradient_traces_close(ours, theirs, torch.float64)
+
+
+def test_the_fast_lane_is_off_with_the_kernels_and_for_a_step_of_its_own():
+    estimator, state, xs, grads = started()
+    with native.native_kernels(False):
+        assert estimator._fused_step(xs[1], state) is None
+        assert estimator._fused_gradient(state, grads[0]) is None
+
+    class OwnStep(UORO):
+        def _advance_step(self, x, state):
+            return super()._advance_step(x, state)
+
+    class OwnEstimate(UORO):
+        def _gradient_summed(self, state, grad_h):
+            return super()._gradient_summed(state, grad_h)
+
+    own = OwnStep(make_cell(), generator=0)
+    assert own._one_call_step is None and own._estimate is not None
+    assert OwnEstimate(make_cell(), generator=0)._estimate is None
+    own_forward = UORO(make_cell(cls=_OwnForward), generator=0)  # the summed estimate still applies
+    counts = spied(own_forward)
+    gradient_trace(own_forward, xs, grads, own_forward.initial_state(state.h))
+    assert counts == {"step": 0, "gradient": STEPS}
+
+
+def test_a_parametrised_cell_leaves_the_fast_lane():
+    from torch.nn.utils import parametrize  # noqa: PLC0415
+
+    class Scaled(torch.nn.Module):
+        def forward(self, weight):
+            return 2 * weight
+
+    xs, grads, h0 = data(2)
+    estimator = UORO(make_cell(), generator=1)
+    counts = spied(estimator)
+    _, state = estimator.step(xs[0], estimator.initial_state(h0))
+    parametrize.register_parametrization(estimator.cell, "weight_hh", Scaled())
+    assert estimator._fused_step(xs[1], state) is None  # the class is swapped: the weights are no longer these
+    assert counts["step"] == 1
+
+
+def test_a_nan_input_recorded_names_its_step():
+    estimator, state, xs, grads = started(check_every=None)
+    counts = spied(estimator)
+    x = xs[1].clone()
+    x[0, 1] = float("nan")
+    for t, value in enumerate([x, xs[2], xs[3]]):
+        _, state = estimator.step(value, state)  # recorded, not raised
+        estimator.gradient(state, grads[1 + t])
+    assert counts["step"] == 3  # the one call ran and its NaN verdict went to the template
+    with pytest.raises(ValueError, match=r"x held NaN or inf values at step 2\b"):
+        estimator.check(state)
+
+
+def test_a_nan_verdict_is_settled_by_the_template_from_the_one_draw(one_calls):
+    estimator, state, xs, _ = started()
+    x = xs[1].clone()
+    x[1, 0] = float("inf")
+    generator = state.generator.get_state()
+    with pytest.raises(ValueError, match="UORO: x holds NaN or inf values"):
+        estimator.step(x, state)
+    after = state.generator.get_state()
+    state.generator.set_state(generator)
+    estimator._noise_bits(state, HIDDEN, x)  # one draw: what the failed step drew
+    assert torch.equal(state.generator.get_state(), after)
+    assert one_calls["one_call"] == 2
+
+
+def test_the_estimate_of_a_cell_of_four_parameters_is_one_pass_by_parameter():
+    from lightning_ortho.online import GRUCell  # noqa: PLC0415
+
+    xs, _, h0 = data(3)
+    grads = torch.randn(STEPS, 3, HIDDEN, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    traces = []
+    for kernels in (True, False):
+        torch.manual_seed(0)
+        estimator = UORO(GRUCell(INPUT, HIDDEN).double(), generator=2)
+        counts = spied(estimator)
+        with native.native_kernels(kernels):
+            traces.append(gradient_trace(estimator, xs, grads, estimator.initial_state(h0))[0])
+        assert counts == {"step": 0, "gradient": STEPS if kernels else 0}
+    assert_gradient_traces_close(*traces, torch.float64)
+    assert len(traces[0][0][1]) == 4
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_estimator_steps_on_as_the_original(how):
+    import copy  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+
+    xs, grads, h0 = data(2)
+    estimator = UORO(make_cell(), generator=6)
+    _, state = gradient_trace(estimator, xs[:2], grads[:2], estimator.initial_state(h0))
+    copied = copy.deepcopy(estimator) if how == "deepcopy" else pickle.loads(pickle.dumps(estimator))
+    counts = spied(copied)
+    saved = state.state_dict()
+    ours = gradient_trace(estimator, xs[2:], grads[2:], state)[0]
+    resumed = copied.initial_state(h0)
+    resumed.load_state_dict(saved)
+    theirs = gradient_trace(copied, xs[2:], grads[2:], resumed)[0]
+    assert counts == {"step": STEPS - 2, "gradient": STEPS - 2}
+    assert_gradient_traces_close(ours, theirs, torch.float64)
