@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_ortho._native import native_kernels
 from lightning_ortho.online import RTRL, UORO, TanhRNNCell, TruncatedBPTT, threads
 
 ESTIMATORS = {
@@ -44,10 +45,14 @@ def recording(estimator):
 
 
 def run(estimator, hidden=4, steps=3):
+    """Steps and gradients on the PyTorch path: a call that one C call settles (the template's fast lane,
+    ``OnlineGradientEstimator._fused_step`` / ``_fused_gradient``) runs outside the call context, on the caller's
+    count, and reaches neither ``_step`` nor ``_gradient``."""
     state = estimator.initial_state(torch.zeros(2, hidden))
-    for _ in range(steps):
-        _, state = estimator.step(torch.randn(2, 3), state)
-        estimator.gradient(state, torch.randn(2, hidden))
+    with native_kernels(False):
+        for _ in range(steps):
+            _, state = estimator.step(torch.randn(2, 3), state)
+            estimator.gradient(state, torch.randn(2, hidden))
     return state
 
 
