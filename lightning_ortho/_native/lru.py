@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,8 +42,7 @@ _ARGUMENTS = threading.local()
 #: An empty CPU tensor of each real dtype, whose ``new_empty`` makes the estimate (on the CPU whatever the default
 #: device; the cheapest allocation of a tensor of another dtype than the operands' at hand).
 _EXEMPLARS = {dtype: torch.empty(0, dtype=dtype, device="cpu") for dtype in _TYPES}
-#: The recurrent parameters the step reads, in the order of ``setup``.
-_RECURRENT = ("nu_log", "theta_log", "gamma_log", "B_re", "B_im")
+_empty_like = torch.empty_like
 
 
 def lru_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> tuple | None:
@@ -86,13 +87,10 @@ def _declared(library: ctypes.CDLL, dtype: torch.dtype) -> tuple:
     return step, gradient
 
 
-def _arguments() -> tuple[ctypes.Array, ctypes.Array]:
-    """This thread's argument arrays ``(step, gradient)``."""
-    try:
-        return _ARGUMENTS.arrays
-    except AttributeError:  # the first call on this thread
-        arrays = _ARGUMENTS.arrays = (_STEP_ARGS(), _GRADIENT_ARGS())
-        return arrays
+def _new_arguments() -> tuple[ctypes.Array, ctypes.Array]:
+    """This thread's argument arrays ``(step, gradient)``, made at its first call."""
+    _ARGUMENTS.step, _ARGUMENTS.gradient = arrays = (_STEP_ARGS(), _GRADIENT_ARGS())
+    return arrays
 
 
 class FusedLRU:
@@ -113,10 +111,10 @@ class FusedLRU:
     the cell's sizes at construction (``x`` ``(B, I)`` real, ``h`` and ``grad_h`` ``(B, H)``, ``e_units``
     ``(B, 3, H)``, ``e_B`` ``(B, H, I)`` complex with ``B >= 1``, ``nu_log``, ``theta_log``, ``gamma_log`` ``(H,)``,
     ``B_re``, ``B_im`` ``(H, I)`` real), without the conjugation bit, plain CPU tensors with nothing tracing
-    (:func:`lightning_ortho._native.real_cpu`), with the kernels on (:func:`lightning_ortho._native.load`), on a
-    cell still of its class at construction (a parametrisation registered since swaps the class and renames the
-    parameter). The parameters are read from the cell at every call (an optimiser's update, a replaced parameter, a
-    ``cell.double()`` are seen).
+    (:func:`lightning_ortho._native.real_cpu`, which also refuses the negation bit), with the kernels on
+    (:func:`lightning_ortho._native.load`), on a cell still of its class at construction (a parametrisation
+    registered since swaps the class and renames the parameter). The parameters are read from the cell at every
+    call (an optimiser's update, a replaced parameter, a ``cell.double()`` are seen).
 
     At one stream the checks of a call cost as much as its arithmetic, so what was checked is remembered. The state
     tensors this object made at its last step (``h'``, ``e_units'``, ``e_B'``: fresh tensors, held here until the
@@ -124,11 +122,16 @@ class FusedLRU:
     and dtype. The parameters pass while they are the same objects (held here, so their ``id`` stays theirs), at the
     same addresses (``data_ptr``), for a step of the dtype they were checked in: moving or converting them
     (``cell.to(...)``, an assignment of ``.data``) gives them new memory. ``x`` and ``grad_h``, new at every call,
-    are checked at every call.
+    are checked at every call. What the step derives from ``nu_log``, ``theta_log`` and ``gamma_log`` (``lambda``,
+    ``gamma``, the slopes of ``lambda``) the kernel keeps in a cache of this object's, beside a copy of the three
+    parameters, and reuses while they hold the same bits (``lru.c``).
 
     Args:
         cell: the :class:`~lightning_ortho.online.LinearRecurrentUnit` whose closed-form traces are
             :class:`~lightning_ortho.online.lru.LRUTraces` (the caller checks it).
+        advance: what :meth:`step` makes of its result: ``advance(h', {"e_units": e_units', "e_B": e_B'}, None,
+            verdict)`` (the estimator's :class:`~lightning_ortho.online.estimator.Advance`, which this module cannot
+            import: the estimators import it).
     """
 
     __slots__ = (
@@ -136,6 +139,7 @@ class FusedLRU:
         "kind",
         "hidden",
         "inputs",
+        "advance",
         "_cache",
         "_setup",
         "_library",
@@ -145,8 +149,8 @@ class FusedLRU:
         "_made",
     )
 
-    def __init__(self, cell: nn.Module) -> None:
-        self.cell, self.kind = cell, type(cell)
+    def __init__(self, cell: nn.Module, advance: Callable[..., Any]) -> None:
+        self.cell, self.kind, self.advance = cell, type(cell), advance
         self.hidden, self.inputs = cell.hidden_size, cell.input_size
         #: the step's cache of what it derives from nu_log, theta_log, gamma_log (``struct lru_cache`` of ``lru.c``:
         #: an 8-byte head and 10 H scalars, zeroed; the kernel checks the parameters' bits against its copy of them)
@@ -154,17 +158,17 @@ class FusedLRU:
         self._setup = _SETUP(0, 0, 0, 0, 0, self.hidden, self.inputs, ctypes.addressof(self._cache))
         #: the library, the real dtype and the kernels of the last call (a dictionary lookup fewer per call)
         self._library = self._dtype = self._kernels = None
-        #: ``(the five recurrent parameters, their data_ptr()s, dtype)`` written in the setup (the parameters
-        #: themselves are held: their ids stay theirs)
-        self._key: tuple = ((), (), None)
-        #: ``(h', e_units', e_B', their data_ptr()s (3), B, real dtype)`` of the last fused step
+        #: ``(nu_log, theta_log, gamma_log, B_re, B_im, their data_ptr()s, dtype)`` written in the setup (the
+        #: parameters themselves are held: their ids stay theirs)
+        self._key: tuple = (None,) * 11
+        #: ``(h', e_units', e_B', their data_ptr()s, B, real dtype)`` of the last fused step
         self._made: tuple = (None, None, None, 0, 0, 0, 0, None)
 
     def __getstate__(self) -> dict:  # copy and pickle: the cell; nothing remembered travels (nor ctypes arrays)
-        return {"cell": self.cell}
+        return {"cell": self.cell, "advance": self.advance}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["cell"])
+        self.__init__(state["cell"], state["advance"])
 
     def _kernels_for(self, dtype: torch.dtype) -> tuple | None:
         """``(step, gradient)`` for the real ``dtype``, or ``None`` when ``dtype`` is not float32/float64 or the
@@ -177,14 +181,13 @@ class FusedLRU:
             self._library, self._dtype, self._kernels = library, dtype, _declared(library, dtype)
         return self._kernels
 
-    def step(
-        self, x: torch.Tensor, h: torch.Tensor, e_units: torch.Tensor | None, e_b: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None:
-        """One step: ``(h', e_units', e_B', verdict)`` (new tensors; ``h`` and the traces are read only), or
-        ``None`` where the PyTorch path must run (see the class docstring; also where ``x`` is not a ``(B, I)``
-        float32/float64 tensor with ``h``'s ``B`` and the real dtype of ``h``). ``verdict`` is the sum of ``x`` and
-        of the real views of the three outputs, in double: NaN/inf when one of them holds NaN/inf (or, rarely, when
-        finite entries sum past the range). Raises nothing."""
+    def step(self, x: torch.Tensor, h: torch.Tensor, tensors: dict[str, torch.Tensor]) -> Any:
+        """One step from ``h`` and its traces ``tensors`` (``{"e_units": (B, 3, H), "e_B": (B, H, I)}``):
+        ``advance(h', {"e_units": e_units', "e_B": e_B'}, None, verdict)`` (new tensors; the ones given are read
+        only), or ``None`` where the PyTorch path must run (see the class docstring; also where ``x`` is not a
+        ``(B, I)`` float32/float64 tensor with ``h``'s ``B`` and the real dtype of ``h``). ``verdict`` is the sum of
+        ``x`` and of the real views of the three outputs, in double: NaN/inf when one of them holds NaN/inf (or,
+        rarely, when finite entries sum past the range). Raises nothing."""
         if x is None or not real_cpu(x):  # (real_cpu first: false for a non-tensor and when compiling)
             return None
         dtype = x.dtype
@@ -192,6 +195,7 @@ class FusedLRU:
         if kernels is None or x.dim() != 2 or not x.is_contiguous():
             return None
         batch, inputs = x.shape
+        e_units, e_b = tensors.get("e_units"), tensors.get("e_B")
         made = self._made
         if h is made[0] and e_units is made[1] and e_b is made[2] and batch == made[6] and dtype is made[7]:
             pointers = h.data_ptr(), e_units.data_ptr(), e_b.data_ptr()
@@ -201,22 +205,20 @@ class FusedLRU:
             pointers = self._state_pointers(h, e_units, e_b, batch, dtype)
         if pointers is None or inputs != self.inputs or not self._parameters_ready(dtype):
             return None
-        hidden = self.hidden
-        # ints, not a torch.Size: a third of the cost; on h's device (the CPU), in its complex dtype
-        h_new, e_units_new, e_b_new = (
-            h.new_empty(batch, hidden),
-            h.new_empty(batch, 3, hidden),
-            h.new_empty(batch, hidden, inputs),
-        )
+        # Shaped, strided (contiguous: checked) and placed (the CPU) as the inputs; cheaper than new_empty(sizes).
+        h_new, e_units_new, e_b_new = _empty_like(h), _empty_like(e_units), _empty_like(e_b)
         made = (h_new, e_units_new, e_b_new, h_new.data_ptr(), e_units_new.data_ptr(), e_b_new.data_ptr())
-        arguments = _arguments()[0]
+        try:
+            arguments = _ARGUMENTS.step
+        except AttributeError:  # this thread's first call
+            arguments = _new_arguments()[0]
         arguments[0] = x.data_ptr()
         arguments[1], arguments[2], arguments[3] = pointers
         arguments[4], arguments[5], arguments[6] = made[3], made[4], made[5]
         arguments[7] = batch
         verdict = kernels[0](self._setup, arguments)
         self._made = (*made, batch, dtype)
-        return h_new, e_units_new, e_b_new, verdict
+        return self.advance(h_new, {"e_units": e_units_new, "e_B": e_b_new}, None, verdict)
 
     def _state_pointers(
         self, h: torch.Tensor, e_units: torch.Tensor | None, e_b: torch.Tensor | None, batch: int, dtype: torch.dtype
@@ -255,16 +257,19 @@ class FusedLRU:
             b_re, b_im = parameters["B_re"], parameters["B_im"]
         except KeyError:  # removed or moved (a parametrisation keeps it under parametrizations.<name>.original)
             return False
-        known, pointers, checked = self._key
+        key = self._key
         if (
-            checked is dtype
-            and nu_log is known[0]
-            and theta_log is known[1]
-            and gamma_log is known[2]
-            and b_re is known[3]
-            and b_im is known[4]
-            and (nu_log.data_ptr(), theta_log.data_ptr(), gamma_log.data_ptr(), b_re.data_ptr(), b_im.data_ptr())
-            == pointers
+            nu_log is key[0]
+            and theta_log is key[1]
+            and gamma_log is key[2]
+            and b_re is key[3]
+            and b_im is key[4]
+            and dtype is key[10]
+            and nu_log.data_ptr() == key[5]
+            and theta_log.data_ptr() == key[6]
+            and gamma_log.data_ptr() == key[7]
+            and b_re.data_ptr() == key[8]
+            and b_im.data_ptr() == key[9]
         ):
             return True
         return self._set_up((nu_log, theta_log, gamma_log, b_re, b_im), dtype)
@@ -273,8 +278,7 @@ class FusedLRU:
         """Check the recurrent parameters (``dtype``, the cell's shapes, contiguous, real CPU tensors without the
         negation or conjugation bit) and write their addresses into the setup; false (nothing written) when a check
         fails."""
-        hidden, inputs = self.hidden, self.inputs
-        units, weights = (hidden,), (hidden, inputs)
+        units, weights = (self.hidden,), (self.hidden, self.inputs)
         if not (
             all(type(p) in (torch.Tensor, nn.Parameter) and p.dtype is dtype for p in recurrent)
             and all(p.shape == units for p in recurrent[:3])
@@ -285,19 +289,20 @@ class FusedLRU:
             return False
         pointers = tuple(p.data_ptr() for p in recurrent)
         self._setup[0:5] = pointers
-        self._key = (recurrent, pointers, dtype)
+        self._key = (*recurrent, *pointers, dtype)
         return True
 
     def gradient(
-        self, h: torch.Tensor, e_units: torch.Tensor | None, e_b: torch.Tensor | None, grad_h: torch.Tensor
+        self, h: torch.Tensor, tensors: dict[str, torch.Tensor], grad_h: torch.Tensor
     ) -> tuple[dict[str, torch.Tensor], float] | None:
-        """``({name: estimate}, verdict)``: the estimate summed over the streams by parameter, in the order and
-        shapes of the cell's parameters (``nu_log``, ``theta_log``, ``gamma_log`` ``(H,)``, ``B_re``, ``B_im``
-        ``(H, I)``, ``C_re``, ``C_im`` ``(I, H)``, ``D`` ``(I,)``; the last three zeros), each a new tensor, or
-        ``None`` where the PyTorch path must run (see the class docstring; also where ``grad_h`` is not a 2-D
-        tensor of exactly the shape and dtype of the state ``h``). ``verdict`` is the sum of the real view of
-        ``grad_h`` and of the estimate, in double: NaN/inf when one of them holds NaN/inf. Raises nothing."""
-        if grad_h is None or not real_cpu(grad_h):
+        """``({name: estimate}, verdict)`` at the state ``h`` with traces ``tensors``: the estimate summed over the
+        streams by parameter, in the order and shapes of the cell's parameters (``nu_log``, ``theta_log``,
+        ``gamma_log`` ``(H,)``, ``B_re``, ``B_im`` ``(H, I)``, ``C_re``, ``C_im`` ``(I, H)``, ``D`` ``(I,)``; the
+        last three zeros), each a new tensor, or ``None`` where the PyTorch path must run (see the class docstring;
+        also where ``grad_h`` is not a 2-D tensor of exactly the shape and dtype of ``h``). ``verdict`` is the sum
+        of the real view of ``grad_h`` and of the estimate, in double: NaN/inf when one of them holds NaN/inf.
+        Raises nothing."""
+        if grad_h is None or not real_cpu(grad_h):  # (real_cpu first: false for a non-tensor and when compiling)
             return None
         dtype = _REAL.get(grad_h.dtype)
         if dtype is None or grad_h.dim() != 2 or grad_h.is_conj() or not grad_h.is_contiguous():
@@ -306,23 +311,30 @@ class FusedLRU:
         if kernels is None:
             return None
         batch, hidden = grad_h.shape
+        e_units, e_b = tensors.get("e_units"), tensors.get("e_B")
         made = self._made
         if h is made[0] and e_units is made[1] and e_b is made[2] and batch == made[6] and dtype is made[7]:
-            pointers = e_units.data_ptr(), e_b.data_ptr()
-            if pointers != made[4:6]:  # moved since (resize_, set_): checked again
-                pointers = self._state_pointers(h, e_units, e_b, batch, dtype)
+            units_pointer, b_pointer = e_units.data_ptr(), e_b.data_ptr()
+            fits = units_pointer == made[4] and b_pointer == made[5]  # not moved since (resize_, set_)
         else:
+            fits = False
+        if not fits:
             pointers = self._state_pointers(h, e_units, e_b, batch, dtype)
-        if pointers is None or hidden != self.hidden:
+            if pointers is None:
+                return None
+            units_pointer, b_pointer = pointers[1], pointers[2]
+        if hidden != self.hidden:
             return None
         inputs, new_empty = self.inputs, _EXEMPLARS[dtype].new_empty
         # One allocation per parameter (cheaper than views of one tensor); the kernel writes every entry.
         nu_log, theta_log, gamma_log = new_empty(hidden), new_empty(hidden), new_empty(hidden)
         b_re, b_im = new_empty(hidden, inputs), new_empty(hidden, inputs)
         c_re, c_im, d = new_empty(inputs, hidden), new_empty(inputs, hidden), new_empty(inputs)
-        arguments = _arguments()[1]
-        arguments[0] = grad_h.data_ptr()
-        arguments[1], arguments[2] = pointers[-2:]
+        try:
+            arguments = _ARGUMENTS.gradient
+        except AttributeError:  # this thread's first call
+            arguments = _new_arguments()[1]
+        arguments[0], arguments[1], arguments[2] = grad_h.data_ptr(), units_pointer, b_pointer
         arguments[3], arguments[4], arguments[5] = nu_log.data_ptr(), theta_log.data_ptr(), gamma_log.data_ptr()
         arguments[6], arguments[7] = b_re.data_ptr(), b_im.data_ptr()
         arguments[8], arguments[9], arguments[10] = c_re.data_ptr(), c_im.data_ptr(), d.data_ptr()

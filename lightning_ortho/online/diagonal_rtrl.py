@@ -414,7 +414,7 @@ class DiagonalRTRL(OnlineGradientEstimator):
         self.traces = traces if traces is not None else ElementwiseTraces(cell, self.layout, self.complex_state)
         #: the fused step and estimate (one C call each: :meth:`_fused_step`) on a plain linear recurrent unit, else
         #: ``None``
-        self._fused = FusedLRU(cell) if _fusable_lru(cell, self.traces, self.layout) else None
+        self._fused = FusedLRU(cell, Advance) if _fusable_lru(cell, self.traces, self.layout) else None
 
     # -- complex states ------------------------------------------------------------------------------------------
     def initial_state(self, h0: torch.Tensor) -> OnlineState:
@@ -525,22 +525,14 @@ class DiagonalRTRL(OnlineGradientEstimator):
         the NaN/inf verdict) where the tensors allow it (see :meth:`OnlineGradientEstimator._fused_step`); else
         ``None``: :meth:`_advance_step`."""
         fused = self._fused
-        if fused is not None:
-            tensors = state.tensors
-            done = fused.step(x, state.h, tensors.get("e_units"), tensors.get("e_B"))
-            if done is not None:
-                return Advance(done[0], {"e_units": done[1], "e_B": done[2]}, None, done[3])
-        return None
+        return None if fused is None else fused.step(x, state.h, state.tensors)
 
     def _fused_gradient(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[dict[str, torch.Tensor], float] | None:
         """The summed estimate by parameter in one C call where :meth:`_fused_step` may fuse
         (:meth:`~lightning_ortho._native.lru.FusedLRU.gradient`; its verdict: the sum of ``grad_h`` and the
         estimate); else ``None``: :meth:`_gradient_summed`."""
         fused = self._fused
-        if fused is None:
-            return None
-        tensors = state.tensors
-        return fused.gradient(state.h, tensors.get("e_units"), tensors.get("e_B"), grad_h)
+        return None if fused is None else fused.gradient(state.h, state.tensors, grad_h)
 
     def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
         """The traces' own step (closed form or ``torch.func``), no linearisation (see
