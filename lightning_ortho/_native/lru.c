@@ -97,7 +97,8 @@ static void lru_release(struct lru_cache *cache) {
         if (owned && !known)                                                                                         \
             cache->valid = 0; /* until the seven below and the parameters they come from are written */              \
         /* Units in chunks: their lambda and slopes once (from the cache, else derived into it or onto the stack),   \
-         * then each stream's rows of the chunk, read and written in memory order. */                                \
+         * then per stream: B x of the chunk's units, h' and the per-unit traces across them (one vector loop), and  \
+         * the chunk's rows of e_B; each read and written in memory order. */                                        \
         for (long k0 = 0; k0 < hidden; k0 += LRU_CHUNK) {                                                            \
             const long k1 = k0 + LRU_CHUNK < hidden ? k0 + LRU_CHUNK : hidden;                                       \
             T stack[7][LRU_CHUNK];                                                                                   \
@@ -123,10 +124,9 @@ static void lru_release(struct lru_cache *cache) {
             }                                                                                                        \
             for (long b = 0; b < batch; ++b) {                                                                       \
                 const T *restrict xb = x + b * inputs;                                                               \
+                /* u = B x for the chunk's units: a dot product over the inputs each */                              \
+                T u_re_[LRU_CHUNK], u_im_[LRU_CHUNK];                                                                \
                 for (long k = k0; k < k1; ++k) {                                                                     \
-                    const long u = k - k0;                                                                           \
-                    const T lam_re = lam_re_[u], lam_im = lam_im_[u], gamma = gamma_[u];                             \
-                    const T nu_re = nu_re_[u], nu_im = nu_im_[u], theta_re = theta_re_[u], theta_im = theta_im_[u];  \
                     const T *restrict row_re = b_re + k * inputs;                                                    \
                     const T *restrict row_im = b_im + k * inputs;                                                    \
                     T u_re = 0, u_im = 0;                                                                            \
@@ -134,29 +134,55 @@ static void lru_release(struct lru_cache *cache) {
                         u_re += row_re[j] * xb[j];                                                                   \
                         u_im += row_im[j] * xb[j];                                                                   \
                     }                                                                                                \
-                    const T driven_re = gamma * u_re, driven_im = gamma * u_im;                                      \
-                    const long at = 2 * (b * hidden + k);                                                            \
-                    const T h_re = h[at], h_im = h[at + 1];                                                          \
+                    u_re_[k - k0] = u_re;                                                                            \
+                    u_im_[k - k0] = u_im;                                                                            \
+                }                                                                                                    \
+                /* h' and the three per-unit traces (immediate + lambda e), across the chunk's units */              \
+                const T *restrict hb = h + 2 * b * hidden;                                                           \
+                const T *restrict e_nu = e_units + 6 * b * hidden;                                                   \
+                const T *restrict e_theta = e_nu + 2 * hidden;                                                       \
+                const T *restrict e_gamma = e_theta + 2 * hidden;                                                    \
+                T *restrict hb_new = h_new + 2 * b * hidden;                                                         \
+                T *restrict e_nu_new = e_units_new + 6 * b * hidden;                                                 \
+                T *restrict e_theta_new = e_nu_new + 2 * hidden;                                                     \
+                T *restrict e_gamma_new = e_theta_new + 2 * hidden;                                                  \
+                double units_total = 0;                                                                              \
+                _Pragma("omp simd reduction(+ : units_total)") for (long k = k0; k < k1; ++k) {                      \
+                    const long u = k - k0;                                                                           \
+                    const T lam_re = lam_re_[u], lam_im = lam_im_[u], gamma = gamma_[u];                             \
+                    const T nu_re = nu_re_[u], nu_im = nu_im_[u], theta_re = theta_re_[u], theta_im = theta_im_[u];  \
+                    const T driven_re = gamma * u_re_[u], driven_im = gamma * u_im_[u];                              \
+                    const T h_re = hb[2 * k], h_im = hb[2 * k + 1];                                                  \
                     const T new_re = driven_re + (lam_re * h_re - lam_im * h_im);                                    \
                     const T new_im = driven_im + (lam_re * h_im + lam_im * h_re);                                    \
-                    h_new[at] = new_re;                                                                              \
-                    h_new[at + 1] = new_im;                                                                          \
-                    /* the three per-unit traces: immediate + lambda e */                                            \
-                    const T source_re[3] = {nu_re * h_re - nu_im * h_im, theta_re * h_re - theta_im * h_im,          \
-                                            driven_re};                                                              \
-                    const T source_im[3] = {nu_re * h_im + nu_im * h_re, theta_re * h_im + theta_im * h_re,          \
-                                            driven_im};                                                              \
-                    double row_total = (double)new_re + (double)new_im;                                              \
-                    for (int c = 0; c < 3; ++c) {                                                                    \
-                        const long to = 2 * ((b * 3 + c) * hidden + k);                                              \
-                        const T e_re = e_units[to], e_im = e_units[to + 1];                                          \
-                        const T out_re = source_re[c] + (lam_re * e_re - lam_im * e_im);                             \
-                        const T out_im = source_im[c] + (lam_re * e_im + lam_im * e_re);                             \
-                        e_units_new[to] = out_re;                                                                    \
-                        e_units_new[to + 1] = out_im;                                                                \
-                        row_total += (double)out_re + (double)out_im;                                                \
-                    }                                                                                                \
-                    /* e_B[k, :] = lambda e_B[k, :] + gamma x^T */                                                   \
+                    hb_new[2 * k] = new_re;                                                                          \
+                    hb_new[2 * k + 1] = new_im;                                                                      \
+                    const T nu_re_e = e_nu[2 * k], nu_im_e = e_nu[2 * k + 1];                                        \
+                    const T theta_re_e = e_theta[2 * k], theta_im_e = e_theta[2 * k + 1];                            \
+                    const T gamma_re_e = e_gamma[2 * k], gamma_im_e = e_gamma[2 * k + 1];                            \
+                    const T nu_out_re = (nu_re * h_re - nu_im * h_im) + (lam_re * nu_re_e - lam_im * nu_im_e);       \
+                    const T nu_out_im = (nu_re * h_im + nu_im * h_re) + (lam_re * nu_im_e + lam_im * nu_re_e);       \
+                    const T theta_out_re =                                                                           \
+                        (theta_re * h_re - theta_im * h_im) + (lam_re * theta_re_e - lam_im * theta_im_e);           \
+                    const T theta_out_im =                                                                           \
+                        (theta_re * h_im + theta_im * h_re) + (lam_re * theta_im_e + lam_im * theta_re_e);           \
+                    const T gamma_out_re = driven_re + (lam_re * gamma_re_e - lam_im * gamma_im_e);                  \
+                    const T gamma_out_im = driven_im + (lam_re * gamma_im_e + lam_im * gamma_re_e);                  \
+                    e_nu_new[2 * k] = nu_out_re;                                                                     \
+                    e_nu_new[2 * k + 1] = nu_out_im;                                                                 \
+                    e_theta_new[2 * k] = theta_out_re;                                                               \
+                    e_theta_new[2 * k + 1] = theta_out_im;                                                           \
+                    e_gamma_new[2 * k] = gamma_out_re;                                                               \
+                    e_gamma_new[2 * k + 1] = gamma_out_im;                                                           \
+                    units_total += ((double)new_re + (double)new_im) + ((double)nu_out_re + (double)nu_out_im) +     \
+                                   ((double)theta_out_re + (double)theta_out_im) +                                   \
+                                   ((double)gamma_out_re + (double)gamma_out_im);                                    \
+                }                                                                                                    \
+                total += units_total;                                                                                \
+                /* e_B[k, :] = lambda e_B[k, :] + gamma x^T */                                                       \
+                for (long k = k0; k < k1; ++k) {                                                                     \
+                    const long u = k - k0;                                                                           \
+                    const T lam_re = lam_re_[u], lam_im = lam_im_[u], gamma = gamma_[u];                             \
                     const T *restrict e_row = e_b + 2 * (b * hidden + k) * inputs;                                   \
                     T *restrict out_row = e_b_new + 2 * (b * hidden + k) * inputs;                                   \
                     T e_sum = 0;                                                                                     \
@@ -168,7 +194,7 @@ static void lru_release(struct lru_cache *cache) {
                         out_row[2 * j + 1] = out_im;                                                                 \
                         e_sum += out_re + out_im;                                                                    \
                     }                                                                                                \
-                    total += row_total + (double)e_sum;                                                              \
+                    total += (double)e_sum;                                                                          \
                 }                                                                                                    \
             }                                                                                                        \
         }                                                                                                            \
