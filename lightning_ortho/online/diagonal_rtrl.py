@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacfwd, jacrev, jvp, vjp, vmap
 
-from lightning_ortho._native.lru import fused_gradient, fused_step
+from lightning_ortho._native.lru import FusedLRU
 from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator, _sum_dtype
 from lightning_ortho.online.health import new_record
 from lightning_ortho.online.linearization import ParameterLayout, StepLinearization
@@ -412,7 +412,9 @@ class DiagonalRTRL(OnlineGradientEstimator):
         fast = getattr(cell, "diagonal_traces", None) if closed_form else None
         traces = fast(self.layout) if fast is not None else None
         self.traces = traces if traces is not None else ElementwiseTraces(cell, self.layout, self.complex_state)
-        self._fused_lru = _fusable_lru(cell, self.traces, self.layout)
+        #: the fused step and estimate (one C call each: :meth:`_fused_step`) on a plain linear recurrent unit, else
+        #: ``None``
+        self._fused = FusedLRU(cell, Advance) if _fusable_lru(cell, self.traces, self.layout) else None
 
     # -- complex states ------------------------------------------------------------------------------------------
     def initial_state(self, h0: torch.Tensor) -> OnlineState:
@@ -517,27 +519,24 @@ class DiagonalRTRL(OnlineGradientEstimator):
         return {k: _real_view(v) for k, v in tensors.items()}
 
     # -- the estimator ---------------------------------------------------------------------------------------------
-    def _advance_step(self, x: torch.Tensor, state: OnlineState):
+    def _fused_step(self, x: torch.Tensor, state: OnlineState) -> Advance | None:
+        """For a plain linear recurrent unit, the step and all its traces in one C call
+        (:meth:`~lightning_ortho._native.lru.FusedLRU.step`, which also sums ``x``, ``h'`` and the new traces for
+        the NaN/inf verdict) where the tensors allow it (see :meth:`OnlineGradientEstimator._fused_step`); else
+        ``None``: :meth:`_advance_step`."""
+        fused = self._fused
+        return None if fused is None else fused.step(x, state.h, state.tensors)
+
+    def _fused_gradient(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[dict[str, torch.Tensor], float] | None:
+        """The summed estimate by parameter in one C call where :meth:`_fused_step` may fuse
+        (:meth:`~lightning_ortho._native.lru.FusedLRU.gradient`; its verdict: the sum of ``grad_h`` and the
+        estimate); else ``None``: :meth:`_gradient_summed`."""
+        fused = self._fused
+        return None if fused is None else fused.gradient(state.h, state.tensors, grad_h)
+
+    def _advance_step(self, x: torch.Tensor, state: OnlineState) -> Advance:
         """The traces' own step (closed form or ``torch.func``), no linearisation (see
-        :meth:`OnlineGradientEstimator._advance_step`); for a plain linear recurrent unit, the step and all its
-        traces in one C call where the kernel takes the tensors (:func:`lightning_ortho._native.lru.fused_step`)."""
-        if self._fused_lru:
-            tensors = state.tensors
-            parameters = self.cell._parameters  # read at every call: optimizer updates and replaced parameters
-            fused = fused_step(
-                x,
-                state.h,
-                tensors["e_units"],
-                tensors["e_B"],
-                parameters["nu_log"],
-                parameters["theta_log"],
-                parameters["gamma_log"],
-                parameters["B_re"],
-                parameters["B_im"],
-            )
-            if fused is not None:
-                h_new, e_units, e_b, verdict = fused
-                return Advance(h_new, {"e_units": e_units, "e_B": e_b}, None, verdict)
+        :meth:`OnlineGradientEstimator._advance_step`); the fused step is :meth:`_fused_step`."""
         h_new, tensors = self.traces.advance(x, state.h, state.tensors)
         if h_new.shape != state.h.shape or h_new.dtype != state.h.dtype:
             raise ValueError(
@@ -562,16 +561,6 @@ class DiagonalRTRL(OnlineGradientEstimator):
 
     def _gradient_summed(self, state: OnlineState, grad_h: torch.Tensor) -> torch.Tensor:
         return self.traces.gradient(state.tensors, grad_h, per_stream=False)
-
-    def _gradient_estimate(self, state: OnlineState, grad_h: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-        """For a plain linear recurrent unit, the summed estimate and its verdict in one C call where the kernel
-        takes the tensors (:func:`lightning_ortho._native.lru.fused_gradient`); else the traces' own."""
-        if self._fused_lru:
-            tensors = state.tensors
-            fused = fused_gradient(grad_h, tensors["e_units"], tensors["e_B"], self.layout.size)
-            if fused is not None:
-                return fused
-        return self._gradient_summed(state, grad_h), None
 
 
 def _fusable_lru(cell: nn.Module, traces: DiagonalTraces, layout: ParameterLayout) -> bool:
