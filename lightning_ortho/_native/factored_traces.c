@@ -28,6 +28,22 @@ typedef struct {
     double decay, rate;             /* RFLO's 1 - 1/tau and 1/tau (SnAp-1 reads neither) */
 } factored_setup;
 
+/* A step's and a gradient's own arguments, packed by the caller in one buffer (one ctypes argument instead of six:
+ * ctypes converts each argument in Python). Native sizes and alignment: Python's struct "@5Pl". */
+typedef struct {
+    const void *x, *h, *trace; /* (B, I), (B, H), (B, H, H + I + 1) */
+    void *h_new, *trace_new;   /* outputs, of the shapes of h and trace */
+    long batch;                /* B */
+} factored_step_arguments;
+
+typedef struct {
+    const void *trace, *grad_h;    /* (B, H, H + I + 1), (B, H) */
+    void *out_hh, *out_ih, *out_b; /* (H, H), (H, I), (H,) */
+    long batch;                    /* B */
+} factored_gradient_arguments;
+
+#define INLINE_BODY static inline __attribute__((always_inline))
+
 #define DEFINE_KERNELS(T, SUFFIX, TANH)                                                                               \
     DEFINE_TANH_CELL(T, SUFFIX, TANH)                                                                                 \
                                                                                                                       \
@@ -48,8 +64,8 @@ typedef struct {
                                                                                                                       \
     /* RFLO's step: h_new (B, H) and trace_new (B, H, H + I + 1) from trace (B, H, H + I + 1). Returns the sum of x,  \
      * h_new and trace_new. */                                                                                        \
-    VECTOR_CLONES                                                                                                     \
-    double rflo_tanh_step_##SUFFIX(const factored_setup *setup, const T *restrict x, const T *restrict h,             \
+    INLINE_BODY                                                                                                       \
+    double rflo_tanh_step_body_##SUFFIX(const factored_setup *setup, const T *restrict x, const T *restrict h,             \
                                    const T *restrict trace, long batch, T *restrict h_new, T *restrict trace_new) {   \
         const long hidden = setup->hidden, inputs = setup->inputs, columns = hidden + inputs + 1;                     \
         const T decay = (T)setup->decay, rate = (T)setup->rate; /* as PyTorch takes a Python float: in T */           \
@@ -75,8 +91,8 @@ typedef struct {
                                                                                                                       \
     /* SnAp-1's step: h_new (B, H) and influence_new (B, H, H + I + 1) from influence (B, H, H + I + 1). Returns the  \
      * sum of x, h_new and influence_new. */                                                                          \
-    VECTOR_CLONES                                                                                                     \
-    double snap1_tanh_step_##SUFFIX(const factored_setup *setup, const T *restrict x, const T *restrict h,            \
+    INLINE_BODY                                                                                                       \
+    double snap1_tanh_step_body_##SUFFIX(const factored_setup *setup, const T *restrict x, const T *restrict h,            \
                                     const T *restrict influence, long batch, T *restrict h_new,                       \
                                     T *restrict influence_new) {                                                      \
         const long hidden = setup->hidden, inputs = setup->inputs, columns = hidden + inputs + 1;                     \
@@ -105,8 +121,8 @@ typedef struct {
     /* The summed estimate sum_b diag(grad_h_b) trace_b of a trace (B, H, H + I + 1), by parameter: W_h into out_hh   \
      * (H, H), W_x into out_ih (H, I), b into out_b (H,) (three allocations, or the parts of one (P,) laid out as     \
      * [vec(W_h), vec(W_x), b]). Returns the sum of grad_h and of the estimate. */                                    \
-    VECTOR_CLONES                                                                                                     \
-    double factored_gradient_##SUFFIX(const factored_setup *setup, const T *restrict trace,                          \
+    INLINE_BODY                                                                                                       \
+    double factored_gradient_body_##SUFFIX(const factored_setup *setup, const T *restrict trace,                          \
                                       const T *restrict grad_h, long batch, T *restrict out_hh,                       \
                                       T *restrict out_ih, T *restrict out_b) {                                        \
         const long hidden = setup->hidden, inputs = setup->inputs, columns = hidden + inputs + 1;                     \
@@ -130,5 +146,22 @@ typedef struct {
                sum_##SUFFIX(out_ih, hidden * inputs) + sum_##SUFFIX(out_b, hidden);                                   \
     }
 
+/* The exported kernels: the bodies above with their arguments unpacked (each cloned for AVX2 and the baseline). */
+#define DEFINE_ENTRIES(T, SUFFIX)                                                                                     \
+    VECTOR_CLONES                                                                                                     \
+    double rflo_tanh_step_##SUFFIX(const factored_setup *setup, const factored_step_arguments *a) {                   \
+        return rflo_tanh_step_body_##SUFFIX(setup, a->x, a->h, a->trace, a->batch, a->h_new, a->trace_new);           \
+    }                                                                                                                 \
+    VECTOR_CLONES                                                                                                     \
+    double snap1_tanh_step_##SUFFIX(const factored_setup *setup, const factored_step_arguments *a) {                  \
+        return snap1_tanh_step_body_##SUFFIX(setup, a->x, a->h, a->trace, a->batch, a->h_new, a->trace_new);          \
+    }                                                                                                                 \
+    VECTOR_CLONES                                                                                                     \
+    double factored_gradient_##SUFFIX(const factored_setup *setup, const factored_gradient_arguments *a) {            \
+        return factored_gradient_body_##SUFFIX(setup, a->trace, a->grad_h, a->batch, a->out_hh, a->out_ih, a->out_b);  \
+    }
+
 DEFINE_KERNELS(float, float32, tanhf)
 DEFINE_KERNELS(double, float64, tanh)
+DEFINE_ENTRIES(float, float32)
+DEFINE_ENTRIES(double, float64)

@@ -11,6 +11,7 @@ memory: its kept entries, row-major, are the rows ``[W_h[i, :], W_x[i, :], b_i]`
 from __future__ import annotations
 
 import ctypes
+import struct
 
 import torch
 
@@ -27,6 +28,10 @@ _DECLARED: dict[tuple, tuple] = {}
 #: Whether an autocast (of any device) is on: a third of the cost of ``torch.is_autocast_enabled("cpu")``, which
 #: stands in where a version of torch lacks the private check.
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
+#: ``factored_step_arguments`` and ``factored_gradient_arguments`` of ``factored_traces.c`` (native sizes and
+#: alignment): a call passes its own arguments packed in one buffer, one ctypes argument (ctypes converts each
+#: argument in Python). The bytes are new at every call: no buffer is shared between threads.
+_PACK = struct.Struct("@5Pl").pack
 
 
 class _Setup(ctypes.Structure):
@@ -52,11 +57,11 @@ def factored_trace_kernels(like: torch.Tensor, *others: torch.Tensor | None) -> 
     under autocast for another reason: the PyTorch path it stands in for changes there).
 
     The functions take a pointer to a ``factored_setup`` (the parameters' addresses, ``H``, ``I``, RFLO's decay and
-    rate; :class:`FactoredTanhTrace` keeps one), then::
+    rate; :class:`FactoredTanhTrace` keeps one), then their own arguments packed in one buffer (``_PACK``)::
 
-        rflo_step(setup, x, h, trace, B, h_new, trace_new) -> the sum of x, h_new and trace_new
-        snap1_step(setup, x, h, influence, B, h_new, influence_new) -> the sum of x, h_new and influence_new
-        gradient(setup, trace, grad_h, B, out_hh (H, H), out_ih (H, I), out_b (H,)) -> the sum of grad_h and the
+        rflo_step(setup, (x, h, trace, h_new, trace_new, B)) -> the sum of x, h_new and trace_new
+        snap1_step(setup, (x, h, influence, h_new, influence_new, B)) -> the sum of x, h_new and influence_new
+        gradient(setup, (trace, grad_h, out_hh (H, H), out_ih (H, I), out_b (H,), B)) -> the sum of grad_h and the
             estimate
     """
     dtype = like.dtype
@@ -77,10 +82,8 @@ def _declare(library: ctypes.CDLL, dtype: torch.dtype) -> tuple:
     rflo = getattr(library, f"rflo_tanh_step_{suffix}")
     snap = getattr(library, f"snap1_tanh_step_{suffix}")
     gradient = getattr(library, f"factored_gradient_{suffix}")
-    for step in (rflo, snap):
-        step.argtypes = [_POINTER] * 4 + [_LONG] + [_POINTER] * 2
-    gradient.argtypes = [_POINTER] * 3 + [_LONG] + [_POINTER] * 3
-    for function in (rflo, snap, gradient):
+    for function in (rflo, snap, gradient):  # the setup's address, then the packed arguments (bytes, not copied)
+        function.argtypes = [_POINTER, ctypes.c_char_p]
         function.restype = _DOUBLE
     return rflo, snap, gradient
 
@@ -200,7 +203,7 @@ class FactoredTanhTrace:
         if type(cell) is not self.kind:  # a parametrisation registered since: the weights are no longer these
             return None
         parameters = cell._parameters  # what nn.Module.__getattr__ looks up, without its fallbacks
-        weight_hh, weight_ih, bias = parameters["weight_hh"], parameters["weight_ih"], parameters["bias"]
+        weight_hh, weight_ih, bias = parameters.get("weight_hh"), parameters.get("weight_ih"), parameters.get("bias")
         key = self._key  # compared entry by entry: no tuple built at every step
         if not (
             weight_hh is key[0]
@@ -218,7 +221,7 @@ class FactoredTanhTrace:
         trace_new = x.new_empty(batch, hidden * self.columns) if self.flat else x.new_empty(batch, hidden, self.columns)
         h_new_pointer, trace_new_pointer = h_new.data_ptr(), trace_new.data_ptr()
         total = kernels[snap](
-            self._address, x.data_ptr(), h_pointer, trace_pointer, batch, h_new_pointer, trace_new_pointer
+            self._address, _PACK(x.data_ptr(), h_pointer, trace_pointer, h_new_pointer, trace_new_pointer, batch)
         )
         self._made = (h_new, trace_new, h_new_pointer, trace_new_pointer, batch, dtype)
         return h_new, trace_new, total
@@ -237,7 +240,11 @@ class FactoredTanhTrace:
         fails."""
         hidden = self.hidden
         if not (
-            weight_hh.dtype is dtype
+            real_cpu(weight_hh, weight_ih, bias)  # (first: a parameter set to None passes it and fails below)
+            and weight_hh is not None
+            and weight_ih is not None
+            and bias is not None
+            and weight_hh.dtype is dtype
             and weight_ih.dtype is dtype
             and bias.dtype is dtype
             and weight_hh.shape == (hidden, hidden)
@@ -246,7 +253,6 @@ class FactoredTanhTrace:
             and weight_hh.is_contiguous()
             and weight_ih.is_contiguous()
             and bias.is_contiguous()
-            and real_cpu(weight_hh, weight_ih, bias)
         ):
             return False
         pointers = weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr()
@@ -291,11 +297,6 @@ class FactoredTanhTrace:
         )
         total = kernels[2](
             self._address,
-            trace_pointer,
-            grad_h.data_ptr(),
-            batch,
-            out_hh.data_ptr(),
-            out_ih.data_ptr(),
-            out_b.data_ptr(),
+            _PACK(trace_pointer, grad_h.data_ptr(), out_hh.data_ptr(), out_ih.data_ptr(), out_b.data_ptr(), batch),
         )
         return {"weight_hh": out_hh, "weight_ih": out_ih, "bias": out_b}, total
