@@ -152,7 +152,9 @@ class FactoredTanhTrace:
 
     def _kernels_for(self, like: torch.Tensor) -> tuple | None:
         """:func:`factored_trace_kernels` of ``like`` alone, with the last library's lookup remembered; ``None``
-        also under autocast, where the PyTorch path computes (or refuses) another dtype's step and estimate."""
+        also under autocast, where the PyTorch path computes (or refuses) another dtype's step and estimate. (Called
+        by :meth:`step` and :meth:`gradient` where ``like`` is of another dtype, or the library another, than at the
+        last call; they check the common case themselves, written out: one frame fewer at every call.)"""
         if not real_cpu_tensor(like):  # first: also a tensor at all, and false when compiling
             return None
         dtype = like.dtype
@@ -176,7 +178,15 @@ class FactoredTanhTrace:
         and ``a = [h; x; 1]``, per stream: RFLO's ``E' = decay E + (rate d) a^T``, or with ``snap`` SnAp-1's
         ``m'[i, j] = d_i (W_h[i, i] m[i, j] + a_j)``. The sum is NaN/inf when an input or an output holds NaN/inf
         (or the sum of finite entries overflows)."""
-        kernels = self._kernels_for(x)
+        if (  # _kernels_for where x is of the last call's dtype and the library the same, written out
+            real_cpu_tensor(x)  # first: also a tensor at all, and false when compiling
+            and x.dtype is self._dtype
+            and not _autocast()
+            and load("factored_traces") is self._library
+        ):
+            kernels = self._kernels
+        else:
+            kernels = self._kernels_for(x)
         if kernels is None or x.dim() != 2 or not x.is_contiguous():
             return None
         batch, inputs = x.shape
@@ -269,7 +279,15 @@ class FactoredTanhTrace:
         estimate ``sum_b diag(grad_h_b) E_b`` by parameter, or ``None`` where the PyTorch path must run: also where ``grad_h`` is not ``(B, H)`` of the dtype of
         the state ``h`` (whose shape it must have) and the trace. The sum is NaN/inf when the estimate or
         ``grad_h`` is not finite (or the sum of finite entries overflows)."""
-        kernels = self._kernels_for(grad_h)
+        if (  # _kernels_for where grad_h is of the last call's dtype and the library the same, written out
+            real_cpu_tensor(grad_h)  # first: also a tensor at all, and false when compiling
+            and grad_h.dtype is self._dtype
+            and not _autocast()
+            and load("factored_traces") is self._library
+        ):
+            kernels = self._kernels
+        else:
+            kernels = self._kernels_for(grad_h)
         if kernels is None or grad_h.dim() != 2 or not grad_h.is_contiguous():
             return None
         batch, hidden = grad_h.shape
