@@ -17,6 +17,7 @@ import torch
 
 from lightning_ortho._native import load, real_cpu
 from lightning_ortho._native.guard import real_cpu_tensor
+from lightning_ortho._native.tanh_cell import parameters_fit
 
 __all__ = ["FactoredTanhTrace", "factored_trace_kernels"]
 
@@ -248,22 +249,7 @@ class FactoredTanhTrace:
         """Check the parameters (``dtype``, the cell's shapes, contiguous, real CPU tensors) and write their
         addresses, ``decay`` and ``rate`` into the setup the kernels read; false (nothing written) when a check
         fails."""
-        hidden = self.hidden
-        if not (
-            real_cpu(weight_hh, weight_ih, bias)  # (first: a parameter set to None passes it and fails below)
-            and weight_hh is not None
-            and weight_ih is not None
-            and bias is not None
-            and weight_hh.dtype is dtype
-            and weight_ih.dtype is dtype
-            and bias.dtype is dtype
-            and weight_hh.shape == (hidden, hidden)
-            and weight_ih.shape == (hidden, self.inputs)
-            and bias.shape == (hidden,)
-            and weight_hh.is_contiguous()
-            and weight_ih.is_contiguous()
-            and bias.is_contiguous()
-        ):
+        if not parameters_fit(weight_hh, weight_ih, bias, self.hidden, self.inputs, dtype):
             return False
         pointers = weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr()
         setup = self._setup

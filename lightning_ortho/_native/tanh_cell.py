@@ -11,7 +11,7 @@ import torch
 from lightning_ortho._native import load, real_cpu
 from lightning_ortho._native.guard import real_cpu_tensor
 
-__all__ = ["MAX_WORK", "TanhCellForward"]
+__all__ = ["MAX_WORK", "TanhCellForward", "TanhParameters", "parameters_fit"]
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 _SUFFIX = {torch.float32: "float32", torch.float64: "float64"}
@@ -21,6 +21,8 @@ MAX_WORK = 1 << 16
 #: Whether an autocast (of any device) is on: a third of the cost of ``torch.is_autocast_enabled("cpu")``, which
 #: stands in where a version of torch lacks the private check.
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
+#: Stands for "nothing checked yet" in :class:`TanhParameters` (no parameter, dtype or address is this object).
+_UNCHECKED = object()
 #: {(library, dtype): its declared C function}
 _DECLARED: dict[tuple, ctypes._CFuncPtr] = {}
 
@@ -40,6 +42,83 @@ def _kernel(library: ctypes.CDLL, dtype: torch.dtype):
         kernel.restype = None
         _DECLARED[library, dtype] = kernel
     return kernel
+
+
+def parameters_fit(
+    weight_hh: torch.Tensor | None,
+    weight_ih: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    hidden: int,
+    inputs: int,
+    dtype: torch.dtype,
+) -> bool:
+    """Whether a C kernel may read a tanh cell's parameters in a step of ``dtype``: all present, plain CPU tensors
+    with nothing tracing (:func:`lightning_ortho._native.real_cpu`), of ``dtype``, C-contiguous, ``weight_hh``
+    ``(hidden, hidden)``, ``weight_ih`` ``(hidden, inputs)``, ``bias`` ``(hidden,)``."""
+    return (
+        real_cpu(weight_hh, weight_ih, bias)  # (first: a parameter set to None passes it and fails below)
+        and weight_hh is not None
+        and weight_ih is not None
+        and bias is not None
+        and weight_hh.dtype is dtype
+        and weight_ih.dtype is dtype
+        and bias.dtype is dtype
+        and weight_hh.shape == (hidden, hidden)
+        and weight_ih.shape == (hidden, inputs)
+        and bias.shape == (hidden,)
+        and weight_hh.is_contiguous()
+        and weight_ih.is_contiguous()
+        and bias.is_contiguous()
+    )
+
+
+class TanhParameters:
+    """The addresses of a plain :class:`~lightning_ortho.online.TanhRNNCell`'s ``weight_hh`` ``(H, H)``,
+    ``weight_ih`` ``(H, I)`` and ``bias`` ``(H,)`` for a C kernel, checked at most once per change (the cell's
+    one-call forward, the one-call steps of UORO, KF-RTRL, RFLO and SnAp-1).
+
+    :meth:`addresses` answers where every parameter is a C-contiguous real CPU tensor of the cell's shape and of the
+    step's dtype (:func:`lightning_ortho._native.real_cpu`) and the cell is still of its class at construction (a
+    parametrisation registered since swaps the class). What passed is remembered: the same parameter objects (held
+    here, so that their ids stay theirs) at the same addresses (``data_ptr()``: ``cell.to(...)``, ``cell.double()``
+    or an assignment of ``.data`` gives them new memory), for a step of the dtype they were checked in, pass without
+    the other checks. They are read from the cell at every call: an optimiser's update between steps is seen.
+
+    Args:
+        cell: the plain tanh cell (:func:`~lightning_ortho.online.uoro_fused.fusable_tanh_cell`: the caller checks it).
+    """
+
+    __slots__ = ("cell", "kind", "hidden", "inputs", "_checked")
+
+    def __init__(self, cell: torch.nn.Module) -> None:
+        self.cell, self.kind, self.hidden, self.inputs = cell, type(cell), cell.hidden_size, cell.input_size
+        #: ``(weight_hh, weight_ih, bias, dtype, their data_ptr()s)`` as last checked
+        self._checked: tuple = (_UNCHECKED,) * 5
+
+    def __getstate__(self) -> dict:  # copy and pickle: the cell; nothing checked travels
+        return {"cell": self.cell}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["cell"])
+
+    def addresses(self, dtype: torch.dtype) -> tuple[int, int, int] | None:
+        """``(weight_hh, weight_ih, bias)``'s ``data_ptr()`` where the kernel may read them in a step of ``dtype``,
+        else ``None``."""
+        cell = self.cell
+        if type(cell) is not self.kind:  # a parametrisation registered since: the weights are no longer these
+            return None
+        parameters = cell._parameters  # what nn.Module.__getattr__ looks up, without its fallbacks
+        weight_hh, weight_ih, bias = parameters.get("weight_hh"), parameters.get("weight_ih"), parameters.get("bias")
+        checked = self._checked
+        if weight_hh is checked[0] and weight_ih is checked[1] and bias is checked[2] and dtype is checked[3]:
+            addresses = (weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr())
+            if addresses == checked[4]:
+                return addresses
+        if not parameters_fit(weight_hh, weight_ih, bias, self.hidden, self.inputs, dtype):
+            return None
+        addresses = (weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr())
+        self._checked = (weight_hh, weight_ih, bias, dtype, addresses)
+        return addresses
 
 
 class TanhCellForward:
@@ -131,22 +210,10 @@ class TanhCellForward:
         """Check the parameters (present, of ``dtype`` (float32/float64), of the cell's shapes, contiguous, plain CPU
         tensors with nothing tracing) and write their addresses and the sizes into the setup; false (nothing
         written) when a check fails."""
-        if weight_hh is None or weight_ih is None or bias is None or dtype not in _SUFFIX:
+        if weight_ih is None or weight_ih.dim() != 2 or dtype not in _SUFFIX:
             return False
-        if weight_hh.dim() != 2 or weight_ih.dim() != 2 or bias.dim() != 1:
-            return False
-        hidden, inputs = weight_ih.shape
-        if not (
-            weight_hh.shape == (hidden, hidden)
-            and bias.shape == (hidden,)
-            and weight_hh.dtype is dtype
-            and weight_ih.dtype is dtype
-            and bias.dtype is dtype
-            and weight_hh.is_contiguous()
-            and weight_ih.is_contiguous()
-            and bias.is_contiguous()
-            and real_cpu(weight_hh, weight_ih, bias)
-        ):
+        hidden, inputs = weight_ih.shape  # (the cell's sizes, as its parameters say)
+        if not parameters_fit(weight_hh, weight_ih, bias, hidden, inputs, dtype):
             return False
         pointers = weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr()
         setup = self._setup

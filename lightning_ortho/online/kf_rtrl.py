@@ -11,6 +11,7 @@ from torch import nn
 
 from lightning_ortho._native.guard import real_cpu
 from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels, step, summed_estimate
+from lightning_ortho._native.tanh_cell import TanhParameters
 from lightning_ortho.online.cells import TanhRNNCell
 from lightning_ortho.online.estimator import Advance, OnlineGradientEstimator
 from lightning_ortho.online.linearization import (
@@ -22,7 +23,7 @@ from lightning_ortho.online.linearization import (
 )
 from lightning_ortho.online.state import OnlineState
 from lightning_ortho.online.stream_noise import StreamNoise, check_eps, check_generator
-from lightning_ortho.online.uoro_fused import NOTHING_MADE, TanhParameters, fusable_tanh_cell
+from lightning_ortho.online.uoro_fused import NOTHING_MADE, fusable_tanh_cell
 
 __all__ = ["KFRTRL"]
 
@@ -227,7 +228,7 @@ class KFRTRL(StreamNoise, OnlineGradientEstimator):
         A step at one stream is a few microseconds of arithmetic, so what was checked is remembered: the state
         tensors the last call made (held until the next one) pass while they are the very tensors passed in, at the
         same addresses, for a step of the same ``B`` and dtype; the parameters as
-        :class:`~lightning_ortho.online.uoro_fused.TanhParameters` remembers them. ``x`` is checked at every call."""
+        :class:`~lightning_ortho._native.tanh_cell.TanhParameters` remembers them. ``x`` is checked at every call."""
         if not isinstance(x, torch.Tensor):
             return None
         kernels = kf_rtrl_kernels(x)  # (first: declines while compiling, before any other call on x)

@@ -18,7 +18,7 @@ With GIR at small sizes on the CPU (:data:`ONE_CALL_MAX_BYTES`) the whole step i
 (:meth:`TanhUOROStep.whole_gir`, :class:`OneCallStep`): the cell's step, ``W_h h_tilde``, the norms, gamma and beta,
 ``h_tilde'`` and ``w_tilde'`` (into a new tensor), from the draw as drawn; a step then costs the draw (two generator
 calls), the checks of ``x`` (those of the state and of the parameters are remembered while they hold:
-:meth:`TanhUOROStep.whole_gir_kernels`, :class:`TanhParameters`), three allocations and the call. UORO tries it
+:meth:`TanhUOROStep.whole_gir_kernels`, :class:`~lightning_ortho._native.tanh_cell.TanhParameters`), three allocations and the call. UORO tries it
 first, before its template's checks (:meth:`lightning_ortho.online.UORO._fused_step`).
 
 Every fused step plugs into :class:`~lightning_ortho.online.UORO`'s one step template behind the
@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from lightning_ortho._native.guard import real_cpu, tracing
+from lightning_ortho._native.tanh_cell import TanhParameters
 from lightning_ortho._native.uoro import commit, gir_rows, gir_step, row_norms, uoro_tanh_kernels
 from lightning_ortho.online.cells import TanhRNNCell, plain_tanh_step
 from lightning_ortho.online.linearization import ParameterLayout
@@ -172,70 +173,6 @@ def fusable_tanh_cell(cell: nn.Module, layout: ParameterLayout) -> bool:
     return plain_tanh_step(cell, layout) and type(cell).linearize is TanhRNNCell.linearize
 
 
-class TanhParameters:
-    """The addresses of a plain :class:`TanhRNNCell`'s ``weight_hh`` ``(H, H)``, ``weight_ih`` ``(H, I)`` and
-    ``bias`` ``(H,)`` for a C kernel, checked as at most once per change (the one-call steps of UORO and KF-RTRL).
-
-    :meth:`addresses` answers where every parameter is a C-contiguous real CPU tensor of the cell's shape and of the
-    step's dtype (:func:`lightning_ortho._native.real_cpu`) and the cell is still of its class at construction (a
-    parametrisation registered since swaps the class). What passed is remembered (as
-    :class:`~lightning_ortho._native.factored_traces.FactoredTanhTrace` does): the same parameter objects (held
-    here, so that their ids stay theirs) at the same addresses (``data_ptr()``: ``cell.to(...)``, ``cell.double()``
-    or an assignment of ``.data`` gives them new memory), for a step of the dtype they were checked in, pass without
-    the other checks. They are read from the cell at every call: an optimiser's update between steps is seen.
-
-    Args:
-        cell: the plain tanh cell (:func:`fusable_tanh_cell`: the caller checks it).
-    """
-
-    __slots__ = ("cell", "kind", "hidden", "inputs", "_checked")
-
-    def __init__(self, cell: TanhRNNCell) -> None:
-        self.cell, self.kind, self.hidden, self.inputs = cell, type(cell), cell.hidden_size, cell.input_size
-        #: ``(weight_hh, weight_ih, bias, dtype, their data_ptr()s)`` as last checked
-        self._checked: tuple = (_NOTHING,) * 5
-
-    def __getstate__(self) -> dict:  # copy and pickle: the cell; nothing checked travels
-        return {"cell": self.cell}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["cell"])
-
-    def addresses(self, dtype: torch.dtype) -> tuple[int, int, int] | None:
-        """``(weight_hh, weight_ih, bias)``'s ``data_ptr()`` where the kernel may read them in a step of ``dtype``,
-        else ``None``."""
-        cell = self.cell
-        if type(cell) is not self.kind:  # a parametrisation registered since: the weights are no longer these
-            return None
-        parameters = cell._parameters  # what nn.Module.__getattr__ looks up, without its fallbacks
-        weight_hh, weight_ih, bias = parameters.get("weight_hh"), parameters.get("weight_ih"), parameters.get("bias")
-        checked = self._checked
-        if weight_hh is checked[0] and weight_ih is checked[1] and bias is checked[2] and dtype is checked[3]:
-            addresses = (weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr())
-            if addresses == checked[4]:
-                return addresses
-        hidden = self.hidden
-        if not (
-            real_cpu(weight_hh, weight_ih, bias)  # (first: a parameter set to None passes it and fails below)
-            and weight_hh is not None
-            and weight_ih is not None
-            and bias is not None
-            and weight_hh.dtype is dtype
-            and weight_ih.dtype is dtype
-            and bias.dtype is dtype
-            and weight_hh.shape == (hidden, hidden)
-            and weight_ih.shape == (hidden, self.inputs)
-            and bias.shape == (hidden,)
-            and weight_hh.is_contiguous()
-            and weight_ih.is_contiguous()
-            and bias.is_contiguous()
-        ):
-            return None
-        addresses = (weight_hh.data_ptr(), weight_ih.data_ptr(), bias.data_ptr())
-        self._checked = (weight_hh, weight_ih, bias, dtype, addresses)
-        return addresses
-
-
 class TanhUOROStep:
     """One UORO step of a tanh cell for ``B`` streams.
 
@@ -353,7 +290,7 @@ class TanhUOROStep:
         :class:`~lightning_ortho._native.factored_traces.FactoredTanhTrace` does): the state tensors that
         :meth:`whole_gir` made last (fresh tensors, held here until the next one) pass while they are the very
         tensors passed in, at the same addresses, for a step of the same ``B`` and dtype; the parameters are checked
-        by :attr:`parameters` (:class:`TanhParameters`, which remembers them likewise). ``x``, new at every call, is
+        by :attr:`parameters` (:class:`~lightning_ortho._native.tanh_cell.TanhParameters`, which remembers them likewise). ``x``, new at every call, is
         checked at every call. The draw that :meth:`whole_gir` reads is drawn after this, in ``x``'s dtype and
         device, into contiguous tensors of its own (:meth:`lightning_ortho.online.UORO._noise_bits`)."""
         if not isinstance(x, torch.Tensor):
