@@ -83,19 +83,21 @@ def cases() -> list[str]:
     return found
 
 
-def build(case: str, dtype: torch.dtype = torch.float64, seed: int = 0):
-    """``(estimator, state, xs (T, B, I), grad_hs (T, B, H))`` for ``case``: a fresh cell of ``dtype`` and its
-    estimator's initial state, with inputs and readout errors for ``T = 8`` steps."""
+def build(case: str, dtype: torch.dtype = torch.float64, seed: int = 0, device: str | torch.device = "cpu"):
+    """``(estimator, state, xs (T, B, I), grad_hs (T, B, H))`` for ``case``: a fresh cell of ``dtype`` on ``device``
+    and its estimator's initial state, with inputs and readout errors for ``T = 8`` steps. The cell's parameters and
+    the data are drawn on the CPU and then moved, so every device gets the same numbers from the same seed."""
     name, cell_name = case.split("/")
     torch.manual_seed(seed)
-    cell = CELLS[cell_name]().to(dtype)
+    # moved before the estimator is built (it may keep views or caches of the parameters); .to draws nothing
+    cell = CELLS[cell_name]().to(device=device, dtype=dtype)
     cls, options = ESTIMATORS[name]
     estimator = cls(cell, **options)
     complex_state = getattr(cell, "complex_state", False)
     state_dtype = cell.state_dtype() if complex_state else dtype
-    state = estimator.initial_state(torch.zeros(STREAMS, HIDDEN, dtype=state_dtype))
-    xs = torch.randn(8, STREAMS, INPUT, dtype=dtype)
-    grad_hs = torch.randn(8, STREAMS, HIDDEN, dtype=state_dtype)
+    state = estimator.initial_state(torch.zeros(STREAMS, HIDDEN, dtype=state_dtype, device=device))
+    xs = torch.randn(8, STREAMS, INPUT, dtype=dtype).to(device)
+    grad_hs = torch.randn(8, STREAMS, HIDDEN, dtype=state_dtype).to(device)
     return estimator, state, xs, grad_hs
 
 
