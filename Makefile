@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo docs test test-native-off test-pytorch-lightning test-slow bench install install-core clean
+.PHONY: demo docs test test-ddp test-native-off test-pytorch-lightning test-slow bench install install-core clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ test-pytorch-lightning: install
 	LIGHTNING_ORTHO_LIGHTNING=pytorch_lightning $(BIN)/python -m pytest -q tests/callbacks tests/models tests/datamodules \
 		tests/benchmarks tests/test_cli.py tests/test_cli_compression.py tests/test_cli_predict.py \
 		tests/test_cli_online_stages.py tests/test_scale.py
+
+# The two-process DDP fits (marker ddp, out of the default run for its time), under both Lightning packages, and
+# those of the modules that can reach a C kernel again with the kernels off.
+test-ddp: install
+	$(BIN)/python -m pytest -q -m "ddp and not slow"
+	LIGHTNING_ORTHO_LIGHTNING=pytorch_lightning $(BIN)/python -m pytest -q -m "ddp and not slow"
+	LIGHTNING_ORTHO_NATIVE=0 $(BIN)/python -m pytest -q -m "ddp and not slow" tests/models
 
 # The tests that can reach a C kernel (lightning_ortho/_native) again with the kernels off: every such path has a
 # PyTorch twin that must give the same results and errors.

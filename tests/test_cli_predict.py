@@ -132,6 +132,7 @@ def test_the_fast_transform_tests_its_error_on_the_held_out_patches(tmp_path):
     torch.testing.assert_close(tested.trainer.callback_metrics["test_error"], error.float())
 
 
+@pytest.mark.ddp
 def test_under_ddp_each_process_writes_its_rows_with_their_dataset_index(tmp_path):
     from lightning_ortho.datamodules import DigitsDataModule
     from lightning_ortho.models import OrthogonalClassifier

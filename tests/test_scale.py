@@ -42,6 +42,7 @@ def same_global_batches(data, per_rank_batch: int, world_size: int = 2):
     return DataLoader(dataset, batch_sampler=batches)
 
 
+@pytest.mark.ddp
 @pytest.mark.parametrize("name", BUILDERS)
 def test_ddp_two_processes_match_one_process_on_the_same_global_batch(name, tmp_path, monkeypatch):
     # Lightning caches its rendezvous port in MASTER_PORT; a fresh one per test avoids reusing a port that
@@ -132,6 +133,7 @@ class ReplicasAgree(pl.Callback):
         assert torch.equal(gathered[0], gathered[1]), "replicas diverged"
 
 
+@pytest.mark.ddp
 def test_ddp_trains_a_tiny_glow_on_two_processes(tmp_path, monkeypatch):
     from lightning_ortho.models import GlowModule
 

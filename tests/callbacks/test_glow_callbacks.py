@@ -185,6 +185,7 @@ def test_a_model_without_a_glow_is_refused_at_setup(callback, tiny_trainer):
         tiny_trainer(limit_val_batches=1, callbacks=[callback()]).validate(BoringModel(), verbose=False)
 
 
+@pytest.mark.ddp
 def test_callbacks_log_on_every_process_under_ddp_without_hanging(tmp_path, tiny_trainer, monkeypatch):
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     pl.seed_everything(0)

@@ -205,6 +205,7 @@ class SavingNoiseMonitor(GradientNoiseMonitor):
         torch.save(self.history, self.folder / f"history-rank{trainer.global_rank}.pt")
 
 
+@pytest.mark.ddp
 def test_ddp_two_processes_log_the_single_process_statistics_of_the_same_global_batch(tmp_path, monkeypatch):
     # DDP: 2 processes with 8 rows each; Lightning shards the data with DistributedSampler(shuffle=True,
     # seed=PL_GLOBAL_SEED). One process: batches of 16 that are the union of the two ranks' batches. The gradient

@@ -227,6 +227,7 @@ def test_tolerance_is_validated(tolerance):
         InvertibilityMonitor(tolerance=tolerance)
 
 
+@pytest.mark.ddp
 def test_ddp_logs_the_single_process_values_on_the_union_of_the_probes(tiny_trainer, monkeypatch):
     """Two processes, 4 rows each (the whole per-process batch is the probe), one step: every statistic equals
     the single-process computation on all 8 rows at the parameters after that step."""

@@ -450,6 +450,7 @@ def brute_force_log_det(module: nn.Module, rows: torch.Tensor) -> tuple[torch.Te
     return torch.stack([s for s, _ in pairs]), torch.stack([v for _, v in pairs])
 
 
+@pytest.mark.ddp
 def test_a_real_two_process_run_logs_the_statistics_of_the_union_of_the_probes(tmp_path, monkeypatch):
     """ddp_spawn on two CPU processes, one step, 4 rows each (rank 0 the even rows, rank 1 the odd ones): each
     process measures its own probe, the "mean" (weighted by rows), "min" and "max" reductions give what one process

@@ -170,6 +170,7 @@ class SavesFigures(pl.Callback):
         torch.save(figures, self.folder / f"rank{trainer.global_rank}.pt")
 
 
+@pytest.mark.ddp
 def test_under_ddp_the_figures_are_those_of_the_whole_validation_set(tmp_path, monkeypatch):
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     train, val = make_data()  # 32 validation rows: 16 per process (DistributedSampler, no padding)

@@ -263,6 +263,7 @@ class RecordingReadout(Readout):
         torch.save(self.batches, f"{self.out_dir}/rank{self.global_rank}.pt")
 
 
+@pytest.mark.ddp
 @pytest.mark.slow
 def test_ddp_ranks_carry_the_streams_r_mod_w(tmp_path, tiny_trainer, monkeypatch):
     # Real processes: Lightning attaches the trainer, each rank reads its rank and world size from it.

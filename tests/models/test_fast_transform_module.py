@@ -95,6 +95,7 @@ def test_patches_feature_mode_cuts_images_like_image_patches(tmp_path) -> None:
     assert module.transform().pairs.tolist() == expected.transform.pairs.tolist()
 
 
+@pytest.mark.ddp
 @pytest.mark.parametrize(
     ("family", "coordinates"),
     [("b", "pairs"), pytest.param("b4x4", "quads", marks=pytest.mark.slow)],  # b4x4: ~10 s more (two spawns)

@@ -226,6 +226,7 @@ def test_an_output_size_that_is_not_the_datas_names_the_stacks_option(tmp_path):
                  "--trainer.fast_dev_run=true", "--data.init_args.symbols=8"])  # fmt: skip
 
 
+@pytest.mark.ddp
 @pytest.mark.slow  # ~25-45 s: two spawned processes
 def test_ddp_two_processes_match_one_process_on_the_same_global_streams(tmp_path, monkeypatch):
     # Streams 0, 2 and 1, 3 in two processes (each its own blocks' states and traces) against all four in one.

@@ -282,6 +282,7 @@ def test_bad_arguments_are_refused_with_what_to_do(kwargs, match):
         OnlineRNNModule(**args)
 
 
+@pytest.mark.ddp
 @pytest.mark.parametrize("estimator", [pytest.param("tbptt", marks=pytest.mark.slow), "uoro"])  # ~25 s each
 def test_ddp_two_processes_match_one_process_on_the_same_global_streams(estimator, tmp_path, monkeypatch):
     # Two processes with streams 0, 2 and 1, 3 against one process with all four. Each process's gradient is
@@ -376,6 +377,7 @@ def test_validation_runs_each_pass_from_a_zero_state_and_leaves_training_alone(t
     assert_same_tree(carried(module), carried_before)
 
 
+@pytest.mark.ddp
 @pytest.mark.slow
 def test_ddp_resume_restores_every_process_estimator_state(tmp_path, monkeypatch):
     # Rank 1's estimator state and gradient window reach the checkpoint that rank 0 writes (gathered), and come

@@ -116,6 +116,7 @@ def test_fit_then_resume_equals_uninterrupted_fit_bit_for_bit(estimator, options
         assert straight.carry.state.generator is not None  # the sign stream itself was resumed
 
 
+@pytest.mark.ddp
 @pytest.mark.parametrize(
     "estimator, options, cell",
     [

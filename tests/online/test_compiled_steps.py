@@ -22,8 +22,8 @@ def _step_and_gradient(estimator, x, state, grad_h):
     return h, state, estimator.gradient(state, grad_h)
 
 
-def _run(case: str, backend: str | None):
-    estimator, state, xs, grad_hs = build(case)
+def _run(case: str, backend: str | None, device: str = "cpu"):
+    estimator, state, xs, grad_hs = build(case, device=device)
     estimator.check_every = None
     call = _step_and_gradient
     if backend is not None:
@@ -40,7 +40,7 @@ def _run(case: str, backend: str | None):
         graphs = []
         for t in range(6):
             h, state, grads = call(estimator, xs[t], state, grad_hs[t])
-            out.append((h.clone(), {k: v.clone() for k, v in grads.items()}))
+            out.append((h.to("cpu", copy=True), {k: v.to("cpu", copy=True) for k, v in grads.items()}))
             graphs.append(counters["stats"]["unique_graphs"])
     estimator.check(state)
     # In the steady state nothing recompiles: the step count turns symbolic at the second call, and TruncatedBPTT's
@@ -78,3 +78,15 @@ def test_one_step_and_gradient_compile_as_one_graph(case):
 @pytest.mark.parametrize("case", cases())
 def test_one_step_and_gradient_compile_with_inductor(case):
     _assert_same(case, _run(case, None), _run(case, "inductor"))
+
+
+#: Cases compiled with inductor on a GPU (the covering ones with ``aot_eager``): its code generation for CUDA
+INDUCTOR_ON_CUDA = ("uoro/tanh", "rtrl/tanh", "diagonal_rtrl/lru")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize(
+    "case, backend", [(c, "aot_eager") for c in sorted(COVERING)] + [(c, "inductor") for c in INDUCTOR_ON_CUDA]
+)
+def test_one_step_and_gradient_compile_as_one_graph_on_the_gpu(case, backend):
+    _assert_same(case, _run(case, None, "cuda"), _run(case, backend, "cuda"))

@@ -10,9 +10,13 @@ device runs (the kernels run on real CPU memory only, where there is no device t
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.online.estimator_cases import build, cases
 from tests.sync_counter import HostSyncCounter
+
+#: On a GPU a host read waits for the device's whole queue: there the counter sees what a GPU user would pay for.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 #: Cases that still read on the host (being fixed): strict, so a fixed case must leave this set.
 KNOWN_READS: set[str] = set()
@@ -25,8 +29,9 @@ KNOWN_READS: set[str] = set()
         for c in cases()
     ],
 )
-def test_a_steady_state_step_reads_nothing_on_the_host(case):
-    estimator, state, xs, grad_hs = build(case)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_steady_state_step_reads_nothing_on_the_host(case, device):
+    estimator, state, xs, grad_hs = build(case, device=device)
     estimator.check_every = None  # record NaN/inf; read once per window (below)
     for t in range(3):  # warm-up: first-step work (caches, probes) is not the steady state
         _, state = estimator.step(xs[t], state)
@@ -36,7 +41,7 @@ def test_a_steady_state_step_reads_nothing_on_the_host(case):
             _, state = estimator.step(xs[t], state)
             estimator.gradient(state, grad_hs[t])
             estimator.gradient(state, grad_hs[t], per_stream=True)
-    assert counter.reads == [], f"{case}: host reads in 5 steady-state steps: {counter.reads}"
+    assert counter.reads == [], f"{case} on {device}: host reads in 5 steady-state steps: {counter.reads}"
     with HostSyncCounter() as counter:
         estimator.check(state)  # the window's one read
     assert len(counter.reads) == 1, counter.reads
