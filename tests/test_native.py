@@ -72,6 +72,29 @@ def test_a_machine_with_a_compiler_builds_the_kernels_once_into_the_cache(fresh_
     assert json.loads(record.read_text()) == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+@needs_compiler
+def test_the_extension_is_built_once_into_the_cache_and_off_with_the_switch(fresh_load, monkeypatch):
+    import sysconfig
+
+    if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
+        pytest.skip("Python's headers are not installed here")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = native.load_extension("fastcall")
+    assert module is not None and module.TanhForward and module.FactoredTrace
+    built = list(fresh_load.glob("fastcall-*.so"))
+    assert len(built) == 1 and built[0].with_name(built[0].name + ".json").is_file()
+    assert native.load_extension("fastcall") is module  # cached per process
+    with native.native_kernels(False):
+        assert native.load_extension("fastcall") is None
+    # without Python's headers: not built, without a warning (what it speeds up runs its Python code)
+    native.load.cache_clear()
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(fresh_load / "no-headers")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native.load_extension("fastcall") is None
+
+
 def test_without_a_compiler_one_warning_and_the_pytorch_path_gives_the_same_layer(fresh_load, monkeypatch):
     torch.manual_seed(0)
     layer = AuxiliaryReflection(8).double()

@@ -30,6 +30,12 @@ bytes, already in memory, are written to a private ``mkstemp`` file (a name no o
 checked again, it is loaded by its absolute path and unlinked at once (the mapping keeps an unlinked file alive).
 The private copy goes into the cache folder, else the temporary folder.
 
+**The extension.** ``fastcall.c`` is a CPython extension module (:func:`load_extension`: built and cached the same
+way, with Python's headers, and imported from a private copy): the common case of the one-stream calls, the Python
+checks and the kernel call of :class:`~lightning_ortho._native.tanh_cell.TanhCellForward` and
+:class:`~lightning_ortho._native.factored_traces.FactoredTanhTrace` in C (:mod:`lightning_ortho._native.fastcall`).
+Without ``Python.h`` it is not built, silently: the Python path does the same.
+
 Where no C compiler is found, or the build or the load fails, :func:`load` warns once
 (:class:`NativeKernelsUnavailableWarning`) and returns ``None``; callers then use their PyTorch implementation,
 which computes the same expression.
@@ -46,6 +52,8 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import platform
@@ -55,6 +63,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import types
 import warnings
 from pathlib import Path
 
@@ -66,6 +75,7 @@ __all__ = [
     "compiler",
     "enabled",
     "load",
+    "load_extension",
     "native_kernels",
     "real_cpu",
 ]
@@ -158,15 +168,16 @@ def compiler() -> list[str] | None:
     return None
 
 
-def _key(source: Path, command: list[str]) -> str:
-    """What the library depends on, hashed: the source, the headers it may include, the command and the platform."""
+def _key(source: Path, command: list[str], extra: tuple[str, ...] = ()) -> str:
+    """What the library depends on, hashed: the source, the headers it may include, the command (with ``extra``
+    flags) and the platform."""
     headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]  # what the sources may include
     return hashlib.sha256(
         b"\0".join(
             [
                 source.read_bytes(),
                 *headers,
-                " ".join(command + list(FLAGS) + list(LIBRARIES)).encode(),
+                " ".join(command + list(FLAGS) + list(extra) + list(LIBRARIES)).encode(),
                 platform.platform().encode(),
                 sys.implementation.cache_tag.encode(),
             ]
@@ -204,11 +215,12 @@ def _cached(target: Path) -> bytes | None:
     return data if isinstance(record, dict) and record == _stamp(data) else None
 
 
-def _build(source: Path, command: list[str]) -> bytes:
-    """The library built from ``source``: from the cache when the bytes there match their record, else compiled
-    anew and cached (library and record, each replaced atomically). Returns its bytes, which the caller loads from a
-    private copy (:func:`_load_private_copy`); raises ``OSError`` or ``subprocess.SubprocessError`` on failure."""
-    target = cache_dir() / f"{source.stem}-{_key(source, command)}.so"
+def _build(source: Path, command: list[str], extra: tuple[str, ...] = ()) -> bytes:
+    """The library built from ``source`` (``extra``: flags after :data:`FLAGS`): from the cache when the bytes there
+    match their record, else compiled anew and cached (library and record, each replaced atomically). Returns its
+    bytes, which the caller loads from a private copy (:func:`_load_private_copy`); raises ``OSError`` or
+    ``subprocess.SubprocessError`` on failure."""
+    target = cache_dir() / f"{source.stem}-{_key(source, command, extra)}.so"
     data = _cached(target)
     if data is not None:
         return data
@@ -218,7 +230,7 @@ def _build(source: Path, command: list[str]) -> bytes:
     os.close(handle)
     try:
         result = subprocess.run(
-            [*command, *FLAGS, "-o", partial, str(source), *LIBRARIES],
+            [*command, *FLAGS, *extra, "-o", partial, str(source), *LIBRARIES],
             capture_output=True,
             text=True,
             timeout=300,
@@ -236,11 +248,11 @@ def _build(source: Path, command: list[str]) -> bytes:
     return data
 
 
-def _load_private_copy(data: bytes, name: str) -> ctypes.CDLL:
-    """``dlopen`` a private copy of the library ``data``: written to a fresh ``mkstemp`` file (in the cache folder,
-    else the temporary folder), checked against ``data``'s hash once written, loaded by its absolute path and
-    unlinked at once (the mapping keeps it alive). No other process knows its name, so none can truncate it under
-    the mapping."""
+def _load_private_copy(data: bytes, name: str, opener=ctypes.CDLL):
+    """``dlopen`` a private copy of the library ``data`` (``opener(path)``: ``ctypes.CDLL``, or the import of an
+    extension module): written to a fresh ``mkstemp`` file (in the cache folder, else the temporary folder), checked
+    against ``data``'s hash once written, loaded by its absolute path and unlinked at once (the mapping keeps it
+    alive). No other process knows its name, so none can truncate it under the mapping."""
     expected, problems = _stamp(data), []
     for folder in (cache_dir(), Path(tempfile.gettempdir()).absolute()):
         try:
@@ -254,8 +266,8 @@ def _load_private_copy(data: bytes, name: str) -> ctypes.CDLL:
                 file.write(data)
             if _stamp(Path(path).read_bytes()) != expected:
                 raise OSError(f"the private copy {path} does not hold the bytes written to it")
-            return ctypes.CDLL(path)
-        except OSError as error:
+            return opener(path)
+        except (OSError, ImportError) as error:
             problems.append(str(error))
         finally:
             with contextlib.suppress(OSError):  # unlinked while mapped: Linux and macOS keep the mapping
@@ -296,9 +308,42 @@ def _library(name: str) -> ctypes.CDLL | None:
     return None
 
 
+def load_extension(name: str) -> types.ModuleType | None:
+    """The CPython extension module built from ``<name>.c`` beside this module (its ``PyInit_<name>``), cached and
+    loaded as :func:`load` does its libraries; ``None`` when the kernels are off (:func:`enabled`), and ``None``
+    without a warning where it cannot be built or imported (no C compiler, no ``Python.h``, a failed build): what it
+    speeds up then runs its Python code, which does the same. Cached per process (``load.cache_clear()`` too)."""
+    if _switch is False or (_switch is None and not _environment_enabled()):
+        return None
+    return _extension(name)
+
+
+@functools.cache
+def _extension(name: str) -> types.ModuleType | None:
+    command, include = compiler(), sysconfig.get_paths().get("include")
+    if command is None or not include or not Path(include, "Python.h").is_file():
+        return None
+    # An extension's CPython symbols come from the interpreter that imports it (macOS must be told so).
+    extra = (f"-I{include}", *(("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ()))
+
+    def import_module(path: str) -> types.ModuleType:
+        loader = importlib.machinery.ExtensionFileLoader(name, path)
+        spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module
+
+    try:
+        return _load_private_copy(_build(Path(__file__).with_name(f"{name}.c"), command, extra), name, import_module)
+    except (OSError, subprocess.SubprocessError, ImportError):
+        return None
+
+
 def _clear_caches() -> None:
-    """Forget the loaded libraries and the reading of ``LIGHTNING_ORTHO_NATIVE`` (tests change both)."""
+    """Forget the loaded libraries and extensions and the reading of ``LIGHTNING_ORTHO_NATIVE`` (tests change
+    them)."""
     _library.cache_clear()
+    _extension.cache_clear()
     _environment_enabled.cache_clear()
 
 

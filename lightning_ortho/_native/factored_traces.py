@@ -16,6 +16,7 @@ import struct
 import torch
 
 from lightning_ortho._native import load, real_cpu
+from lightning_ortho._native.fastcall import fastcall
 from lightning_ortho._native.guard import real_cpu_tensor
 from lightning_ortho._native.tanh_cell import parameters_fit
 
@@ -129,6 +130,9 @@ class FactoredTanhTrace:
         "_kernels",
         "_key",
         "_made",
+        "_fast",
+        "_fast_step",
+        "_fast_gradient",
     )
 
     def __init__(self, cell: torch.nn.Module, *, flat: bool = False) -> None:
@@ -144,6 +148,9 @@ class FactoredTanhTrace:
         self._key: tuple = (None,) * 9
         #: ``(h', trace', h'.data_ptr(), trace'.data_ptr(), B, dtype)`` of the last fused step
         self._made: tuple = (None, None, 0, 0, 0, None)
+        #: the common case in C (:mod:`lightning_ortho._native.fastcall`, armed at every set-up) and its two calls,
+        #: tried first by :meth:`step` and :meth:`gradient` (``None``: no extension)
+        self._fast = self._fast_step = self._fast_gradient = None
 
     def __getstate__(self) -> dict:  # copy and pickle: the cell and the layout; nothing remembered travels
         return {"cell": self.cell, "flat": self.flat}
@@ -179,6 +186,11 @@ class FactoredTanhTrace:
         and ``a = [h; x; 1]``, per stream: RFLO's ``E' = decay E + (rate d) a^T``, or with ``snap`` SnAp-1's
         ``m'[i, j] = d_i (W_h[i, i] m[i, j] + a_j)``. The sum is NaN/inf when an input or an output holds NaN/inf
         (or the sum of finite entries overflows)."""
+        fast = self._fast_step  # the common case in C: the state made here, nothing else changed
+        if fast is not None:
+            done = fast(self.cell, x, h, trace, snap, decay, rate)
+            if done is not None:
+                return done
         if (  # _kernels_for where x is of the last call's dtype and the library the same, written out
             real_cpu_tensor(x)  # first: also a tensor at all, and false when compiling
             and x.dtype is self._dtype
@@ -235,6 +247,8 @@ class FactoredTanhTrace:
             self._address, _PACK(x.data_ptr(), h_pointer, trace_pointer, h_new_pointer, trace_new_pointer, batch)
         )
         self._made = (h_new, trace_new, h_new_pointer, trace_new_pointer, batch, dtype)
+        if self._fast is not None:
+            self._fast.made(h_new, trace_new, batch)
         return h_new, trace_new, total
 
     def _set_up(
@@ -256,7 +270,41 @@ class FactoredTanhTrace:
         setup.w_hh, setup.w_ih, setup.bias = pointers
         setup.decay, setup.rate = decay, rate
         self._key = (weight_hh, weight_ih, bias, *pointers, dtype, decay, rate)
+        self._arm_fast(weight_hh, weight_ih, bias, dtype, decay, rate)
         return True
+
+    def _arm_fast(self, weight_hh, weight_ih, bias, dtype: torch.dtype, decay: float, rate: float) -> None:
+        """Arm the C object of the common case with what :meth:`_set_up` checked and the kernels of the step that
+        called it (made at the first set-up where the extension is available; it then answers only for states
+        :meth:`step` tells it of)."""
+        module = fastcall()
+        if module is None or not all(isinstance(k, ctypes._CFuncPtr) for k in self._kernels or ()):
+            self._fast = self._fast_step = self._fast_gradient = None  # (no extension, or kernels a caller wrapped)
+            return
+        if self._fast is None:
+            self._fast = module.FactoredTrace()
+            self._fast_step, self._fast_gradient = self._fast.step, self._fast.gradient
+        rflo, snap, gradient = (ctypes.cast(k, ctypes.c_void_p).value for k in self._kernels)
+        self._fast.arm(
+            weight_hh,
+            weight_ih,
+            bias,
+            self.kind,
+            dtype,
+            self._library,
+            globals(),
+            "factored_traces",
+            rflo,
+            snap,
+            gradient,
+            self._address,
+            self._setup,
+            decay,
+            rate,
+            self.hidden,
+            self.inputs,
+            self.flat,
+        )
 
     def gradient(
         self, h: torch.Tensor, trace: torch.Tensor, grad_h: torch.Tensor
@@ -265,6 +313,11 @@ class FactoredTanhTrace:
         estimate ``sum_b diag(grad_h_b) E_b`` by parameter, or ``None`` where the PyTorch path must run: also where ``grad_h`` is not ``(B, H)`` of the dtype of
         the state ``h`` (whose shape it must have) and the trace. The sum is NaN/inf when the estimate or
         ``grad_h`` is not finite (or the sum of finite entries overflows)."""
+        fast = self._fast_gradient  # the common case in C: the state made here
+        if fast is not None:
+            done = fast(h, trace, grad_h)
+            if done is not None:
+                return done
         if (  # _kernels_for where grad_h is of the last call's dtype and the library the same, written out
             real_cpu_tensor(grad_h)  # first: also a tensor at all, and false when compiling
             and grad_h.dtype is self._dtype

@@ -9,6 +9,7 @@ import ctypes
 import torch
 
 from lightning_ortho._native import load, real_cpu
+from lightning_ortho._native.fastcall import fastcall
 from lightning_ortho._native.guard import real_cpu_tensor
 
 __all__ = ["MAX_WORK", "TanhCellForward", "TanhParameters", "parameters_fit"]
@@ -137,9 +138,26 @@ class TanhCellForward:
     ``.data``, gives them new memory). ``x`` is checked at every call, and so is ``h`` unless it is this object's
     output of the last call, still at its memory (a rollout feeds each output back). Copies and pickles start
     afresh.
+
+    That common case (``h`` the last output, the parameters as checked) also exists in C with the CPython API
+    (:mod:`lightning_ortho._native.fastcall`): :attr:`fast` ``(parameters, x, h) -> h' or None``, which the caller
+    tries first, armed at every set-up of this object and told of its outputs; it makes the same checks of ``x``,
+    the switch and tracing, and costs about a third of this method. ``None`` where the extension is unavailable.
     """
 
-    __slots__ = ("_setup", "_address", "_key", "_kernel", "_library", "_rows_work", "_hidden", "_inputs", "_made")
+    __slots__ = (
+        "_setup",
+        "_address",
+        "_key",
+        "_kernel",
+        "_library",
+        "_rows_work",
+        "_hidden",
+        "_inputs",
+        "_made",
+        "_fast",
+        "fast",
+    )
 
     def __init__(self) -> None:
         self._setup = _Setup()
@@ -151,6 +169,9 @@ class TanhCellForward:
         self._rows_work = self._hidden = self._inputs = 0  # H (H + I): a stream's multiply-adds; H; I
         #: ``(h', h'.data_ptr(), B, dtype)`` of the last call
         self._made: tuple = (None, 0, 0, None)
+        #: the common case in C (:mod:`lightning_ortho._native.fastcall`, armed at every set-up) and its call
+        #: ``fast(parameters, x, h) -> h' or None``, which the caller tries first (``None``: no extension)
+        self._fast = self.fast = None
 
     def __getstate__(self) -> dict:  # copy and pickle: nothing remembered travels
         return {}
@@ -197,6 +218,8 @@ class TanhCellForward:
         h_new_pointer = h_new.data_ptr()
         self._kernel(self._address, x.data_ptr(), h_pointer, batch, h_new_pointer)
         self._made = (h_new, h_new_pointer, batch, dtype)
+        if self._fast is not None:
+            self._fast.made(h_new, batch)
         return h_new
 
     def _set_up(
@@ -223,4 +246,31 @@ class TanhCellForward:
         self._kernel, self._library = _kernel(library, dtype), library
         self._key = (weight_hh, weight_ih, bias, *pointers, dtype)
         self._made = (None, 0, 0, None)  # an output of other sizes must be checked again
+        self._arm_fast(weight_hh, weight_ih, bias, dtype, library, hidden, inputs)
         return True
+
+    def _arm_fast(self, weight_hh, weight_ih, bias, dtype, library, hidden: int, inputs: int) -> None:
+        """Arm the C object of the common case with what :meth:`_set_up` checked (made at the first set-up where
+        the extension is available; it then answers only for outputs :meth:`__call__` tells it of)."""
+        module = fastcall()
+        if module is None or not isinstance(self._kernel, ctypes._CFuncPtr):
+            self._fast = self.fast = None  # (no extension, or a kernel a caller wrapped)
+            return
+        if self._fast is None:
+            self._fast = module.TanhForward()
+            self.fast = self._fast.forward
+        kernel = ctypes.cast(self._kernel, ctypes.c_void_p).value
+        self._fast.arm(
+            weight_hh,
+            weight_ih,
+            bias,
+            dtype,
+            library,
+            globals(),
+            "tanh_cell",
+            kernel,
+            self._address,
+            self._setup,
+            hidden,
+            inputs,
+        )

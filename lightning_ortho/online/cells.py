@@ -128,7 +128,11 @@ class TanhRNNCell(nn.Module):
             fused = self._fused_forward
             if fused is None:  # made at the first call (a cell unpickled from an older version has none either)
                 fused = self._fused_forward = TanhCellForward()
-            h_new = fused(self._parameters, x, h)  # (_parameters: nn.Module's __getattr__ costs a microsecond a name)
+            parameters = self._parameters  # (nn.Module's __getattr__ costs a microsecond a name)
+            fast = fused.fast  # the common case in C: h the last output, nothing else changed
+            h_new = fast(parameters, x, h) if fast is not None else None
+            if h_new is None:
+                h_new = fused(parameters, x, h)
             if h_new is not None:
                 return h_new
         return self.activation(self.preactivation(x, h))

@@ -381,3 +381,44 @@ def test_under_cpu_autocast_the_pytorch_path_runs(name, calls):
                 outcomes.append(str(error))
     assert calls == []
     assert outcomes[0] == outcomes[1] if isinstance(outcomes[0], str) else torch.equal(outcomes[0], outcomes[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_the_common_case_runs_in_c_and_computes_what_the_python_path_computes(name, dtype, monkeypatch):
+    """The steps after the first (the state made at the last step, the parameters as armed, also after an in-place
+    update) and every estimate are answered by the extension's C call, bit for bit what the Python path computes."""
+    if factored_traces.fastcall() is None:
+        pytest.skip("the extension is not available here (no Python.h or no C compiler): the Python path runs")
+    answered = {"step": 0, "gradient": 0}
+    arm = factored_traces.FactoredTanhTrace._arm_fast
+
+    def counting_arm(self, *args):
+        arm(self, *args)
+        step, gradient = self._fast_step, self._fast_gradient
+        if step is None:  # (the run without the extension)
+            return
+
+        def counted(kind, call):
+            def answer(*arguments):
+                done = call(*arguments)
+                answered[kind] += done is not None
+                return done
+
+            return answer
+
+        self._fast_step, self._fast_gradient = counted("step", step), counted("gradient", gradient)
+
+    xs, grads, h0 = data(2, dtype)
+    results = []
+    for extension in (True, False):
+        with monkeypatch.context() as patch:
+            patch.setattr(factored_traces.FactoredTanhTrace, "_arm_fast", counting_arm)
+            if not extension:
+                patch.setattr(factored_traces, "fastcall", lambda: None)
+            estimator = ESTIMATORS[name](make_cell(dtype))
+            results.append(run(estimator, xs, grads, estimator.initial_state(h0), update_at=3)[0])
+    assert answered == {"step": STEPS - 1, "gradient": STEPS}
+    for t, (a, b) in enumerate(zip(*results, strict=True)):
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"{name}: {key} at step {t + 1}"

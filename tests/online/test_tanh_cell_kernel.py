@@ -9,6 +9,7 @@ from torch.nn.utils import parametrize
 
 import lightning_ortho._native.tanh_cell as binding
 from lightning_ortho._native import native_kernels
+from lightning_ortho._native.fastcall import fastcall
 from lightning_ortho.online import TanhRNNCell
 
 
@@ -19,18 +20,39 @@ def kernels_on():
         yield
 
 
+class Calls(list):
+    """Whether each call of the cell's one-call forward ran the C kernel (true) or declined (false); ``fast``: how
+    many of them the common case's C call (``TanhCellForward.fast``) answered."""
+
+    fast = 0
+
+
 @pytest.fixture
 def calls(monkeypatch):
-    """Whether each call of the cell's one-call forward ran the C kernel (true) or declined (false)."""
-    seen = []
-    original = binding.TanhCellForward.__call__
+    seen = Calls()
+    original, original_arm = binding.TanhCellForward.__call__, binding.TanhCellForward._arm_fast
 
     def spy(self, parameters, x, h):
         h_new = original(self, parameters, x, h)
         seen.append(h_new is not None)
         return h_new
 
+    def arm_spy(self, *args):
+        original_arm(self, *args)
+        if self.fast is not None:
+            answer = self._fast.forward
+
+            def fast(parameters, x, h):
+                h_new = answer(parameters, x, h)
+                if h_new is not None:  # else the Python path runs and the spy above records it
+                    seen.append(True)
+                    seen.fast += 1
+                return h_new
+
+            self.fast = fast
+
     monkeypatch.setattr(binding.TanhCellForward, "__call__", spy)
+    monkeypatch.setattr(binding.TanhCellForward, "_arm_fast", arm_spy)
     return seen
 
 
@@ -162,3 +184,21 @@ def test_an_output_fed_back_after_the_parameters_changed_size_is_checked_again(c
         wide = torch.randn(1, 6, dtype=torch.float64)
         torch.testing.assert_close(cell(x, wide), reference(cell, x, wide), rtol=1e-14, atol=1e-14)
     assert calls == [True, True, False, True]
+
+
+def test_an_output_fed_back_takes_the_c_call_of_the_common_case_and_equals_the_python_path(calls):
+    if fastcall() is None:
+        pytest.skip("the extension is not available here (no Python.h or no C compiler): the Python path runs")
+    torch.manual_seed(5)
+    cell = TanhRNNCell(3, 4).double()
+    xs = torch.randn(6, 1, 3, dtype=torch.float64)
+    with torch.no_grad():
+        h, expected = torch.zeros(1, 4, dtype=torch.float64), torch.zeros(1, 4, dtype=torch.float64)
+        for x in xs:
+            h, expected = cell(x, h), reference(cell, x, expected)
+            torch.testing.assert_close(h, expected, rtol=1e-14, atol=1e-14)
+        assert calls == [True] * 6 and calls.fast == 5  # the first call sets up and arms
+        h = cell(xs[0], h.clone())  # not the last output: the Python path checks it (and tells the C call)
+        with native_kernels(False):  # the switch: the C call declines on the last output too
+            torch.testing.assert_close(cell(xs[1], h), reference(cell, xs[1], h), rtol=1e-14, atol=1e-14)
+    assert calls == [True] * 7 + [False] and calls.fast == 5
