@@ -17,7 +17,7 @@ import torch
 
 from lightning_ortho._native import load, real_cpu
 from lightning_ortho._native.fastcall import fastcall
-from lightning_ortho._native.guard import real_cpu_tensor
+from lightning_ortho._native.guard import _compiling, real_cpu_tensor
 from lightning_ortho._native.tanh_cell import parameters_fit
 
 __all__ = ["FactoredTanhTrace", "factored_trace_kernels"]
@@ -187,7 +187,7 @@ class FactoredTanhTrace:
         ``m'[i, j] = d_i (W_h[i, i] m[i, j] + a_j)``. The sum is NaN/inf when an input or an output holds NaN/inf
         (or the sum of finite entries overflows)."""
         fast = self._fast_step  # the common case in C: the state made here, nothing else changed
-        if fast is not None:
+        if fast is not None and not _compiling():  # (a tracer cannot call into C: it runs the checks below)
             done = fast(self.cell, x, h, trace, snap, decay, rate)
             if done is not None:
                 return done
@@ -314,7 +314,7 @@ class FactoredTanhTrace:
         the state ``h`` (whose shape it must have) and the trace. The sum is NaN/inf when the estimate or
         ``grad_h`` is not finite (or the sum of finite entries overflows)."""
         fast = self._fast_gradient  # the common case in C: the state made here
-        if fast is not None:
+        if fast is not None and not _compiling():  # (a tracer cannot call into C: it runs the checks below)
             done = fast(h, trace, grad_h)
             if done is not None:
                 return done

@@ -90,3 +90,30 @@ INDUCTOR_ON_CUDA = ("uoro/tanh", "rtrl/tanh", "diagonal_rtrl/lru")
 )
 def test_one_step_and_gradient_compile_as_one_graph_on_the_gpu(case, backend):
     _assert_same(case, _run(case, None, "cuda"), _run(case, backend, "cuda"))
+
+
+@pytest.mark.parametrize(
+    "case", ["rflo/tanh", "snap-1/tanh", "uoro/tanh", "kf_rtrl/tanh", "rtrl/tanh", "tbptt/tanh", "diagonal_rtrl/lru"]
+)
+def test_steps_compiled_after_eager_ones_are_one_graph_and_continue_the_eager_run(case):
+    """Eager steps first arm what the one-stream paths remember (their C calls among it); a compiled step after them
+    must not reach any of it (a tracer cannot call into C) and continues the eager run exactly, and so does an eager
+    step after the compiled ones."""
+    eager = _run(case, None)
+    estimator, state, xs, grad_hs = build(case)
+    estimator.check_every = None
+    torch._dynamo.reset()
+    compiled = torch.compile(_step_and_gradient, fullgraph=True, backend="aot_eager")
+    for t in range(6):  # eager, eager, eager, compiled, compiled, eager
+        call = compiled if t in (3, 4) else _step_and_gradient
+        # compiled calls draw the state's noise inside its scope (the numbers the eager calls draw from its generator)
+        scope = estimator.noise_scope(state) if call is compiled and hasattr(estimator, "noise_scope") else None
+        with scope or nullcontext():
+            h, state, grads = call(estimator, xs[t], state, grad_hs[t])
+        torch.testing.assert_close(h, eager[t][0], rtol=1e-12, atol=1e-12, msg=f"{case}: h at step {t + 1}")
+        assert grads.keys() == eager[t][1].keys()
+        for name in grads:
+            torch.testing.assert_close(
+                grads[name], eager[t][1][name], rtol=1e-10, atol=1e-12, msg=f"{case}: {name} at step {t + 1}"
+            )
+    estimator.check(state)
