@@ -24,6 +24,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 timeout_option=$("$PYTHON" -c "import pytest_timeout" 2>/dev/null && echo "--timeout=120")
 timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts="" --confcutdir=tests -m "not slow" -k "cuda or gpu" -rfE $timeout_option \
   tests/online/test_devices.py tests/online/test_host_syncs.py tests/online/test_compiled_steps.py \
+  tests/models/test_online_rnn_module_compile.py \
   > "$OUT/gpu_tests.log" 2>&1
 echo "tests: exit $?" | tee -a "$OUT/gpu_tests.log"
 timeout $((BUDGET + 90)) "$PYTHON" -m benchmarks.gpu_suite --budget-s "$BUDGET" --out "$OUT" > "$OUT/gpu_suite.log" 2>&1

@@ -129,9 +129,7 @@ def differing_options(name: str, saved: dict[str, Any], mine: dict[str, Any]) ->
     commas; ``(not set)`` for an option without a default that one side leaves out); ``""`` when both build the same
     estimator."""
     a, b = resolved_options(name, saved), resolved_options(name, mine)
-    differ = [
-        key for key in sorted(a.keys() | b.keys()) if key not in a or key not in b or not same_options(a[key], b[key])
-    ]
+    differ = [key for key in sorted({*a, *b}) if key not in a or key not in b or not same_options(a[key], b[key])]
     shown = lambda side, key: repr(side[key]) if key in side else "(not set)"  # noqa: E731
     return ", ".join(f"{key}: {shown(a, key)} saved, {shown(b, key)} now" for key in differ)
 

@@ -10,6 +10,7 @@ import torch
 
 #: The fields :meth:`OnlineState.replace` changes.
 _FIELDS = frozenset(("h", "tensors", "generator", "step", "health"))
+_compiling = torch.compiler.is_compiling
 
 
 class OnlineState:
@@ -73,23 +74,36 @@ class OnlineState:
         Raises:
             TypeError: a field that a state does not have.
         """
-        unknown = changes.keys() - _FIELDS
+        # a comprehension, not `changes.keys() - _FIELDS`: Dynamo before torch 2.14 cannot trace a keys view's `-`
+        unknown = [key for key in changes if key not in _FIELDS]
         if unknown:
             raise TypeError(f"OnlineState.replace: unknown fields {sorted(unknown)}; a state has {sorted(_FIELDS)}.")
-        new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
+        new = self._copy()
         if "tensors" in changes:
             changes["tensors"] = dict(changes["tensors"] or {})
-        new.__dict__.update(changes)
+        for name, value in changes.items():
+            setattr(new, name, value)
+        return new
+
+    #: Every attribute of a state: what :meth:`_copy` takes while compiling (a subclass that adds one extends it).
+    _attributes = ("h", "health", "tensors", "generator", "step", "kind", "varying_dims", "windows")
+
+    def _copy(self) -> OnlineState:
+        """A shallow copy: a new state of this class with every attribute of this one."""
+        new = object.__new__(type(self))
+        if _compiling():
+            # Dynamo before torch 2.14 traces neither `__dict__.update` nor `vars(self).items()`; named attributes
+            for name in self._attributes:
+                setattr(new, name, getattr(self, name))
+        else:
+            new.__dict__.update(self.__dict__)
         return new
 
     def _advanced(self, h: torch.Tensor, tensors: dict[str, torch.Tensor], step: int) -> OnlineState:
         """:meth:`replace` of ``h``, ``tensors`` (taken as they are: a new dict of the step's) and ``step``, without
         its keyword checks: a step at one stream is a few microseconds, and this is one of its calls."""
-        new = object.__new__(type(self))
-        attributes = new.__dict__
-        attributes.update(self.__dict__)
-        attributes["h"], attributes["tensors"], attributes["step"] = h, tensors, step
+        new = self._copy()
+        new.h, new.tensors, new.step = h, tensors, step
         return new
 
     def state_dict(self) -> dict[str, Any]:

@@ -102,7 +102,7 @@ class StreamNoise:
                 f" {ids.tolist()}."
             )
         every = total == batch and (
-            stream_ids is None or (not ids.is_meta and bool((ids == torch.arange(batch)).all()))
+            stream_ids is None or (not ids.is_meta and bool((ids == torch.arange(batch, device=ids.device)).all()))
         )
         ids = ids.to(h0.device)
         total_tensor = torch.tensor(total, device=h0.device)

@@ -17,6 +17,7 @@ from lightning_ortho._lightning import pl
 from lightning_ortho.models import OnlineRNNModule
 from lightning_ortho.online import LinearRecurrentUnit, TanhRNNCell
 from tests.models.test_online_rnn_module import TinyStreams, assert_same_tree, carried, trainer
+from tests.online.test_devices import noise_from_the_cpu
 from tests.sync_counter import HostSyncCounter
 
 OPTIONS = {"rtrl": {}, "rflo": {"tau": 3.0}, "snap": {"order": 1}, "diagonal_rtrl": {}, "uoro": {}, "kf_rtrl": {}}
@@ -29,9 +30,19 @@ def _module(estimator, **kwargs):
     return OnlineRNNModule(cell, 4, estimator=estimator, **options).double()  # float64: equal to rounding
 
 
-def _fit(tmp_path, estimator, compile, epochs=1, ckpt_path=None, callbacks=(), backend="aot_eager", **kwargs):
+def _fit(
+    tmp_path,
+    estimator,
+    compile,
+    epochs=1,
+    ckpt_path=None,
+    callbacks=(),
+    backend="aot_eager",
+    accelerator="cpu",
+    **kwargs,
+):
     """A fit of 3 chunks of 4 steps per epoch, an update every 2 steps (2 compiled calls per chunk), resets at
-    chunk 2; returns the module and the train_loss logged after each chunk."""
+    chunk 2, on ``accelerator``; returns the module and the train_loss logged after each chunk."""
     pl.seed_everything(0)
     module = _module(estimator, compile=compile, compile_backend=backend, **{"update_every": 2, **kwargs})
     module.initial = [p.detach().clone() for p in module.parameters()]
@@ -50,6 +61,7 @@ def _fit(tmp_path, estimator, compile, epochs=1, ckpt_path=None, callbacks=(), b
         limit_val_batches=0,
         callbacks=[Losses(), *callbacks],
         enable_checkpointing=bool(callbacks),
+        accelerator=accelerator,
     )
     fit.fit(module, data, ckpt_path=ckpt_path)
     return module, losses
@@ -91,6 +103,28 @@ def test_compiled_fit_equals_eager_fit_without_recompiling(estimator, tmp_path):
     _assert_compiles_only_while_warming_up(estimator, compiled[0].graphs)
     moved = max((p - q).abs().max() for p, q in zip(eager[0].parameters(), eager[0].initial, strict=True))
     assert moved > 1e-3  # trained: the comparison is not between two untouched models
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("estimator", ["rtrl", "uoro", "kf_rtrl", "diagonal_rtrl"])
+def test_a_fit_on_the_gpu_equals_the_cpu_fit_and_compiles_to_it(estimator, tmp_path):
+    # the randomised estimators draw the CPU's noise on both devices (CUDA's generator draws other numbers), each
+    # fit from a generator seeded alike
+    with noise_from_the_cpu():
+        cpu, cpu_losses = _fit(tmp_path / "cpu", estimator, compile=False)
+    with noise_from_the_cpu():
+        gpu = _fit(tmp_path / "gpu", estimator, compile=False, accelerator="gpu")
+    assert next(gpu[0].parameters()).is_cuda and gpu[0].carry.state.h.is_cuda
+    torch.testing.assert_close(gpu[1], cpu_losses, rtol=1e-10, atol=0)
+    for (name, p), q in zip(cpu.named_parameters(), gpu[0].parameters(), strict=True):
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-10, atol=1e-12, msg=f"{name}")
+    torch._dynamo.reset()
+    counters.clear()
+    # compiled and eager on the GPU, each with CUDA's own noise
+    eager = _fit(tmp_path / "gpu-eager", estimator, compile=False, accelerator="gpu")
+    compiled = _fit(tmp_path / "gpu-compiled", estimator, compile=True, accelerator="gpu")
+    _assert_close_fits(eager, compiled)
+    _assert_compiles_only_while_warming_up(estimator, compiled[0].graphs)
 
 
 def test_a_window_that_spans_chunks_compiles_whole_chunks_and_equals_eager(tmp_path):

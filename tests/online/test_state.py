@@ -5,8 +5,10 @@ import torch
 from torch import nn
 
 from lightning_ortho.online import KFRTRL, RFLO, RTRL, UORO, InfluenceBalancingCell, OnlineState, SnAp, TruncatedBPTT
+from lightning_ortho.online import state as state_module
 
 from . import references as ref
+from .estimator_cases import build, cases
 from .references import DTYPE
 
 B = 2
@@ -107,6 +109,23 @@ def test_replace_keeps_the_generator_and_the_original():
     assert new.generator is generator and new.step == 3 and torch.equal(new.h, torch.ones(B, 3))
     assert state.step == 2 and torch.equal(state.h, torch.zeros(B, 3)) and new.tensors.keys() == {"a"}
     assert new.batch_size == B
+
+
+@pytest.mark.parametrize("case", cases())
+def test_a_copy_made_while_compiling_names_every_attribute_a_state_has(case, monkeypatch):
+    """Under torch.compile a state is copied by the attribute names it lists (older Dynamo traces no ``__dict__``
+    copy): every estimator's state, after steps and resets, has exactly those attributes, and the named copy is
+    the eager one."""
+    estimator, state, xs, _ = build(case)
+    for t in range(3):
+        _, state = estimator.step(xs[t], state)
+    state = estimator.reset(state, torch.tensor([True, False]))
+    assert set(vars(state)) == set(state._attributes), case
+    eager = state._copy()
+    monkeypatch.setattr(state_module, "_compiling", lambda: True)
+    named = state._copy()
+    assert type(named) is type(eager) and vars(named).keys() == vars(eager).keys()
+    assert all(getattr(named, name) is value for name, value in vars(eager).items())
 
 
 # -- estimator input checks ----------------------------------------------------------------------------------
