@@ -537,7 +537,7 @@ def run_child(section: str, device: torch.device, quick: bool, out: Path, second
     result |= {
         "returncode": child.returncode,
         "seconds": time.perf_counter() - started,
-        "output": "\n".join(output.strip().splitlines()[-20:]),
+        "output": "\n".join(output.strip().splitlines()[-60:]),
     }
     return result
 

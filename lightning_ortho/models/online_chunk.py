@@ -193,7 +193,9 @@ class CompiledSteps:
         if graphs:  # the next replay writes over the outputs: keep copies
             new_state = new_state.replace(
                 h=new_state.h.clone(),
-                tensors={k: v.clone() for k, v in new_state.tensors.items()},
+                # an entry the steps hand back untouched is the input itself (the stream ids): kept, so that what
+                # is remembered by identity (the noise's rows) still holds at the next call
+                tensors={k: v if v is start.tensors.get(k) else v.clone() for k, v in new_state.tensors.items()},
                 health=None if new_state.health is None else new_state.health.clone(),
             )
             buffers = [b.clone() for b in buffers]

@@ -8,6 +8,7 @@ where a graph breaks, without inductor's code generation); the inductor variant 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def _fit(
     pl.seed_everything(0)
     module = _module(estimator, compile=compile, compile_backend=backend, **{"update_every": 2, **kwargs})
     module.initial = [p.detach().clone() for p in module.parameters()]
-    module.graphs = []
+    module.graphs, module.devices = [], set()  # the devices of the parameters and the state while training
     data = TinyStreams(streams=3, steps=4, chunks_per_epoch=3, reset_every=2, soft=True)
     losses = []
 
@@ -54,6 +55,7 @@ def _fit(
         def on_train_batch_end(self, trainer, *args):
             losses.append(float(trainer.callback_metrics["train_loss"]))
             module.graphs.append(counters["stats"]["unique_graphs"])  # graphs compiled so far
+            module.devices.add((next(module.parameters()).device.type, module.carry.state.h.device.type))
 
     fit = trainer(
         tmp_path,
@@ -114,7 +116,7 @@ def test_a_fit_on_the_gpu_equals_the_cpu_fit_and_compiles_to_it(estimator, tmp_p
         cpu, cpu_losses = _fit(tmp_path / "cpu", estimator, compile=False)
     with noise_from_the_cpu():
         gpu = _fit(tmp_path / "gpu", estimator, compile=False, accelerator="gpu")
-    assert next(gpu[0].parameters()).is_cuda and gpu[0].carry.state.h.is_cuda
+    assert cpu.devices == {("cpu", "cpu")} and gpu[0].devices == {("cuda", "cuda")}
     torch.testing.assert_close(gpu[1], cpu_losses, rtol=1e-10, atol=0)
     for (name, p), q in zip(cpu.named_parameters(), gpu[0].parameters(), strict=True):
         torch.testing.assert_close(q.cpu(), p, rtol=1e-10, atol=1e-12, msg=f"{name}")
@@ -123,6 +125,24 @@ def test_a_fit_on_the_gpu_equals_the_cpu_fit_and_compiles_to_it(estimator, tmp_p
     # compiled and eager on the GPU, each with CUDA's own noise
     eager = _fit(tmp_path / "gpu-eager", estimator, compile=False, accelerator="gpu")
     compiled = _fit(tmp_path / "gpu-compiled", estimator, compile=True, accelerator="gpu")
+    _assert_close_fits(eager, compiled)
+    _assert_compiles_only_while_warming_up(estimator, compiled[0].graphs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("estimator", ["rtrl", "uoro"])
+def test_a_fit_with_cuda_graphs_equals_the_eager_gpu_fit(estimator, tmp_path):
+    """The inductor on CUDA captures the chunk's steps as CUDA graphs ("reduce-overhead"): the outputs are copied
+    out of the graphs' memory, what the steps hand back untouched (UORO's stream ids) is kept, and the fit equals
+    the eager one, without recompiling and without a declined capture."""
+    eager = _fit(tmp_path / "eager", estimator, compile=False, accelerator="gpu")
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._inductor.config.patch(fallback_random=True), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = _fit(tmp_path / "graphs", estimator, compile=True, backend="inductor", accelerator="gpu")
+    assert not [w for w in caught if "CUDA graph" in str(w.message)]
+    assert compiled[0]._compiled_steps.mode_for(torch.device("cuda")) == "reduce-overhead"
     _assert_close_fits(eager, compiled)
     _assert_compiles_only_while_warming_up(estimator, compiled[0].graphs)
 
