@@ -101,16 +101,22 @@ def run_steps(
         state: the estimator state before the segment.
         buffers: the update window's gradient so far, in ``plan``'s order.
         streams: ``b``, the divisor of the loss.
-        functional: return new buffers and a new health record instead of writing into those given (a compiled
-            region whose inputs are not written can be replayed as a CUDA graph); ``False`` adds in place.
+        functional: write none of the inputs: return new buffers, a new health record and new estimator entries
+            (a compiled region whose inputs are not written can be replayed as a CUDA graph); ``False`` adds into
+            the buffers and lets the steps update entries in place.
 
     Returns:
         ``(state, buffers, loss_sum, hs)``: the state after the segment, the buffers with the segment's gradient
         added, the masked loss summed over the segment (float64, detached) and the ``n`` states ``h_t`` ``(b, H)``
         (for the error path's diagnosis).
     """
-    if functional and state.health is not None:
-        state = state.replace(health=state.health.clone())
+    if functional:
+        # the steps may update an entry in place (UORO's w_tilde): they update copies made here instead. The integer
+        # entries (stream ids, counts) are never written and stay the same objects (the noise remembers its rows by
+        # them).
+        tensors = {k: v.clone() if v.is_floating_point() or v.is_complex() else v for k, v in state.tensors.items()}
+        health = None if state.health is None else state.health.clone()
+        state = state.replace(tensors=tensors, health=health)
     loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
     hs = []
     inputs, targets, masks = x.unbind(1), y.unbind(1), mask.unbind(1)

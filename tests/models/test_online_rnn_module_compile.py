@@ -15,7 +15,9 @@ import torch
 from torch._dynamo.utils import counters
 
 from lightning_ortho._lightning import pl
+from lightning_ortho._native import native_kernels
 from lightning_ortho.models import OnlineRNNModule
+from lightning_ortho.models.online_chunk import run_steps
 from lightning_ortho.online import LinearRecurrentUnit, TanhRNNCell
 from tests.models.test_online_rnn_module import TinyStreams, assert_same_tree, carried, trainer
 from tests.online.test_devices import noise_from_the_cpu
@@ -145,6 +147,31 @@ def test_a_fit_with_cuda_graphs_equals_the_eager_gpu_fit(estimator, tmp_path):
     assert compiled[0]._compiled_steps.mode_for(torch.device("cuda")) == "reduce-overhead"
     _assert_close_fits(eager, compiled)
     _assert_compiles_only_while_warming_up(estimator, compiled[0].graphs)
+
+
+@pytest.mark.parametrize("estimator", ["rtrl", "rflo", "snap", "diagonal_rtrl", "uoro", "kf_rtrl", "tbptt"])
+def test_a_compiled_region_writes_none_of_its_inputs(estimator, tmp_path):
+    """CUDA graphs replay only a region that writes none of its inputs (the inductor skips one that does): the
+    module's region, run here as the compiler traces it (the PyTorch path), leaves every input tensor it is given
+    unwritten (version counters and values) and returns what it changed."""
+    calls = []
+
+    def traced_as_compiled(estimator, readout, loss, x, y, mask, state, buffers, plan, streams, functional):
+        inputs = [state.h, *state.tensors.values(), *buffers, *([] if state.health is None else [state.health])]
+        before = [(t._version, t.clone()) for t in inputs]
+        with native_kernels(False):
+            out = run_steps(estimator, readout, loss, x, y, mask, state, buffers, plan, streams, functional=functional)
+        for t, (version, saved) in zip(inputs, before, strict=True):
+            assert t._version == version and torch.equal(t, saved), "a compiled region wrote one of its inputs"
+        calls.append(functional)
+        return out
+
+    pl.seed_everything(0)
+    module = _module(estimator, compile=True, update_every=2)
+    module._compiled_steps._compiled[str(module._compiled_steps.mode_for(torch.device("cpu")))] = traced_as_compiled
+    data = TinyStreams(streams=3, steps=4, chunks_per_epoch=3, reset_every=2, soft=True)
+    trainer(tmp_path, max_epochs=1, limit_val_batches=0, enable_checkpointing=False).fit(module, data)
+    assert calls == [True] * 6 and module.global_step == 6
 
 
 def test_a_window_that_spans_chunks_compiles_whole_chunks_and_equals_eager(tmp_path):
