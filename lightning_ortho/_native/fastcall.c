@@ -22,8 +22,10 @@ static PyObject *is_compiling, *dispatch_modes, *functorch_level, *jit_tracing, 
 static PyObject *fx_state; /* fx's thread-local flag holder (its __dict__'s "flag"), or None: then fx_tracing() */
 static PyObject *native_load, *native_globals, *environment_enabled; /* lightning_ortho._native's load, its globals */
 static PyObject *has_storage, *is_functional, *autocast;
+static PyObject *module_globals, *grad_enabled; /* torch.nn.modules.module's globals (the global hooks), is_grad_enabled */
 static PyObject *s_data_ptr, *s_is_cpu, *s_is_neg, *s_is_contiguous, *s_new_empty, *s_dtype, *s_shape, *s_load;
 static PyObject *s_parameters, *s_weight_hh, *s_weight_ih, *s_bias, *s___dict__, *s_flag, *s_switch;
+static PyObject *s_forward, *s_compiled_call_impl, *s_hooks[4], *s_global_hooks[4];
 
 /* 1 true, 0 false, -1 error */
 static int truth_of_call(PyObject *function, PyObject *argument) {
@@ -316,10 +318,65 @@ static PyObject *TanhForward_forward(TanhForward *self, PyObject *const *args, P
     return h_new;
 }
 
+/* Whether `dict`[name] is a dict (or an OrderedDict) without entries. 1, 0, -1. */
+static int empty_dict_at(PyObject *dict, PyObject *name) {
+    PyObject *value = PyDict_GetItemWithError(dict, name);
+    if (value == NULL) return PyErr_Occurred() ? -1 : 0;
+    return PyDict_Check(value) && PyDict_GET_SIZE(value) == 0;
+}
+
+/* Whether nn.Module.__call__(module, ...) would only call the class's forward with autograd off: no hook of the
+ * module's or global ones, not compiled by module.compile(), no forward set on the instance, autograd off; then
+ * *parameters is the module's _parameters (a new reference). 1, 0, -1. */
+static int only_forward(PyObject *module, PyObject **parameters) {
+    int yes = truth_of_call(grad_enabled, NULL);
+    if (yes != 0) return yes < 0 ? -1 : 0;
+    PyObject *dict = PyObject_GenericGetDict(module, NULL);
+    if (dict == NULL) return -1;
+    yes = 1;
+    PyObject *value = PyDict_GetItemWithError(dict, s_forward);
+    if (value != NULL || PyErr_Occurred()) yes = value != NULL ? 0 : -1;
+    if (yes == 1) {
+        value = PyDict_GetItemWithError(dict, s_compiled_call_impl); /* the class's None where absent */
+        yes = value == NULL ? (PyErr_Occurred() ? -1 : 1) : value == Py_None;
+    }
+    for (int i = 0; i < 4 && yes == 1; i++) yes = empty_dict_at(dict, s_hooks[i]);
+    for (int i = 0; i < 4 && yes == 1; i++) yes = empty_dict_at(module_globals, s_global_hooks[i]);
+    if (yes == 1) {
+        value = PyDict_GetItemWithError(dict, s_parameters);
+        if (value == NULL) yes = PyErr_Occurred() ? -1 : 0;
+        else {
+            Py_INCREF(value);
+            *parameters = value;
+        }
+    }
+    Py_DECREF(dict);
+    return yes;
+}
+
+/* call(module, args) -> h' or None: nn.Module.__call__(module, *args) of a cell whose class's forward tries
+ * forward(module._parameters, x, h) first (TanhRNNCell's), where that call would only call forward; None where it
+ * would do more, or where forward answers None. Saves Module.__call__'s two Python frames and forward's own. */
+static PyObject *TanhForward_call(TanhForward *self, PyObject *const *args, Py_ssize_t count) {
+    if (count != 2) return PyErr_Format(PyExc_TypeError, "call(module, args) takes 2 arguments");
+    PyObject *call_args = args[1];
+    if (!PyTuple_Check(call_args) || PyTuple_GET_SIZE(call_args) != 2) Py_RETURN_NONE;
+    if (self->kernel == NULL || PyTuple_GET_ITEM(call_args, 1) != self->made) Py_RETURN_NONE; /* the cheap test */
+    PyObject *parameters = NULL;
+    int yes = only_forward(args[0], &parameters);
+    if (yes < 0) return NULL;
+    if (!yes) Py_RETURN_NONE;
+    PyObject *forward_args[3] = {parameters, PyTuple_GET_ITEM(call_args, 0), PyTuple_GET_ITEM(call_args, 1)};
+    PyObject *h_new = TanhForward_forward(self, forward_args, 3);
+    Py_DECREF(parameters);
+    return h_new;
+}
+
 static PyMethodDef TanhForward_methods[] = {
     {"arm", (PyCFunction)TanhForward_arm, METH_VARARGS, "Arm with what the Python path checked."},
     {"made", (PyCFunction)(void (*)(void))TanhForward_made, METH_FASTCALL, "Remember an output of the Python path."},
     {"forward", (PyCFunction)(void (*)(void))TanhForward_forward, METH_FASTCALL, "The step, or None."},
+    {"call", (PyCFunction)(void (*)(void))TanhForward_call, METH_FASTCALL, "The module's call, or None."},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject TanhForwardType = {
@@ -572,18 +629,20 @@ static PyTypeObject FactoredTraceType = {
 
 /* == the module ================================================================================================== */
 /* configure(Tensor, Parameter, is_compiling, dispatch_modes, functorch_level, jit_tracing, fx_state, fx_tracing,
- *           function_modes, has_storage, is_functional, autocast, load, its globals, environment_enabled): the
- *           checks' callables, once */
+ *           function_modes, has_storage, is_functional, autocast, load, its globals, environment_enabled,
+ *           torch.nn.modules.module's globals, is_grad_enabled): the checks' callables, once */
 static PyObject *configure(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *objects[15];
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOO!O", &objects[0], &objects[1], &objects[2], &objects[3], &objects[4],
+    PyObject *objects[17];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOO!OO!O", &objects[0], &objects[1], &objects[2], &objects[3], &objects[4],
                           &objects[5], &objects[6], &objects[7], &objects[8], &objects[9], &objects[10], &objects[11],
-                          &objects[12], &PyDict_Type, &objects[13], &objects[14]))
+                          &objects[12], &PyDict_Type, &objects[13], &objects[14], &PyDict_Type, &objects[15],
+                          &objects[16]))
         return NULL;
     PyObject **slots[] = {&tensor_type,    &parameter_type, &is_compiling, &dispatch_modes, &functorch_level,
                           &jit_tracing,    &fx_state,       &fx_tracing,   &function_modes, &has_storage,
-                          &is_functional,  &autocast,       &native_load,  &native_globals, &environment_enabled};
-    for (int i = 0; i < 15; i++) {
+                          &is_functional,  &autocast,       &native_load,  &native_globals, &environment_enabled,
+                          &module_globals, &grad_enabled};
+    for (int i = 0; i < 17; i++) {
         Py_INCREF(objects[i]);
         Py_XSETREF(*slots[i], objects[i]);
     }
@@ -603,7 +662,12 @@ PyMODINIT_FUNC PyInit_fastcall(void) {
                  {&s_is_contiguous, "is_contiguous"}, {&s_new_empty, "new_empty"}, {&s_dtype, "dtype"},
                  {&s_shape, "shape"},           {&s_load, "load"},           {&s_parameters, "_parameters"},
                  {&s_weight_hh, "weight_hh"},   {&s_weight_ih, "weight_ih"}, {&s_bias, "bias"},
-                 {&s___dict__, "__dict__"},     {&s_flag, "flag"},           {&s_switch, "_switch"}};
+                 {&s___dict__, "__dict__"},     {&s_flag, "flag"},           {&s_switch, "_switch"},
+                 {&s_forward, "forward"},       {&s_compiled_call_impl, "_compiled_call_impl"},
+                 {&s_hooks[0], "_forward_hooks"},  {&s_hooks[1], "_forward_pre_hooks"},
+                 {&s_hooks[2], "_backward_hooks"}, {&s_hooks[3], "_backward_pre_hooks"},
+                 {&s_global_hooks[0], "_global_forward_hooks"},  {&s_global_hooks[1], "_global_forward_pre_hooks"},
+                 {&s_global_hooks[2], "_global_backward_hooks"}, {&s_global_hooks[3], "_global_backward_pre_hooks"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

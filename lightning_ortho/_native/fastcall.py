@@ -47,6 +47,8 @@ def fastcall() -> types.ModuleType | None:
             _native.load,  # (a caller module whose `load` is this one: the switch decides; another is called)
             vars(_native),  # (its `_switch`: native_kernels' setting)
             _native._environment_enabled,
+            vars(torch.nn.modules.module),  # (its global hooks, read at every call: nn.Module.__call__ reads them)
+            torch.is_grad_enabled,
         )
         module.configured = True
     return module

@@ -26,7 +26,34 @@
             const T *restrict hb = h + b * hidden;                                                                   \
             const T *restrict xb = x + b * inputs;                                                                   \
             T *restrict out = h_new + b * hidden;                                                                    \
-            for (long i = 0; i < hidden; ++i) {                                                                      \
+            long i = 0;                                                                                              \
+            /* four rows at a time: four independent sums in flight (one row's sum waits on each addition) */       \
+            for (; i + 4 <= hidden; i += 4) {                                                                        \
+                const T *restrict h0 = w_hh + i * hidden, *restrict h1 = h0 + hidden, *restrict h2 = h1 + hidden,    \
+                                  *restrict h3 = h2 + hidden;                                                        \
+                const T *restrict x0 = w_ih + i * inputs, *restrict x1 = x0 + inputs, *restrict x2 = x1 + inputs,    \
+                                  *restrict x3 = x2 + inputs;                                                        \
+                T z_h0 = 0, z_h1 = 0, z_h2 = 0, z_h3 = 0, z_x0 = 0, z_x1 = 0, z_x2 = 0, z_x3 = 0;                    \
+                _Pragma("omp simd reduction(+ : z_h0, z_h1, z_h2, z_h3)") for (long j = 0; j < hidden; ++j) {        \
+                    const T v = hb[j];                                                                               \
+                    z_h0 += h0[j] * v;                                                                               \
+                    z_h1 += h1[j] * v;                                                                               \
+                    z_h2 += h2[j] * v;                                                                               \
+                    z_h3 += h3[j] * v;                                                                               \
+                }                                                                                                    \
+                _Pragma("omp simd reduction(+ : z_x0, z_x1, z_x2, z_x3)") for (long j = 0; j < inputs; ++j) {        \
+                    const T v = xb[j];                                                                               \
+                    z_x0 += x0[j] * v;                                                                               \
+                    z_x1 += x1[j] * v;                                                                               \
+                    z_x2 += x2[j] * v;                                                                               \
+                    z_x3 += x3[j] * v;                                                                               \
+                }                                                                                                    \
+                out[i] = TANH(bias[i] + z_h0 + z_x0);                                                                \
+                out[i + 1] = TANH(bias[i + 1] + z_h1 + z_x1);                                                        \
+                out[i + 2] = TANH(bias[i + 2] + z_h2 + z_x2);                                                        \
+                out[i + 3] = TANH(bias[i + 3] + z_h3 + z_x3);                                                        \
+            }                                                                                                        \
+            for (; i < hidden; ++i) {                                                                                \
                 const T *restrict row_h = w_hh + i * hidden;                                                         \
                 const T *restrict row_x = w_ih + i * inputs;                                                         \
                 T z_h = 0, z_x = 0;                                                                                  \

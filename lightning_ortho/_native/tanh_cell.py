@@ -143,6 +143,9 @@ class TanhCellForward:
     (:mod:`lightning_ortho._native.fastcall`): :attr:`fast` ``(parameters, x, h) -> h' or None``, which the caller
     tries first, armed at every set-up of this object and told of its outputs; it makes the same checks of ``x``,
     the switch and tracing, and costs about a third of this method. ``None`` where the extension is unavailable.
+    :attr:`call` ``(cell, args) -> h' or None`` is the cell's whole ``nn.Module.__call__`` in that case, where that
+    call would only run ``forward`` (no hook of the cell's or global ones, not ``cell.compile()``-d, no ``forward``
+    on the instance, autograd off): a cell's call then costs no Python frame.
     """
 
     __slots__ = (
@@ -157,6 +160,7 @@ class TanhCellForward:
         "_made",
         "_fast",
         "fast",
+        "call",
     )
 
     def __init__(self) -> None:
@@ -170,8 +174,9 @@ class TanhCellForward:
         #: ``(h', h'.data_ptr(), B, dtype)`` of the last call
         self._made: tuple = (None, 0, 0, None)
         #: the common case in C (:mod:`lightning_ortho._native.fastcall`, armed at every set-up) and its call
-        #: ``fast(parameters, x, h) -> h' or None``, which the caller tries first (``None``: no extension)
-        self._fast = self.fast = None
+        #: ``fast(parameters, x, h) -> h' or None``, which the caller tries first (``None``: no extension), and
+        #: ``call(cell, args) -> h' or None``: the cell's ``nn.Module.__call__`` where it would only run forward
+        self._fast = self.fast = self.call = None
 
     def __getstate__(self) -> dict:  # copy and pickle: nothing remembered travels
         return {}
@@ -254,11 +259,11 @@ class TanhCellForward:
         the extension is available; it then answers only for outputs :meth:`__call__` tells it of)."""
         module = fastcall()
         if module is None or not isinstance(self._kernel, ctypes._CFuncPtr):
-            self._fast = self.fast = None  # (no extension, or a kernel a caller wrapped)
+            self._fast = self.fast = self.call = None  # (no extension, or a kernel a caller wrapped)
             return
         if self._fast is None:
             self._fast = module.TanhForward()
-            self.fast = self._fast.forward
+            self.fast, self.call = self._fast.forward, self._fast.call
         kernel = ctypes.cast(self._kernel, ctypes.c_void_p).value
         self._fast.arm(
             weight_hh,

@@ -26,6 +26,7 @@ dense trace, SnAp, truncated BPTT) and is refused with the reason where the esti
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -69,8 +70,11 @@ class TanhRNNCell(nn.Module):
         super().__init_subclass__(**kwargs)
         # the one C call computes tanh(W_h h + W_x x + b): not what a subclass with its own pieces steps
         cls._plain_step = cls.preactivation is TanhRNNCell.preactivation and cls.activation is TanhRNNCell.activation
+        # a call is the C call only where it would run this class's forward (a subclass's own forward runs)
+        cls._call_in_c = cls._plain_step and cls.forward is TanhRNNCell.forward
 
     _plain_step = True
+    _call_in_c = True
     #: the cell's one-call forward (:class:`~lightning_ortho._native.tanh_cell.TanhCellForward`), made at the first
     #: call that may use it
     _fused_forward: TanhCellForward | None = None
@@ -109,6 +113,21 @@ class TanhRNNCell(nn.Module):
             h: ``(B, hidden_size)`` previous states.
         """
         return torch.cat([h, x, h.new_ones(h.shape[0], 1)], dim=1)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``nn.Module.__call__``. At one stream nn.Module's call (two Python frames and the hooks' checks) costs a
+        microsecond, a quarter of the step: where the call would only run :meth:`forward` and forward would be its
+        one C call with ``h`` the last output, the whole call is that C call
+        (:attr:`~lightning_ortho._native.tanh_cell.TanhCellForward.call`, which checks the hooks, autograd and the
+        rest); anything else, or while compiling (the compiler traces nn.Module's call), is nn.Module's call."""
+        fused = self._fused_forward
+        if fused is not None and not kwargs and self._call_in_c and not _compiling():
+            call = fused.call
+            if call is not None:
+                h_new = call(self, args)
+                if h_new is not None:
+                    return h_new
+        return super().__call__(*args, **kwargs)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """One step ``h' = tanh(W_h h + W_x x + b)``: ``activation(preactivation(x, h))``.

@@ -22,9 +22,11 @@ def kernels_on():
 
 class Calls(list):
     """Whether each call of the cell's one-call forward ran the C kernel (true) or declined (false); ``fast``: how
-    many of them the common case's C call (``TanhCellForward.fast``) answered."""
+    many of them the common case's C call (``TanhCellForward.fast``) answered, ``whole``: how many of those were the
+    cell's whole call (``TanhCellForward.call``: no Python frame of nn.Module's)."""
 
     fast = 0
+    whole = 0
 
 
 @pytest.fixture
@@ -50,6 +52,18 @@ def calls(monkeypatch):
                 return h_new
 
             self.fast = fast
+        if self.call is not None:  # the cell's whole call in C (the same common case)
+            answer_call = self._fast.call
+
+            def call(cell, args):
+                h_new = answer_call(cell, args)
+                if h_new is not None:
+                    seen.append(True)
+                    seen.fast += 1
+                    seen.whole += 1
+                return h_new
+
+            self.call = call
 
     monkeypatch.setattr(binding.TanhCellForward, "__call__", spy)
     monkeypatch.setattr(binding.TanhCellForward, "_arm_fast", arm_spy)
@@ -202,3 +216,64 @@ def test_an_output_fed_back_takes_the_c_call_of_the_common_case_and_equals_the_p
         with native_kernels(False):  # the switch: the C call declines on the last output too
             torch.testing.assert_close(cell(xs[1], h), reference(cell, xs[1], h), rtol=1e-14, atol=1e-14)
     assert calls == [True] * 7 + [False] and calls.fast == 5
+
+
+def test_the_cells_whole_call_is_the_c_call_only_where_nn_modules_call_would_run_forward_alone(calls):
+    if fastcall() is None:
+        pytest.skip("the extension is not available here (no Python.h or no C compiler): the Python path runs")
+    torch.manual_seed(6)
+    cell = TanhRNNCell(3, 4).double()
+    x = torch.randn(1, 3, dtype=torch.float64)
+    module_hooks = torch.nn.modules.module
+    seen = []
+    with torch.no_grad():
+        h = cell(x, torch.zeros(1, 4, dtype=torch.float64))  # sets up: the Python path
+        h = cell(x, h)
+        assert calls.whole == 1
+        hooks = {
+            "forward": lambda: cell.register_forward_hook(lambda m, a, o: seen.append("forward")),
+            "pre": lambda: cell.register_forward_pre_hook(lambda m, a: seen.append("pre")),
+            "backward": lambda: cell.register_full_backward_hook(lambda m, gi, go: None),
+            "global": lambda: module_hooks.register_module_forward_hook(lambda m, a, o: seen.append("global")),
+            "global pre": lambda: module_hooks.register_module_forward_pre_hook(lambda m, a: seen.append("global pre")),
+            "global backward": lambda: module_hooks.register_module_full_backward_hook(lambda m, gi, go: None),
+        }
+        for name, register in hooks.items():
+            handle = register()
+            expected = reference(cell, x, h)
+            h = cell(x, h)  # nn.Module's call runs the hook; forward is still the C call of the common case
+            handle.remove()
+            torch.testing.assert_close(h, expected, rtol=1e-14, atol=1e-14, msg=name)
+        assert seen == ["forward", "pre", "global", "global pre"]
+        assert calls.whole == 1 and calls.fast == 1 + len(hooks)
+        h = cell(x, h=h)  # a keyword: nn.Module's call
+        assert calls.whole == 1
+        cell._compiled_call_impl = lambda *args, **kwargs: "compiled"  # what cell.compile() sets
+        assert cell(x, h) == "compiled"
+        del cell._compiled_call_impl
+        cell.forward = lambda x, h: "the instance's forward"
+        assert cell(x, h) == "the instance's forward"
+        del cell.forward
+        h = cell(x, h)
+        assert calls.whole == 2  # back to the whole call in C
+    before = len(calls)
+    with torch.enable_grad():
+        out = cell(x, h)
+    assert out.requires_grad and len(calls) == before  # autograd: the PyTorch ops, no C call
+
+
+def test_a_subclass_with_its_own_forward_runs_it(calls):
+    class Doubled(TanhRNNCell):
+        def forward(self, x, h):
+            return 2 * super().forward(x, h)
+
+    torch.manual_seed(7)
+    cell = Doubled(3, 4).double()
+    x = torch.randn(1, 3, dtype=torch.float64)
+    with torch.no_grad():
+        h = cell(x, torch.zeros(1, 4, dtype=torch.float64))
+        for _ in range(3):
+            expected = 2 * reference(cell, x, h)
+            h = cell(x, h)
+            torch.testing.assert_close(h, expected, rtol=1e-14, atol=1e-14)
+    assert calls.whole == 0
