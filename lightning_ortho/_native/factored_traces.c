@@ -161,7 +161,7 @@ typedef struct {
         return factored_gradient_body_##SUFFIX(setup, a->trace, a->grad_h, a->batch, a->out_hh, a->out_ih, a->out_b);  \
     }
 
-DEFINE_KERNELS(float, float32, tanhf)
+DEFINE_KERNELS(float, float32, tanh_cell_tanhf)
 DEFINE_KERNELS(double, float64, tanh)
 DEFINE_ENTRIES(float, float32)
 DEFINE_ENTRIES(double, float64)

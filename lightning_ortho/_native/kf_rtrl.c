@@ -277,5 +277,5 @@ typedef struct {
                                          a->scratch, a->out_hh, a->out_ih, a->out_b);                                 \
     }
 
-DEFINE_KERNELS(float, float32, sqrtf, tanhf)
+DEFINE_KERNELS(float, float32, sqrtf, tanh_cell_tanhf)
 DEFINE_KERNELS(double, float64, sqrt, tanh)

@@ -114,5 +114,5 @@
         return total;                                                                                                 \
     }
 
-DEFINE_KERNELS(float, float32, tanhf)
+DEFINE_KERNELS(float, float32, tanh_cell_tanhf)
 DEFINE_KERNELS(double, float64, tanh)

@@ -21,5 +21,5 @@ typedef struct {
                            setup->hidden, setup->inputs, h_new);                                                     \
     }
 
-DEFINE_FORWARD(float, float32, tanhf)
+DEFINE_FORWARD(float, float32, tanh_cell_tanhf)
 DEFINE_FORWARD(double, float64, tanh)

@@ -189,5 +189,5 @@
         return total + (double)out_sum;                                                                               \
     }
 
-DEFINE_KERNELS(float, float32, tanhf)
+DEFINE_KERNELS(float, float32, tanh_cell_tanhf)
 DEFINE_KERNELS(double, float64, tanh)
