@@ -8,7 +8,7 @@ from torch import nn
 from lightning_ortho.models.classification import ClassifierModule
 from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.nn import SVDLinear
-from lightning_ortho.nn.orthogonal import OrthogonalMethod
+from lightning_ortho.nn.orthogonal_maps import OrthogonalMethod
 
 
 class OrthogonalClassifier(ClassifierModule):

@@ -10,7 +10,7 @@ from torch import nn
 from lightning_ortho.models.classification import ClassifierModule
 from lightning_ortho.models.optimizer_group import OptimizerGroup
 from lightning_ortho.models.optimizers import build_optimizer
-from lightning_ortho.nn.orthogonal import OrthogonalMethod
+from lightning_ortho.nn.orthogonal_maps import OrthogonalMethod
 from lightning_ortho.nn.rnn import Nonlinearity, OrthogonalRNN
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}

@@ -1,4 +1,5 @@
-"""Pure-PyTorch orthogonal(-like) layers: auxiliary reflections, Householder products, SVD layers, orthogonal RNNs.
+"""Pure-PyTorch orthogonal(-like) layers: auxiliary reflections, Householder products, SVD layers, orthogonal RNNs,
+and orthogonal weights on any module (``orthogonal(module, "weight")``).
 
 Nothing here imports Lightning.
 """
@@ -21,7 +22,8 @@ from lightning_ortho.nn.capabilities import (
 from lightning_ortho.nn.householder import HouseholderProduct
 from lightning_ortho.nn.invertible_weight import InvertibleAuxiliaryWeight
 from lightning_ortho.nn.newton import NewtonInverseError, NewtonResult, NotInvertibleError
-from lightning_ortho.nn.orthogonal import ORTHOGONAL_METHODS, OrthogonalMethod, orthogonal_map
+from lightning_ortho.nn.orthogonal_maps import ORTHOGONAL_METHODS, OrthogonalMethod, orthogonal_map
+from lightning_ortho.nn.orthogonal_weight import WEIGHT_MAPS, OrthogonalWeight, orthogonal, sample_haar_
 from lightning_ortho.nn.parametrized import ParametrizedOrthogonal
 from lightning_ortho.nn.reflection import householder_matrix, reflect
 from lightning_ortho.nn.rnn import OrthogonalRNN, OrthogonalRNNCell, modrelu
@@ -29,6 +31,7 @@ from lightning_ortho.nn.svd_linear import SVDLinear
 
 __all__ = [
     "ORTHOGONAL_METHODS",
+    "WEIGHT_MAPS",
     "AuxiliaryReflection",
     "HasDenseJacobian",
     "HasInverse",
@@ -47,14 +50,17 @@ __all__ = [
     "OrthogonalMethod",
     "OrthogonalRNN",
     "OrthogonalRNNCell",
+    "OrthogonalWeight",
     "ParametrizedOrthogonal",
     "Reconstructs",
     "SVDLinear",
     "finite_checks",
     "householder_matrix",
     "modrelu",
+    "orthogonal",
     "orthogonal_map",
     "reflect",
+    "sample_haar_",
 ]
 
 #: Names exported here before and internal now: still resolved (with a FutureWarning) for one release.

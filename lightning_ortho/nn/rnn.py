@@ -25,7 +25,7 @@ from lightning_ortho.nn._checks import (
 )
 from lightning_ortho.nn.activations import modrelu
 from lightning_ortho.nn.auxiliary import AuxiliaryReflection
-from lightning_ortho.nn.orthogonal import OrthogonalMethod, orthogonal_map
+from lightning_ortho.nn.orthogonal_maps import OrthogonalMethod, orthogonal_map
 from lightning_ortho.nn.rnn_sequence import auxiliary_rnn_sequence
 
 Nonlinearity = Literal["modrelu", "tanh"]

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lightning_ortho.nn._checks import check_features
-from lightning_ortho.nn.orthogonal import OrthogonalMethod, orthogonal_map
+from lightning_ortho.nn.orthogonal_maps import OrthogonalMethod, orthogonal_map
 
 
 class SVDLinear(nn.Module):

@@ -1,0 +1,254 @@
+"""Orthogonal weights on any module: ``orthogonal(module, "weight")`` registers a ``torch.nn.utils.parametrize``
+parametrisation that keeps the weight's rows or columns orthonormal while the optimiser works on free coordinates."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, get_args
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from lightning_ortho.nn.stiefel import (
+    householder_stiefel,
+    orthonormality_error,
+    project_to_stiefel,
+    sample_haar_stiefel,
+    stiefel_coordinates,
+)
+
+WeightMap = Literal["householder"]
+Initialisation = Literal["keep", "haar", "identity"]
+View = Literal["matrix", "kernel", "gates"]
+
+#: The maps :func:`orthogonal` builds (read from :data:`WeightMap`).
+WEIGHT_MAPS: tuple[str, ...] = get_args(WeightMap)
+#: The initialisations :func:`orthogonal` accepts.
+INITIALISATIONS: tuple[str, ...] = get_args(Initialisation)
+
+
+class OrthogonalWeight(nn.Module):
+    """The parametrisation :func:`orthogonal` registers: ``weight = Q(X)``, with ``X`` the free coordinates that the
+    optimiser updates (``parametrizations.<name>.original``).
+
+    The weight is read as matrices ``(..., rows, columns)`` (``view``):
+
+    * ``"matrix"``: its last two dims (a ``Linear`` weight ``(out, in)``; any tensor ``(..., n, k)``, the leading
+      dims a batch of matrices);
+    * ``"kernel"``: a convolution's kernel ``(out, in / groups, *kernel_size)`` as the matrix
+      ``(out, in / groups * prod(kernel_size))``, the map of a filter over its whole receptive field;
+    * ``"gates"``: a recurrent layer's ``(gates * hidden, columns)`` weight as ``gates`` blocks ``(hidden, columns)``
+      (one orthogonal matrix per gate of an LSTM or GRU).
+
+    Each matrix gets orthonormal columns where it has at least as many rows as columns (``Q^H Q = I``), else
+    orthonormal rows (``Q Q^H = I``), as ``torch.nn.utils.parametrizations.orthogonal`` does; complex weights get
+    unitary ones. ``map="householder"`` is ``Q = H_1 ... H_k E_k D`` of :mod:`lightning_ortho.nn.stiefel`: ``k``
+    Householder reflections and a diagonal of signs (phases), ``O(n k^2)`` for a tall ``(n, k)`` matrix, never an
+    ``n x n`` one; it reaches every matrix with orthonormal columns. ``X`` is stored as the tall matrices
+    ``(..., n, k)`` (the transpose of a wide weight's).
+
+    Args:
+        shape: the weight's shape.
+        view: how the weight is read as matrices (above).
+        gates: the number of gates of a ``"gates"`` view (3 for a GRU, 4 for an LSTM).
+        map: the map from coordinates to orthonormal matrices; ``"householder"``.
+        project: what assigning a weight that is not orthogonal does (``module.weight = W``, or ``right_inverse``):
+            ``False`` refuses with a ``ValueError``, ``True`` takes its orthonormal factor (QR, the signs of ``R``'s
+            diagonal moved into ``Q``), as PyTorch and geotorch do without asking.
+
+    Raises:
+        ValueError: an unknown ``map`` or ``view``, or a shape the view cannot read (``"gates"`` whose rows are not a
+            multiple of the gates).
+    """
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        *,
+        view: View = "matrix",
+        gates: int = 1,
+        map: WeightMap = "householder",
+        project: bool = False,
+    ) -> None:
+        super().__init__()
+        if map not in WEIGHT_MAPS:
+            raise ValueError(f"OrthogonalWeight: unknown map {map!r}; choose one of {', '.join(WEIGHT_MAPS)}.")
+        if view not in get_args(View):
+            raise ValueError(f"OrthogonalWeight: unknown view {view!r}; choose one of {', '.join(get_args(View))}.")
+        shape = tuple(int(size) for size in shape)
+        if len(shape) < 2:
+            raise ValueError(f"OrthogonalWeight: a weight of at least two dims is needed, got shape {shape}.")
+        if view == "gates" and (gates < 1 or shape[0] % gates):
+            raise ValueError(f"OrthogonalWeight: {shape[0]} rows are not {gates} gates of equal size.")
+        self.shape, self.view, self.gates, self.map, self.project = shape, view, gates, map, bool(project)
+        rows, columns = self._matrix_shape()[-2:]
+        self.transposed = rows < columns
+
+    def _matrix_shape(self) -> tuple[int, ...]:
+        """The weight as matrices ``(..., rows, columns)``, before any transpose."""
+        shape = self.shape
+        if self.view == "kernel":
+            return (shape[0], math.prod(shape[1:]))
+        if self.view == "gates":
+            return (self.gates, shape[0] // self.gates, *shape[1:])
+        return shape
+
+    def _tall(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight as tall matrices ``(..., n, k)``, ``n >= k``."""
+        matrices = weight.reshape(self._matrix_shape())
+        return matrices.mT if self.transposed else matrices
+
+    def _weight(self, tall: torch.Tensor) -> torch.Tensor:
+        """Tall matrices back to the weight's shape."""
+        return (tall.mT if self.transposed else tall).reshape(self.shape)
+
+    def forward(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """The weight ``(*shape)`` with orthonormal rows or columns, from the coordinates ``(..., n, k)``."""
+        return self._weight(householder_stiefel(coordinates))
+
+    @torch.no_grad()
+    def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        """The coordinates of ``weight`` (what ``module.<name> = weight`` stores).
+
+        Raises:
+            TypeError: ``weight`` is not floating point or complex.
+            ValueError: ``weight`` has another shape, or is not orthogonal (its rows or columns not orthonormal to
+                ``100 n eps`` of its dtype) and ``project`` is false: the message says how far off it is.
+        """
+        if not isinstance(weight, torch.Tensor) or not (weight.is_floating_point() or weight.is_complex()):
+            kind = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
+            raise TypeError(f"OrthogonalWeight: the weight must be a floating-point or complex tensor, got {kind}.")
+        if tuple(weight.shape) != self.shape:
+            raise ValueError(f"OrthogonalWeight: expected a weight of shape {self.shape}, got {tuple(weight.shape)}.")
+        tall = self._tall(weight)
+        if weight.device.type == "meta":  # deferred initialisation: shapes only
+            return torch.empty_like(tall)
+        n = tall.shape[-2]
+        tolerance = 100 * n * torch.finfo(weight.dtype).eps
+        error = float(orthonormality_error(tall))
+        if not error <= tolerance:
+            if not self.project:
+                side = "rows" if self.transposed else "columns"
+                raise ValueError(
+                    f"OrthogonalWeight: the weight's {side} are not orthonormal (max |Q^H Q - I| = {error:.2e} >"
+                    f" {tolerance:.1e}). Pass project=True to orthogonal() to take its orthonormal factor (QR), or"
+                    " assign an orthogonal matrix."
+                )
+            tall = project_to_stiefel(tall)
+        return stiefel_coordinates(tall)
+
+    def extra_repr(self) -> str:
+        rows, columns = self._matrix_shape()[-2:]
+        side = "rows" if self.transposed else "columns"
+        return f"shape={self.shape}, view={self.view!r}, map={self.map!r}, orthonormal {side} of ({rows}, {columns})"
+
+
+def orthogonal(
+    module: nn.Module,
+    name: str = "weight",
+    *,
+    map: WeightMap = "householder",
+    init: Initialisation = "keep",
+    project: bool = False,
+    generator: torch.Generator | None = None,
+) -> nn.Module:
+    """Make ``module.<name>`` orthogonal: register an :class:`OrthogonalWeight` parametrisation on it
+    (``torch.nn.utils.parametrize``) and return ``module``.
+
+    The weight keeps its shape, dtype and device; its rows or columns are orthonormal (the shorter side), unitary
+    for a complex weight. A ``Conv1d/2d/3d`` kernel is read as ``(out, in / groups * prod(kernel_size))``, an
+    ``RNN``/``GRU``/``LSTM`` input or recurrent weight as one block per gate, anything else as matrices over its last
+    two dims. The optimiser then updates ``module.parametrizations.<name>.original``; ``parametrize.cached()`` builds
+    the weight once for many uses, and ``parametrize.remove_parametrizations(module, name)`` leaves the current
+    orthogonal weight as a plain parameter.
+
+    Args:
+        module: any module with a floating-point or complex parameter ``name`` of at least two dims.
+        name: the parameter.
+        map: ``"householder"``: Householder reflections and column signs (see :class:`OrthogonalWeight`).
+        init: ``"keep"``: the weight's own orthonormal factor (QR; the weight itself where it is orthogonal
+            already); ``"haar"``: a uniformly random orthogonal weight (:func:`sample_haar_`); ``"identity"``: the
+            first rows or columns of the identity in every matrix.
+        project: whether a non-orthogonal weight assigned later (``module.<name> = W``) is projected (QR) or
+            refused with a ``ValueError`` that names this option.
+        generator: the generator of ``init="haar"``.
+
+    Raises:
+        ValueError: ``name`` is not a parameter of ``module`` (or is already parametrised), an unknown ``map`` or
+            ``init``, a weight of fewer than two dims.
+        TypeError: an integer weight.
+    """
+    if init not in INITIALISATIONS:
+        raise ValueError(f"orthogonal: unknown init {init!r}; choose one of {', '.join(INITIALISATIONS)}.")
+    if parametrize.is_parametrized(module, name):
+        raise ValueError(
+            f"orthogonal: {type(module).__name__}.{name} is already parametrised; remove that first"
+            f" (torch.nn.utils.parametrize.remove_parametrizations(module, {name!r}))."
+        )
+    weight = getattr(module, name, None)
+    if not isinstance(weight, nn.Parameter):
+        raise ValueError(f"orthogonal: {type(module).__name__} has no parameter {name!r}.")
+    if not (weight.is_floating_point() or weight.is_complex()):
+        raise TypeError(f"orthogonal: {type(module).__name__}.{name} is {weight.dtype}; it must be floating point.")
+    view, gates = _view_of(module, name, weight)
+    parametrization = OrthogonalWeight(tuple(weight.shape), view=view, gates=gates, map=map, project=project)
+    with torch.no_grad():
+        if weight.device.type != "meta":
+            tall = parametrization._tall(weight)
+            if init == "keep":
+                start = project_to_stiefel(tall)  # (an orthonormal weight is its own factor, to rounding)
+            elif init == "haar":
+                start = sample_haar_stiefel(
+                    tuple(tall.shape), dtype=weight.dtype, device=weight.device, generator=generator
+                )
+            else:
+                start = _identity_like(tall)
+            weight.copy_(parametrization._weight(start))
+    parametrize.register_parametrization(module, name, parametrization)
+    return module
+
+
+@torch.no_grad()
+def sample_haar_(module: nn.Module, name: str = "weight", generator: torch.Generator | None = None) -> nn.Module:
+    """Set the orthogonal ``module.<name>`` (registered by :func:`orthogonal`) to a uniformly random (Haar)
+    orthogonal weight, in place; returns ``module``.
+
+    Raises:
+        ValueError: ``module.<name>`` is not an orthogonal weight of :func:`orthogonal`.
+    """
+    _orthogonal_weight(module, name, "sample_haar_")
+    original = getattr(module.parametrizations, name).original  # the coordinates, (..., n, k)
+    sample = sample_haar_stiefel(
+        tuple(original.shape), dtype=original.dtype, device=original.device, generator=generator
+    )
+    original.copy_(stiefel_coordinates(sample))
+    return module
+
+
+def _orthogonal_weight(module: nn.Module, name: str, where: str) -> OrthogonalWeight:
+    if parametrize.is_parametrized(module, name):
+        for parametrization in getattr(module.parametrizations, name):
+            if isinstance(parametrization, OrthogonalWeight):
+                return parametrization
+    raise ValueError(f"{where}: {type(module).__name__}.{name} is not an orthogonal weight; call orthogonal() first.")
+
+
+def _view_of(module: nn.Module, name: str, weight: torch.Tensor) -> tuple[View, int]:
+    """How :func:`orthogonal` reads ``module.<name>`` as matrices, and the gates of a recurrent weight."""
+    if weight.dim() < 2:
+        raise ValueError(
+            f"orthogonal: {type(module).__name__}.{name} has shape {tuple(weight.shape)}; an orthogonal weight needs"
+            " at least two dims."
+        )
+    if isinstance(module, nn.modules.conv._ConvNd) and name == "weight":
+        return "kernel", 1
+    if isinstance(module, nn.RNNBase) and name.startswith(("weight_ih", "weight_hh")):
+        return "gates", weight.shape[0] // module.hidden_size
+    return "matrix", 1
+
+
+def _identity_like(tall: torch.Tensor) -> torch.Tensor:
+    """The first ``k`` columns of the identity, in every matrix of ``tall`` ``(..., n, k)``."""
+    n, k = tall.shape[-2:]
+    return torch.eye(n, k, dtype=tall.dtype, device=tall.device).expand(tall.shape).clone()

@@ -1,0 +1,152 @@
+"""Matrices with orthonormal columns (the Stiefel manifold ``St(n, k) = {Q in F^{n x k} : Q^H Q = I_k}``, ``F`` the
+real or complex numbers) from unconstrained coordinates, and back.
+
+The coordinates of ``Q`` are a matrix ``X`` of its own shape ``(..., n, k)``, ``n >= k``, read as Householder
+reflections and column phases:
+
+* below the diagonal, column ``i`` of ``X`` holds ``a_i``, the reflection vector ``v_i = e_i + a_i`` (its entries
+  above ``i`` are zero, entry ``i`` is one): the reflection ``H_i = I - 2 v_i v_i^H / (v_i^H v_i)``, which is
+  Hermitian and unitary (a reflection in the complex case too, unlike LAPACK's ``geqrf`` factors);
+* on the diagonal, ``X_ii`` gives column ``i``'s sign (real: ``-1`` where ``X_ii < 0``, else ``1``) or phase
+  (complex: ``X_ii / |X_ii|``, ``1`` where ``X_ii = 0``);
+* above the diagonal, nothing: those entries are never read.
+
+Then ``Q = H_1 H_2 ... H_k E_k D`` with ``E_k`` the first ``k`` columns of the identity and ``D`` the diagonal of
+signs or phases. Every matrix with orthonormal columns has such coordinates (Householder QR of ``Q`` itself ends in
+``E_k D``; :func:`stiefel_coordinates`), so the map is onto ``St(n, k)``; ``Q`` is computed in ``O(n k^2)`` by
+``torch.linalg.householder_product`` without an ``n x n`` matrix. A sign is piecewise constant (no gradient) and
+weight decay only shrinks ``X_ii``, which never changes its sign: the result stays orthonormal whatever an optimiser
+does to the diagonal (PyTorch's own Householder map reads the signs as ``int(X_ii)``, which is ``0`` once weight
+decay has shrunk ``|X_ii|`` below one).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def householder_stiefel(coordinates: torch.Tensor) -> torch.Tensor:
+    """``Q = H_1 ... H_k E_k D`` ``(..., n, k)`` with orthonormal columns, from coordinates of the same shape (see the
+    module docstring), real or complex.
+
+    Raises:
+        ValueError: fewer rows than columns (``n < k``: transpose first), or not a floating-point or complex
+            tensor of at least two dims.
+    """
+    _check_tall(coordinates, "householder_stiefel")
+    lower = coordinates.tril(diagonal=-1)
+    squared = (lower.real.square() + lower.imag.square()) if lower.is_complex() else lower.square()
+    tau = 2.0 / (1.0 + squared.sum(dim=-2))  # real: H_i is a reflection
+    product = torch.linalg.householder_product(lower, tau.to(lower.dtype))
+    return product * column_phases(coordinates).unsqueeze(-2)
+
+
+def column_phases(coordinates: torch.Tensor) -> torch.Tensor:
+    """``(..., k)``: the signs (real) or unit phases (complex) that the diagonal of ``coordinates`` gives the columns;
+    ``1`` where an entry is zero."""
+    diagonal = coordinates.diagonal(dim1=-2, dim2=-1)
+    if diagonal.is_complex():
+        modulus = diagonal.abs()
+        return torch.where(modulus > 0, diagonal / torch.where(modulus > 0, modulus, 1.0), 1.0).to(diagonal.dtype)
+    return torch.where(diagonal < 0, -1.0, 1.0).to(diagonal.dtype)
+
+
+@torch.no_grad()
+def stiefel_coordinates(orthonormal: torch.Tensor) -> torch.Tensor:
+    """Coordinates ``X`` with ``householder_stiefel(X) = Q`` (to rounding), for ``Q`` ``(..., n, k)`` with
+    orthonormal columns: Householder QR of ``Q`` with reflections (``v = c - alpha e_1``, ``alpha`` of modulus
+    ``||c||`` and the opposite phase of ``c``'s first entry, so that nothing cancels), computed in double precision.
+    The unused entries above the diagonal are zero.
+
+    Raises:
+        ValueError: ``n < k``, or not a floating-point or complex tensor of at least two dims.
+    """
+    _check_tall(orthonormal, "stiefel_coordinates")
+    wide = torch.complex128 if orthonormal.is_complex() else torch.float64
+    work = orthonormal.to(wide).clone()
+    n, k = work.shape[-2:]
+    coordinates = torch.zeros_like(work)
+    for j in range(k):
+        column = work[..., j:, j]  # (..., n - j)
+        first = column[..., 0]
+        norm = torch.linalg.vector_norm(column, dim=-1)
+        modulus = first.abs()
+        phase = torch.where(modulus > 0, first / torch.where(modulus > 0, modulus, 1.0), 1.0).to(wide)
+        alpha = -phase * norm  # reflected onto alpha e_1; |first - alpha| = |first| + norm: no cancellation
+        head = first - alpha
+        safe_head = torch.where(head != 0, head, 1.0)  # a zero column (not orthonormal): any reflection will do
+        tail = column[..., 1:] / safe_head.unsqueeze(-1)
+        coordinates[..., j + 1 :, j] = tail
+        coordinates[..., j, j] = torch.where(norm > 0, alpha / torch.where(norm > 0, norm, 1.0), 1.0)
+        # apply H_j (v = e_1 + tail) to the remaining block: W <- W - 2 v (v^H W) / (v^H v)
+        v = torch.cat((torch.ones_like(first).unsqueeze(-1), tail), dim=-1)
+        scale = 2.0 / torch.linalg.vector_norm(v, dim=-1).square()
+        block = work[..., j:, j:]
+        work[..., j:, j:] = block - (scale.unsqueeze(-1) * v).unsqueeze(-1) * (v.conj().unsqueeze(-2) @ block)
+    return coordinates.to(orthonormal.dtype)
+
+
+def sample_haar_stiefel(
+    shape: tuple[int, ...],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """A matrix ``(..., n, k)`` (``n >= k``) with orthonormal columns drawn uniformly (Haar measure): the ``Q`` of
+    the QR decomposition of a Gaussian matrix with the signs (phases) of ``R``'s diagonal moved into ``Q``
+    (Mezzadri 2007), drawn in double precision.
+
+    Raises:
+        ValueError: ``n < k`` or fewer than two dims.
+    """
+    if len(shape) < 2 or shape[-2] < shape[-1]:
+        raise ValueError(f"sample_haar_stiefel: shape must be (..., n, k) with n >= k, got {tuple(shape)}.")
+    wide = torch.complex128 if dtype.is_complex else torch.float64
+    if generator is not None and device is None:
+        device = generator.device
+    gaussian = torch.randn(shape, dtype=wide, device=device, generator=generator)  # complex: circular Gaussian
+    q, r = torch.linalg.qr(gaussian)
+    return (q * column_phases(r).unsqueeze(-2)).to(dtype)
+
+
+def project_to_stiefel(matrix: torch.Tensor) -> torch.Tensor:
+    """The orthonormal-columns factor of ``matrix`` ``(..., n, k)`` (``n >= k``) by QR, with the signs (phases) of
+    ``R``'s diagonal moved into it, so that a matrix that already has orthonormal columns is returned as it is (to
+    rounding). This is the projection PyTorch's and geotorch's parametrisations apply to a non-orthogonal matrix.
+
+    Raises:
+        ValueError: ``n < k``, or a rank-deficient matrix (its QR factor is not determined).
+    """
+    _check_tall(matrix, "project_to_stiefel")
+    q, r = torch.linalg.qr(matrix)
+    diagonal = r.diagonal(dim1=-2, dim2=-1)
+    if diagonal.numel() and not bool((diagonal.abs() > 0).all()):
+        raise ValueError(
+            "project_to_stiefel: the matrix is rank deficient (a zero on R's diagonal), so no orthonormal factor is"
+            " determined; initialise the weight with init='haar' or 'identity' instead."
+        )
+    return q * column_phases(r).unsqueeze(-2)
+
+
+def orthonormality_error(matrix: torch.Tensor) -> torch.Tensor:
+    """``max |Q^H Q - I|`` over the batch (a 0-d tensor) for ``Q`` ``(..., n, k)``, ``n >= k``."""
+    gram = matrix.mH @ matrix
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    return (gram - eye).abs().amax() if gram.numel() else gram.new_zeros((), dtype=gram.real.dtype)
+
+
+def _check_tall(matrix: torch.Tensor, where: str) -> None:
+    if not isinstance(matrix, torch.Tensor) or matrix.dim() < 2:
+        raise ValueError(f"{where}: expected a tensor of shape (..., n, k), got {_describe(matrix)}.")
+    if not (matrix.is_floating_point() or matrix.is_complex()):
+        raise ValueError(f"{where}: expected a floating-point or complex tensor, got {matrix.dtype}.")
+    if matrix.shape[-2] < matrix.shape[-1]:
+        raise ValueError(
+            f"{where}: expected (..., n, k) with n >= k, got {tuple(matrix.shape)}; pass the transpose (rows then"
+            " come out orthonormal)."
+        )
+
+
+def _describe(value: object) -> str:
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
