@@ -23,7 +23,7 @@ from lightning_ortho.nn.householder import HouseholderProduct
 from lightning_ortho.nn.invertible_weight import InvertibleAuxiliaryWeight
 from lightning_ortho.nn.newton import NewtonInverseError, NewtonResult, NotInvertibleError
 from lightning_ortho.nn.orthogonal_maps import ORTHOGONAL_METHODS, OrthogonalMethod, orthogonal_map
-from lightning_ortho.nn.orthogonal_weight import WEIGHT_MAPS, OrthogonalWeight, orthogonal, sample_haar_
+from lightning_ortho.nn.orthogonal_weight import WEIGHT_MAPS, OrthogonalWeight, orthogonal, sample_haar_, update_base_
 from lightning_ortho.nn.parametrized import ParametrizedOrthogonal
 from lightning_ortho.nn.reflection import householder_matrix, reflect
 from lightning_ortho.nn.rnn import OrthogonalRNN, OrthogonalRNNCell, modrelu
@@ -61,6 +61,7 @@ __all__ = [
     "orthogonal_map",
     "reflect",
     "sample_haar_",
+    "update_base_",
 ]
 
 #: Names exported here before and internal now: still resolved (with a FutureWarning) for one release.

@@ -11,6 +11,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from lightning_ortho.nn.stiefel import (
+    cayley_stiefel,
+    exp_stiefel,
     householder_stiefel,
     orthonormality_error,
     project_to_stiefel,
@@ -18,7 +20,7 @@ from lightning_ortho.nn.stiefel import (
     stiefel_coordinates,
 )
 
-WeightMap = Literal["householder"]
+WeightMap = Literal["householder", "cayley", "matrix_exp"]
 Initialisation = Literal["keep", "haar", "identity"]
 View = Literal["matrix", "kernel", "gates"]
 
@@ -43,16 +45,24 @@ class OrthogonalWeight(nn.Module):
 
     Each matrix gets orthonormal columns where it has at least as many rows as columns (``Q^H Q = I``), else
     orthonormal rows (``Q Q^H = I``), as ``torch.nn.utils.parametrizations.orthogonal`` does; complex weights get
-    unitary ones. ``map="householder"`` is ``Q = H_1 ... H_k E_k D`` of :mod:`lightning_ortho.nn.stiefel`: ``k``
-    Householder reflections and a diagonal of signs (phases), ``O(n k^2)`` for a tall ``(n, k)`` matrix, never an
-    ``n x n`` one; it reaches every matrix with orthonormal columns. ``X`` is stored as the tall matrices
-    ``(..., n, k)`` (the transpose of a wide weight's).
+    unitary ones. ``X`` is stored as the tall matrices ``(..., n, k)`` (the transpose of a wide weight's). The maps
+    (:mod:`lightning_ortho.nn.stiefel`), each ``O(n k^2 + k^3)`` for a tall ``(n, k)`` matrix, never an ``n x n``
+    one:
+
+    * ``"householder"``: ``Q = H_1 ... H_k E_k D``, ``k`` Householder reflections and a diagonal of signs (phases);
+      it reaches every matrix with orthonormal columns.
+    * ``"cayley"``, ``"matrix_exp"``: ``Q = (I - W/2)^{-1} (I + W/2) B`` or ``exp(W) B`` with ``W`` the rank-``2k``
+      skew(-Hermitian) matrix of the tangent vector ``X`` at the base ``B`` (a buffer with orthonormal columns;
+      ``X = 0`` is ``B``). Assigning a weight makes it the base (``X = 0``); :func:`update_base_` moves the base to
+      the current weight (dynamic trivialisation, as expRNN's ``dtriv``). After a change of dtype and after
+      ``load_state_dict`` a base that is not orthonormal to ``10 n eps`` of its dtype is replaced by its nearest
+      orthonormal matrix (the polar factor), so ``.double()`` gives a weight orthogonal to float64 precision.
 
     Args:
         shape: the weight's shape.
         view: how the weight is read as matrices (above).
         gates: the number of gates of a ``"gates"`` view (3 for a GRU, 4 for an LSTM).
-        map: the map from coordinates to orthonormal matrices; ``"householder"``.
+        map: the map from coordinates to orthonormal matrices: ``"householder"``, ``"cayley"`` or ``"matrix_exp"``.
         project: what assigning a weight that is not orthogonal does (``module.weight = W``, or ``right_inverse``):
             ``False`` refuses with a ``ValueError``, ``True`` takes its orthonormal factor (QR, the signs of ``R``'s
             diagonal moved into ``Q``), as PyTorch and geotorch do without asking.
@@ -84,6 +94,13 @@ class OrthogonalWeight(nn.Module):
         self.shape, self.view, self.gates, self.map, self.project = shape, view, gates, map, bool(project)
         rows, columns = self._matrix_shape()[-2:]
         self.transposed = rows < columns
+        self.register_buffer("base", None)  # the base point of "cayley" and "matrix_exp", set by right_inverse
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.orthonormalize_base_())
+
+    @property
+    def has_base(self) -> bool:
+        """Whether the map has a base point (``"cayley"``, ``"matrix_exp"``)."""
+        return self.map != "householder"
 
     def _matrix_shape(self) -> tuple[int, ...]:
         """The weight as matrices ``(..., rows, columns)``, before any transpose."""
@@ -105,7 +122,10 @@ class OrthogonalWeight(nn.Module):
 
     def forward(self, coordinates: torch.Tensor) -> torch.Tensor:
         """The weight ``(*shape)`` with orthonormal rows or columns, from the coordinates ``(..., n, k)``."""
-        return self._weight(householder_stiefel(coordinates))
+        if self.map == "householder":
+            return self._weight(householder_stiefel(coordinates))
+        stiefel = cayley_stiefel if self.map == "cayley" else exp_stiefel
+        return self._weight(stiefel(coordinates, self.base))
 
     @torch.no_grad()
     def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
@@ -123,7 +143,9 @@ class OrthogonalWeight(nn.Module):
             raise ValueError(f"OrthogonalWeight: expected a weight of shape {self.shape}, got {tuple(weight.shape)}.")
         tall = self._tall(weight)
         if weight.device.type == "meta":  # deferred initialisation: shapes only
-            return torch.empty_like(tall)
+            if self.has_base:
+                self.base = torch.empty_like(tall)
+            return torch.zeros_like(tall) if self.has_base else torch.empty_like(tall)
         n = tall.shape[-2]
         tolerance = 100 * n * torch.finfo(weight.dtype).eps
         error = float(orthonormality_error(tall))
@@ -136,7 +158,29 @@ class OrthogonalWeight(nn.Module):
                     " assign an orthogonal matrix."
                 )
             tall = project_to_stiefel(tall)
+        if self.has_base:  # the weight becomes the base point: the coordinates are zero
+            self.base = tall.detach().clone().contiguous()
+            return torch.zeros_like(tall)
         return stiefel_coordinates(tall)
+
+    def _apply(self, fn, recurse: bool = True):
+        dtype = None if self.base is None else self.base.dtype
+        result = super()._apply(fn, recurse)
+        if self.base is not None and self.base.dtype != dtype:
+            self.orthonormalize_base_()
+        return result
+
+    @torch.no_grad()
+    def orthonormalize_base_(self) -> None:
+        """Replace the base by its polar factor (the nearest matrix with orthonormal columns) where it is not
+        orthonormal to ``10 n eps`` of its dtype: a float32 base cast to float64 is orthonormal only to ~1e-7."""
+        base = self.base
+        if base is None or base.device.type == "meta" or base.numel() == 0:
+            return
+        if float(orthonormality_error(base)) <= 10 * base.shape[-2] * torch.finfo(base.dtype).eps:
+            return
+        u, _, v_h = torch.linalg.svd(base, full_matrices=False)
+        base.copy_(u @ v_h)
 
     def extra_repr(self) -> str:
         rows, columns = self._matrix_shape()[-2:]
@@ -166,7 +210,8 @@ def orthogonal(
     Args:
         module: any module with a floating-point or complex parameter ``name`` of at least two dims.
         name: the parameter.
-        map: ``"householder"``: Householder reflections and column signs (see :class:`OrthogonalWeight`).
+        map: ``"householder"`` (Householder reflections and column signs), ``"cayley"`` or ``"matrix_exp"`` (around
+            a base point, see :func:`update_base_`); see :class:`OrthogonalWeight`.
         init: ``"keep"``: the weight's own orthonormal factor (QR; the weight itself where it is orthogonal
             already); ``"haar"``: a uniformly random orthogonal weight (:func:`sample_haar_`); ``"identity"``: the
             first rows or columns of the identity in every matrix.
@@ -223,6 +268,32 @@ def sample_haar_(module: nn.Module, name: str = "weight", generator: torch.Gener
         tuple(original.shape), dtype=original.dtype, device=original.device, generator=generator
     )
     original.copy_(stiefel_coordinates(sample))
+    return module
+
+
+@torch.no_grad()
+def update_base_(module: nn.Module, name: str = "weight") -> nn.Module:
+    """Move the base point of the orthogonal ``module.<name>`` (``map="cayley"`` or ``"matrix_exp"``) to the
+    current weight and set its coordinates to zero, in place: the weight does not change, and the next steps start
+    from a map around it (dynamic trivialisation, Lezcano-Casado 2019: call it every ``K`` steps, or when the
+    coordinates have grown large). An optimiser's moments of the coordinates are left as they are. Returns
+    ``module``.
+
+    Raises:
+        ValueError: ``module.<name>`` is not an orthogonal weight of :func:`orthogonal`, or its map has no base
+            point (``"householder"``).
+    """
+    parametrization = _orthogonal_weight(module, name, "update_base_")
+    if not parametrization.has_base:
+        raise ValueError(
+            f"update_base_: the {parametrization.map!r} map of {type(module).__name__}.{name} has no base point; use"
+            " map='cayley' or 'matrix_exp' for dynamic trivialisation."
+        )
+    original = getattr(module.parametrizations, name).original
+    stiefel = cayley_stiefel if parametrization.map == "cayley" else exp_stiefel
+    parametrization.base.copy_(stiefel(original, parametrization.base))
+    parametrization.orthonormalize_base_()
+    original.zero_()
     return module
 
 

@@ -41,6 +41,64 @@ def householder_stiefel(coordinates: torch.Tensor) -> torch.Tensor:
     return product * column_phases(coordinates).unsqueeze(-2)
 
 
+def cayley_stiefel(coordinates: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``Y = (I - W/2)^{-1} (I + W/2) B`` ``(..., n, k)``: the Cayley transform of the skew(-Hermitian) ``n x n``
+    matrix ``W = P Z B^H - B Z^H P`` (``P = I - B B^H / 2``, ``Z`` the coordinates) applied to the base ``B``, which
+    has orthonormal columns (Wen and Yin 2013). ``W`` has rank at most ``2k``: with ``U = [P Z, B]`` and
+    ``V = [B, -P Z]`` (``W = U V^H``), the Sherman-Morrison-Woodbury identity gives
+    ``Y = B + 2 U (2 I - V^H U)^{-1} V^H B``, ``O(n k^2 + k^3)`` and never an ``n x n`` matrix. ``W B`` is the
+    projection of ``Z`` onto the tangent space at ``B``, so ``Z = 0`` gives ``B``; the part of ``Z`` normal to the
+    manifold has no effect (and no gradient).
+
+    Raises:
+        ValueError: shapes that differ or ``n < k``.
+    """
+    u, v_h_u, v_h_b = _low_rank_skew(coordinates, base, "cayley_stiefel")
+    eye = torch.eye(v_h_u.shape[-1], dtype=v_h_u.dtype, device=v_h_u.device)
+    return base + 2 * u @ torch.linalg.solve(2 * eye - v_h_u, v_h_b)
+
+
+def exp_stiefel(coordinates: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``Y = exp(W) B`` ``(..., n, k)`` for the same ``W = U V^H`` as :func:`cayley_stiefel`:
+    ``exp(U V^H) = I + U phi(V^H U) V^H`` with ``phi(M) = sum_j M^j / (j + 1)! = (e^M - I) M^{-1}``, read off the
+    exponential of the ``4k x 4k`` block matrix ``[[M, I], [0, 0]]`` (whose top right block is ``phi(M)``), so
+    ``Y = B + U phi(V^H U) V^H B`` in ``O(n k^2 + k^3)``.
+
+    Raises:
+        ValueError: shapes that differ or ``n < k``.
+    """
+    u, v_h_u, v_h_b = _low_rank_skew(coordinates, base, "exp_stiefel")
+    m = v_h_u.shape[-1]
+    block = v_h_u.new_zeros((*v_h_u.shape[:-2], 2 * m, 2 * m))
+    block[..., :m, :m] = v_h_u
+    block[..., :m, m:] = torch.eye(m, dtype=v_h_u.dtype, device=v_h_u.device)
+    phi = torch.linalg.matrix_exp(block)[..., :m, m:]
+    return base + u @ (phi @ v_h_b)
+
+
+def _low_rank_skew(
+    coordinates: torch.Tensor, base: torch.Tensor, where: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(U, V^H U, V^H B)`` of ``W = U V^H`` (see :func:`cayley_stiefel`)."""
+    _check_tall(coordinates, where)
+    if coordinates.shape != base.shape:
+        raise ValueError(
+            f"{where}: the coordinates {tuple(coordinates.shape)} and the base {tuple(base.shape)} differ in shape."
+        )
+    base = base.to(coordinates.dtype)
+    b_h_z = base.mH @ coordinates
+    pz = coordinates - base @ b_h_z / 2  # P Z
+    u = torch.cat((pz, base), dim=-1)
+    pz_h_pz, b_h_pz = pz.mH @ pz, b_h_z - (base.mH @ base) @ b_h_z / 2
+    # V^H U = [[B^H P Z, B^H B], [-(P Z)^H P Z, -(P Z)^H B]], V^H B = [[B^H B], [-(P Z)^H B]]
+    b_h_b = base.mH @ base
+    top = torch.cat((b_h_pz, b_h_b), dim=-1)
+    bottom = torch.cat((-pz_h_pz, -b_h_pz.mH), dim=-1)
+    v_h_u = torch.cat((top, bottom), dim=-2)
+    v_h_b = torch.cat((b_h_b, -b_h_pz.mH), dim=-2)
+    return u, v_h_u, v_h_b
+
+
 def column_phases(coordinates: torch.Tensor) -> torch.Tensor:
     """``(..., k)``: the signs (real) or unit phases (complex) that the diagonal of ``coordinates`` gives the columns;
     ``1`` where an entry is zero."""

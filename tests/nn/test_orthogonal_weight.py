@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from lightning_ortho.nn.orthogonal_weight import WEIGHT_MAPS, OrthogonalWeight, orthogonal, sample_haar_
+from lightning_ortho.nn.orthogonal_weight import WEIGHT_MAPS, OrthogonalWeight, orthogonal, sample_haar_, update_base_
 from lightning_ortho.nn.stiefel import householder_stiefel, orthonormality_error, stiefel_coordinates
 
 DTYPES = [torch.float32, torch.float64, torch.complex64, torch.complex128]
@@ -68,10 +68,11 @@ def test_the_weight_has_orthonormal_rows_or_columns_and_keeps_its_shape(shape, d
 
 
 @pytest.mark.filterwarnings("ignore:Complex modules are a new feature")
+@pytest.mark.parametrize("map", WEIGHT_MAPS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_gradcheck_and_gradgradcheck_of_the_map(shape, dtype):
-    module, name = _made(shape, dtype)
+def test_gradcheck_and_gradgradcheck_of_the_map(shape, dtype, map):
+    module, name = _made(shape, dtype, map)
     parametrization = getattr(module.parametrizations, name)[0]
     coordinates = getattr(module.parametrizations, name).original.detach().clone()
     coordinates += 0.1 * torch.randn_like(coordinates)  # away from the identity's special values
@@ -101,10 +102,11 @@ def test_coordinates_of_an_orthonormal_matrix_map_back_to_it(dtype):
 
 
 @pytest.mark.filterwarnings("ignore:Complex modules are a new feature")
+@pytest.mark.parametrize("map", WEIGHT_MAPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", ["square", "tall", "wide", "conv2d kernel"])
-def test_cached_weight_equals_the_uncached_one(shape, dtype):
-    module, name = _made(shape, dtype)
+def test_cached_weight_equals_the_uncached_one(shape, dtype, map):
+    module, name = _made(shape, dtype, map)
     uncached = getattr(module, name)
     with parametrize.cached():
         first, second = getattr(module, name), getattr(module, name)
@@ -112,9 +114,10 @@ def test_cached_weight_equals_the_uncached_one(shape, dtype):
     torch.testing.assert_close(first, uncached, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("map", WEIGHT_MAPS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
-def test_vmap_over_coordinates_equals_a_loop(dtype):
-    module, name = _made("tall", dtype)
+def test_vmap_over_coordinates_equals_a_loop(dtype, map):
+    module, name = _made("tall", dtype, map)
     parametrization = getattr(module.parametrizations, name)[0]
     batch = torch.randn(4, 7, 3, dtype=dtype)
     looped = torch.stack([parametrization(x) for x in batch])
@@ -122,24 +125,30 @@ def test_vmap_over_coordinates_equals_a_loop(dtype):
 
 
 @pytest.mark.filterwarnings("ignore:Complex modules are a new feature")
+@pytest.mark.parametrize("map", WEIGHT_MAPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", ["wide", "batched", "gru gates"])
-def test_state_dict_saved_and_loaded_and_deepcopy_round_trip(shape, dtype):
+def test_state_dict_saved_and_loaded_and_deepcopy_round_trip(shape, dtype, map):
     # (pickling a whole parametrised module is refused by torch's parametrize itself: state_dict is the way)
-    module, name = _made(shape, dtype, init="haar")
+    module, name = _made(shape, dtype, map, init="haar")
+    with torch.no_grad():  # away from the base point, so that the coordinates matter too
+        getattr(module.parametrizations, name).original.add_(
+            0.1 * torch.randn_like(getattr(module.parametrizations, name).original)
+        )
     weight = getattr(module, name).detach().clone()
     buffer = io.BytesIO()
     torch.save(module.state_dict(), buffer)
     buffer.seek(0)
-    fresh, _ = _made(shape, dtype, init="identity")
+    fresh, _ = _made(shape, dtype, map, init="identity")
     fresh.load_state_dict(torch.load(buffer))
     for other in (fresh, copy.deepcopy(module)):
         torch.testing.assert_close(getattr(other, name), weight, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("map", WEIGHT_MAPS)
 @pytest.mark.parametrize("shape", ["square", "tall", "wide", "conv2d kernel"])
-def test_weight_decay_keeps_the_weight_orthogonal(shape):
-    module, name = _made(shape, torch.float64, init="haar")
+def test_weight_decay_keeps_the_weight_orthogonal(shape, map):
+    module, name = _made(shape, torch.float64, map, init="haar")
     original = getattr(module.parametrizations, name).original
     optimizer = torch.optim.AdamW([original], lr=0.05, weight_decay=0.9)
     target = torch.randn_like(getattr(module, name))
@@ -148,13 +157,15 @@ def test_weight_decay_keeps_the_weight_orthogonal(shape):
         (getattr(module, name) - target).square().sum().backward()
         optimizer.step()
     matrices = SHAPES[shape][2]
-    assert original.diagonal(dim1=-2, dim2=-1).abs().max() < 0.5  # decay did shrink it
+    if map == "householder":
+        assert original.diagonal(dim1=-2, dim2=-1).abs().max() < 0.5  # decay did shrink it
     assert _error(getattr(module, name), matrices) <= _tolerance(torch.float64, matrices)
 
 
+@pytest.mark.parametrize("map", WEIGHT_MAPS)
 @pytest.mark.parametrize("shape", ["square", "tall", "conv1d kernel"])
-def test_double_keeps_the_weight_orthogonal_to_float64_precision(shape):
-    module, name = _made(shape, torch.float32, init="haar")
+def test_double_keeps_the_weight_orthogonal_to_float64_precision(shape, map):
+    module, name = _made(shape, torch.float32, map, init="haar")
     module.double()
     matrices = SHAPES[shape][2]
     assert getattr(module, name).dtype == torch.float64
@@ -255,3 +266,35 @@ def test_bad_calls_raise_errors_that_say_what_to_do():
     parametrization = OrthogonalWeight((4, 3))
     with pytest.raises(ValueError, match="shape"):
         parametrization.right_inverse(torch.eye(3))
+
+
+@pytest.mark.parametrize("map", ["cayley", "matrix_exp"])
+def test_the_base_maps_equal_their_dense_definitions(map):
+    torch.manual_seed(7)
+    module, name = _made("tall", torch.complex128, map, init="haar")
+    parametrization, original = module.parametrizations.weight[0], module.parametrizations.weight.original
+    with torch.no_grad():
+        original.copy_(torch.randn_like(original))
+    base, z = parametrization.base, original.detach()
+    p = torch.eye(7, dtype=torch.complex128) - base @ base.mH / 2
+    w = p @ z @ base.mH - base @ z.mH @ p  # skew-Hermitian, 7 x 7
+    eye = torch.eye(7, dtype=torch.complex128)
+    dense = (
+        torch.linalg.solve(eye - w / 2, (eye + w / 2) @ base) if map == "cayley" else torch.linalg.matrix_exp(w) @ base
+    )
+    torch.testing.assert_close(module.weight, dense, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("map", ["cayley", "matrix_exp"])
+def test_update_base_keeps_the_weight_and_zeroes_the_coordinates(map):
+    module, name = _made("wide", torch.float64, map, init="haar")
+    original = module.parametrizations.weight.original
+    with torch.no_grad():
+        original.add_(0.3 * torch.randn_like(original))
+    weight = module.weight.detach().clone()
+    update_base_(module)
+    assert not original.any()
+    torch.testing.assert_close(module.weight, weight, rtol=0, atol=1e-13)
+    assert _error(module.weight, SHAPES["wide"][2]) <= _tolerance(torch.float64, SHAPES["wide"][2])
+    with pytest.raises(ValueError, match="no base point"):
+        update_base_(orthogonal(nn.Linear(3, 3)))
