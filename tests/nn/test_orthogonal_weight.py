@@ -67,17 +67,35 @@ def test_the_weight_has_orthonormal_rows_or_columns_and_keeps_its_shape(shape, d
     assert _error(weight, matrices) <= _tolerance(dtype, matrices)
 
 
+def _coordinates(module: nn.Module, name: str) -> tuple[nn.Module, torch.Tensor]:
+    """The parametrisation of ``module.<name>`` and coordinates away from the initial ones' special values."""
+    parametrization = getattr(module.parametrizations, name)[0]
+    coordinates = getattr(module.parametrizations, name).original.detach().clone()
+    coordinates += 0.1 * torch.randn_like(coordinates)
+    return parametrization, coordinates.requires_grad_(True)
+
+
 @pytest.mark.filterwarnings("ignore:Complex modules are a new feature")
 @pytest.mark.parametrize("map", WEIGHT_MAPS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_gradcheck_and_gradgradcheck_of_the_map(shape, dtype, map):
-    module, name = _made(shape, dtype, map)
-    parametrization = getattr(module.parametrizations, name)[0]
-    coordinates = getattr(module.parametrizations, name).original.detach().clone()
-    coordinates += 0.1 * torch.randn_like(coordinates)  # away from the identity's special values
-    coordinates.requires_grad_(True)
+def test_gradcheck_of_the_map(shape, dtype, map):
+    parametrization, coordinates = _coordinates(*_made(shape, dtype, map))
     assert torch.autograd.gradcheck(parametrization, (coordinates,))
+
+
+#: the shapes whose second derivatives the default run checks (the others: -m slow)
+_SECOND_ORDER = ["square", "tall", "wide"]
+
+
+@pytest.mark.filterwarnings("ignore:Complex modules are a new feature")
+@pytest.mark.parametrize("map", WEIGHT_MAPS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize(
+    "shape", [s if s in _SECOND_ORDER else pytest.param(s, marks=pytest.mark.slow) for s in SHAPES]
+)
+def test_gradgradcheck_of_the_map(shape, dtype, map):
+    parametrization, coordinates = _coordinates(*_made(shape, dtype, map))
     assert torch.autograd.gradgradcheck(parametrization, (coordinates,))
 
 
