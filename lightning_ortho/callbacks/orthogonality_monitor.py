@@ -6,7 +6,9 @@ Orthogonal maps are found by capability, so the monitor works on models that nev
 * our maps (:class:`~lightning_ortho.nn.OrthogonalMap` subclasses with a dense ``matrix()``:
   :class:`~lightning_ortho.nn.HouseholderProduct`, :class:`~lightning_ortho.nn.ParametrizedOrthogonal`, and so
   the Householder 1x1 convolutions and the ``U``/``V`` maps of an ``SVDLinear`` built from them);
-* every tensor under ``torch.nn.utils.parametrizations.orthogonal`` (the ``_Orthogonal`` parametrization);
+* every tensor under ``torch.nn.utils.parametrizations.orthogonal`` (the ``_Orthogonal`` parametrization) or ours,
+  :func:`lightning_ortho.nn.orthogonal` (measured as the matrices it keeps orthogonal: a convolution kernel as
+  ``(out, in * k)``, a recurrent weight gate by gate);
 * every tensor under a geotorch ``orthogonal``/``grassmannian`` constraint (geotorch's ``SO``, ``Stiefel`` and
   ``Grassmannian`` parametrizations, recognised by class name and module, so geotorch is not imported here).
 
@@ -28,7 +30,7 @@ from torch.nn.utils import parametrize
 
 from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks._monitor import Measurement, ModuleSpec, Monitor, Source
-from lightning_ortho.nn import AuxiliaryReflection, OrthogonalMap, SVDLinear
+from lightning_ortho.nn import AuxiliaryReflection, OrthogonalMap, OrthogonalWeight, SVDLinear
 from lightning_ortho.nn.capabilities import HasMatrix
 
 #: geotorch parametrizations whose value is orthogonal (``geotorch.orthogonal`` registers ``Stiefel``, ``SO`` is the
@@ -44,7 +46,10 @@ _AUX_REASON = (
 
 def is_orthogonal_parametrization(parametrization: nn.Module) -> bool:
     """Whether a ``torch.nn.utils.parametrize`` parametrization returns orthogonal matrices: PyTorch's
-    ``parametrizations.orthogonal`` (``_Orthogonal``) or geotorch's ``SO``/``Stiefel``/``Grassmannian``."""
+    ``parametrizations.orthogonal`` (``_Orthogonal``), ours (:func:`lightning_ortho.nn.orthogonal`) or geotorch's
+    ``SO``/``Stiefel``/``Grassmannian``."""
+    if isinstance(parametrization, OrthogonalWeight):
+        return True
     cls = type(parametrization)
     if any(base.__name__ == "_Orthogonal" and base.__module__.startswith("torch.nn.utils") for base in cls.__mro__):
         return True  # (a subclass too: ParametrizedOrthogonal's guarded one)
@@ -68,7 +73,10 @@ def orthogonal_tensors(module: nn.Module) -> dict[str, Callable[[], torch.Tensor
         if not indices:
             continue
         last = indices[-1]
-        if last == len(chain) - 1:
+        ours = chain[last] if isinstance(chain[last], OrthogonalWeight) else None
+        if ours is not None and last == len(chain) - 1:  # its matrices: a kernel's (out, in * k), a gate's block
+            found[tensor_name] = lambda name=tensor_name, ours=ours: ours.as_matrices(getattr(module, name))
+        elif last == len(chain) - 1:
             found[tensor_name] = lambda name=tensor_name: getattr(module, name)
         elif hasattr(chain, "original"):
             found[tensor_name] = lambda chain=chain, last=last: _evaluate_chain(chain, last)
@@ -85,14 +93,16 @@ def _evaluate_chain(chain: nn.ModuleList, last: int) -> torch.Tensor:
 def orthogonality_errors(q: torch.Tensor) -> tuple[float, float]:
     """``(||G - I||_F, ||G - I||_2)`` for the smaller Gram matrix ``G`` of ``q`` (``Q^T Q`` for a tall or square
     ``(n, k)`` ``Q``, ``Q Q^T`` for a wide one), computed in float64. A batch ``(..., n, k)`` gives the largest error
-    over its matrices. The spectral norm is ``max_i |sigma_i(Q)^2 - 1|``."""
+    over its matrices; a complex ``Q`` gives ``Q^H Q``. The spectral norm is ``max_i |sigma_i(Q)^2 - 1|``."""
     q = q.detach()
     dtype = torch.float32 if q.device.type == "mps" else torch.float64
+    if q.is_complex():  # unitary: Q^H Q
+        dtype = torch.complex64 if dtype == torch.float32 else torch.complex128
     q = q.to(dtype).reshape(-1, *q.shape[-2:])
-    gram = q.mT @ q if q.shape[-2] >= q.shape[-1] else q @ q.mT
+    gram = q.mH @ q if q.shape[-2] >= q.shape[-1] else q @ q.mH
     defect = gram - torch.eye(gram.shape[-1], dtype=dtype, device=q.device)
     frobenius = torch.linalg.matrix_norm(defect).max()
-    spectral = torch.linalg.eigvalsh(0.5 * (defect + defect.mT)).abs().amax()
+    spectral = torch.linalg.eigvalsh(0.5 * (defect + defect.mH)).abs().amax()
     return float(frobenius), float(spectral)
 
 

@@ -111,9 +111,14 @@ class OrthogonalWeight(nn.Module):
             return (self.gates, shape[0] // self.gates, *shape[1:])
         return shape
 
+    def as_matrices(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight ``(*shape)`` as the matrices this parametrisation keeps orthogonal, ``(..., rows, columns)``
+        (a kernel's ``(out, in * k)``, a gate's block; not transposed)."""
+        return weight.reshape(self._matrix_shape())
+
     def _tall(self, weight: torch.Tensor) -> torch.Tensor:
         """The weight as tall matrices ``(..., n, k)``, ``n >= k``."""
-        matrices = weight.reshape(self._matrix_shape())
+        matrices = self.as_matrices(weight)
         return matrices.mT if self.transposed else matrices
 
     def _weight(self, tall: torch.Tensor) -> torch.Tensor:

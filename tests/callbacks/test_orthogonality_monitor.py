@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.orthogonality_monitor import OrthogonalityMonitor
 from lightning_ortho.nn import AuxiliaryReflection, SVDLinear, orthogonal_map
+from lightning_ortho.nn import orthogonal as ortho_weight
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,6 +186,40 @@ def test_drifted_parametrization_and_named_plain_weights_report_their_defect(tin
     assert_errors(values, "orthogonality/inp/weight", model.inp.weight)  # plain (16, 8) weight: Q^T Q, far from I
     assert_errors(values, "orthogonality/squeeze/weight", model.squeeze.weight)  # plain (16, 24) weight: Q Q^T
     assert values["orthogonality/inp/weight/orthogonality_fro"] > 0.5
+
+
+class UserCNN(pl.LightningModule):
+    """A user's small CNN whose convolution and head are made orthogonal with lightning_ortho.nn.orthogonal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = ortho_weight(nn.Conv2d(2, 4, 2), init="haar")  # (4, 2, 2, 2): read as (4, 8)
+        self.head = ortho_weight(nn.Linear(4, 4), map="cayley")
+        self.gru = ortho_weight(nn.GRU(4, 3), "weight_hh_l0")  # 3 gates of (3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x.view(-1, 2, 2, 2)).flatten(1)
+        return self.head(h) + self.gru(h.unsqueeze(0))[0][0].sum(-1, keepdim=True)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_our_orthogonal_weights_are_measured_as_the_matrices_they_keep_orthogonal(tiny_trainer):
+    model = UserCNN()
+    monitor = OrthogonalityMonitor(every_n_steps=1)
+    fit(tiny_trainer, model, monitor, batches=2)
+    values = monitor.history[-1]["values"]
+    assert {key.split("/")[1] for key in values} == {"conv", "head", "gru"}
+    assert_errors(values, "orthogonality/conv/weight", model.conv.weight.reshape(4, 8), atol=1e-6)
+    assert_errors(values, "orthogonality/head/weight", model.head.weight, atol=1e-6)
+    worst = max((brute_errors(block) for block in model.gru.weight_hh_l0.view(3, 3, 3)), key=lambda e: e[0])
+    assert values["orthogonality/gru/weight_hh_l0/orthogonality_fro"] == pytest.approx(worst[0], rel=1e-6, abs=1e-6)
+    assert all(value < 1e-5 for value in values.values())
 
 
 def test_modules_by_class_select_every_match(tiny_trainer):
