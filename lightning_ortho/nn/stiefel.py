@@ -46,14 +46,25 @@ def cayley_stiefel(coordinates: torch.Tensor, base: torch.Tensor) -> torch.Tenso
     matrix ``W = P Z B^H - B Z^H P`` (``P = I - B B^H / 2``, ``Z`` the coordinates) applied to the base ``B``, which
     has orthonormal columns (Wen and Yin 2013). ``W`` has rank at most ``2k``: with ``U = [P Z, B]`` and
     ``V = [B, -P Z]`` (``W = U V^H``), the Sherman-Morrison-Woodbury identity gives
-    ``Y = B + 2 U (2 I - V^H U)^{-1} V^H B``, ``O(n k^2 + k^3)`` and never an ``n x n`` matrix. ``W B`` is the
+    ``Y = B + 2 U (2 I - V^H U)^{-1} V^H B``, ``O(n k^2 + k^3)`` and never an ``n x n`` matrix (where ``2k >= n``
+    the ``n x n`` system is the smaller one, and it is solved instead). ``W B`` is the
     projection of ``Z`` onto the tangent space at ``B``, so ``Z = 0`` gives ``B``; the part of ``Z`` normal to the
-    manifold has no effect (and no gradient).
+    manifold has no effect (and no gradient). A square base reads ``Z`` in its own frame instead:
+    ``Y = B (I - A/2)^{-1} (I + A/2)`` with ``A = (Z - Z^H) / 2``, as PyTorch's square Cayley map is written.
 
     Raises:
         ValueError: shapes that differ or ``n < k``.
     """
-    u, v_h_u, v_h_b = _low_rank_skew(coordinates, base, "cayley_stiefel")
+    square = _square_skew(coordinates, base, "cayley_stiefel")
+    if square is not None:  # B square: W = B A B^H, Y = B (I - A/2)^{-1} (I + A/2)
+        eye = torch.eye(square.shape[-1], dtype=square.dtype, device=square.device)
+        return base.to(square.dtype) @ torch.linalg.solve(eye - square / 2, eye + square / 2)
+    w = _dense_skew(coordinates, base, 2)
+    if w is not None:  # 2k >= n: the n x n system is the smaller one
+        eye = torch.eye(w.shape[-1], dtype=w.dtype, device=w.device)
+        base = base.to(w.dtype)
+        return torch.linalg.solve(eye - w / 2, base + w @ base / 2)
+    u, v_h_u, v_h_b = _low_rank_skew(coordinates, base)
     eye = torch.eye(v_h_u.shape[-1], dtype=v_h_u.dtype, device=v_h_u.device)
     return base + 2 * u @ torch.linalg.solve(2 * eye - v_h_u, v_h_b)
 
@@ -62,12 +73,20 @@ def exp_stiefel(coordinates: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     """``Y = exp(W) B`` ``(..., n, k)`` for the same ``W = U V^H`` as :func:`cayley_stiefel`:
     ``exp(U V^H) = I + U phi(V^H U) V^H`` with ``phi(M) = sum_j M^j / (j + 1)! = (e^M - I) M^{-1}``, read off the
     exponential of the ``4k x 4k`` block matrix ``[[M, I], [0, 0]]`` (whose top right block is ``phi(M)``), so
-    ``Y = B + U phi(V^H U) V^H B`` in ``O(n k^2 + k^3)``.
+    ``Y = B + U phi(V^H U) V^H B`` in ``O(n k^2 + k^3)`` (where ``4k >= n``, ``exp(W) B`` with the ``n x n``
+    exponential, the smaller one; a square base: ``Y = B exp(A)``, ``A = (Z - Z^H) / 2``, as for
+    :func:`cayley_stiefel`).
 
     Raises:
         ValueError: shapes that differ or ``n < k``.
     """
-    u, v_h_u, v_h_b = _low_rank_skew(coordinates, base, "exp_stiefel")
+    square = _square_skew(coordinates, base, "exp_stiefel")
+    if square is not None:  # B square: W = B A B^H, Y = B exp(A)
+        return base.to(square.dtype) @ torch.linalg.matrix_exp(square)
+    w = _dense_skew(coordinates, base, 4)
+    if w is not None:  # 4k >= n: the n x n exponential is the smaller one
+        return torch.linalg.matrix_exp(w) @ base.to(w.dtype)
+    u, v_h_u, v_h_b = _low_rank_skew(coordinates, base)
     m = v_h_u.shape[-1]
     block = v_h_u.new_zeros((*v_h_u.shape[:-2], 2 * m, 2 * m))
     block[..., :m, :m] = v_h_u
@@ -76,15 +95,34 @@ def exp_stiefel(coordinates: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     return base + u @ (phi @ v_h_b)
 
 
-def _low_rank_skew(
-    coordinates: torch.Tensor, base: torch.Tensor, where: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(U, V^H U, V^H B)`` of ``W = U V^H`` (see :func:`cayley_stiefel`)."""
+def _square_skew(coordinates: torch.Tensor, base: torch.Tensor, where: str) -> torch.Tensor | None:
+    """For a square base (``n = k``, ``B B^H = I``, so ``P = I/2``): ``A = (Z - Z^H) / 2`` read in the base's frame,
+    with ``W = B A B^H`` the skew matrix of the coordinates ``Z' = B Z`` (any ``Z'`` is one: the map from ``Z`` is
+    the same trivialisation in other coordinates, a matrix product cheaper); else ``None``. Checks the shapes."""
     _check_tall(coordinates, where)
     if coordinates.shape != base.shape:
         raise ValueError(
             f"{where}: the coordinates {tuple(coordinates.shape)} and the base {tuple(base.shape)} differ in shape."
         )
+    if coordinates.shape[-2] != coordinates.shape[-1]:
+        return None
+    return (coordinates - coordinates.mH) / 2
+
+
+def _dense_skew(coordinates: torch.Tensor, base: torch.Tensor, per_column: int) -> torch.Tensor | None:
+    """``W = P Z B^H - B Z^H P`` ``(..., n, n)`` where the low-rank form's matrices (``per_column * k`` square: the
+    Cayley system ``2k``, the exponential's block ``4k``) would be as large as ``n`` (the dense form is then the
+    cheaper one), else ``None``."""
+    n, k = coordinates.shape[-2:]
+    if per_column * k < n:
+        return None
+    base = base.to(coordinates.dtype)
+    half = (coordinates - base @ (base.mH @ coordinates) / 2) @ base.mH  # P Z B^H
+    return half - half.mH
+
+
+def _low_rank_skew(coordinates: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(U, V^H U, V^H B)`` of ``W = U V^H`` (see :func:`cayley_stiefel`)."""
     base = base.to(coordinates.dtype)
     b_h_z = base.mH @ coordinates
     pz = coordinates - base @ b_h_z / 2  # P Z

@@ -22,6 +22,8 @@ DTYPES = [torch.float32, torch.float64, torch.complex64, torch.complex128]
 SHAPES = {
     "square": (lambda: nn.Linear(5, 5, bias=False), "weight", (5, 5)),
     "tall": (lambda: nn.Linear(3, 7, bias=False), "weight", (7, 3)),
+    # n > 4k: the Cayley and exponential maps take their low-rank forms (the others are dense enough to solve densely)
+    "very tall": (lambda: nn.Linear(3, 13, bias=False), "weight", (13, 3)),
     "wide": (lambda: nn.Linear(7, 3, bias=False), "weight", (3, 7)),
     "batched": (lambda: _Holder(torch.randn(2, 5, 3)), "weight", (2, 5, 3)),
     "conv2d kernel": (lambda: nn.Conv2d(3, 4, 2, bias=False), "weight", (4, 12)),
@@ -287,16 +289,18 @@ def test_bad_calls_raise_errors_that_say_what_to_do():
 
 
 @pytest.mark.parametrize("map", ["cayley", "matrix_exp"])
-def test_the_base_maps_equal_their_dense_definitions(map):
+@pytest.mark.parametrize("shape", ["tall", "very tall"])
+def test_the_base_maps_equal_their_dense_definitions(map, shape):
     torch.manual_seed(7)
-    module, name = _made("tall", torch.complex128, map, init="haar")
+    module, name = _made(shape, torch.complex128, map, init="haar")
+    n = SHAPES[shape][2][0]
     parametrization, original = module.parametrizations.weight[0], module.parametrizations.weight.original
     with torch.no_grad():
         original.copy_(torch.randn_like(original))
     base, z = parametrization.base, original.detach()
-    p = torch.eye(7, dtype=torch.complex128) - base @ base.mH / 2
-    w = p @ z @ base.mH - base @ z.mH @ p  # skew-Hermitian, 7 x 7
-    eye = torch.eye(7, dtype=torch.complex128)
+    p = torch.eye(n, dtype=torch.complex128) - base @ base.mH / 2
+    w = p @ z @ base.mH - base @ z.mH @ p  # skew-Hermitian, n x n
+    eye = torch.eye(n, dtype=torch.complex128)
     dense = (
         torch.linalg.solve(eye - w / 2, (eye + w / 2) @ base) if map == "cayley" else torch.linalg.matrix_exp(w) @ base
     )
@@ -316,3 +320,16 @@ def test_update_base_keeps_the_weight_and_zeroes_the_coordinates(map):
     assert _error(module.weight, SHAPES["wide"][2]) <= _tolerance(torch.float64, SHAPES["wide"][2])
     with pytest.raises(ValueError, match="no base point"):
         update_base_(orthogonal(nn.Linear(3, 3)))
+
+
+@pytest.mark.parametrize("map", ["cayley", "matrix_exp"])
+def test_a_square_base_reads_the_coordinates_in_its_frame(map):
+    torch.manual_seed(8)
+    module, _ = _made("square", torch.complex128, map, init="haar")
+    parametrization, original = module.parametrizations.weight[0], module.parametrizations.weight.original
+    with torch.no_grad():
+        original.copy_(torch.randn_like(original))
+    a = (original - original.mH).detach() / 2  # skew-Hermitian
+    eye = torch.eye(5, dtype=torch.complex128)
+    rotation = torch.linalg.solve(eye - a / 2, eye + a / 2) if map == "cayley" else torch.linalg.matrix_exp(a)
+    torch.testing.assert_close(module.weight, parametrization.base @ rotation, rtol=1e-12, atol=1e-12)
