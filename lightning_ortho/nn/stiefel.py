@@ -34,10 +34,21 @@ def householder_stiefel(coordinates: torch.Tensor) -> torch.Tensor:
             tensor of at least two dims.
     """
     _check_tall(coordinates, "householder_stiefel")
-    lower = coordinates.tril(diagonal=-1)
-    squared = (lower.real.square() + lower.imag.square()) if lower.is_complex() else lower.square()
-    tau = 2.0 / (1.0 + squared.sum(dim=-2))  # real: H_i is a reflection
-    product = torch.linalg.householder_product(lower, tau.to(lower.dtype))
+    k = coordinates.shape[-1]
+    # u_i = v_i / ||v_i|| with v_i = e_i + (column i below the diagonal)
+    vectors = coordinates.tril(diagonal=-1) + torch.eye(
+        *coordinates.shape[-2:], dtype=coordinates.dtype, device=coordinates.device
+    )
+    squared = vectors.real.square() + vectors.imag.square() if vectors.is_complex() else vectors.square()
+    unit = vectors * squared.sum(dim=-2, keepdim=True).rsqrt()
+    # compact WY: H_1 ... H_k = I - U S^{-1} U^H with S = I/2 + striu(U^H U) (Joffrain et al. 2006), so
+    # Q0 = E_k - U S^{-1} (U^H E_k) = E_k - U S^{-1} U[:k]^H: matrix products and one k x k triangular solve, which
+    # autograd differentiates in O(n k) memory (torch.linalg.householder_product's backward forms n x n matrices)
+    eye = torch.eye(k, dtype=coordinates.dtype, device=coordinates.device)
+    s = torch.triu(unit.mH @ unit, diagonal=1) + eye / 2
+    top = unit[..., :k, :].mH  # U^H E_k (k, k)
+    product = -unit @ torch.linalg.solve_triangular(s, top, upper=True)
+    product[..., :k, :] += eye
     return product * column_phases(coordinates).unsqueeze(-2)
 
 
