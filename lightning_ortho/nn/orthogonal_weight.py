@@ -15,6 +15,7 @@ from lightning_ortho.nn.stiefel import (
     exp_stiefel,
     householder_stiefel,
     orthonormality_error,
+    orthonormalize_,
     project_to_stiefel,
     sample_haar_stiefel,
     stiefel_coordinates,
@@ -175,17 +176,11 @@ class OrthogonalWeight(nn.Module):
             self.orthonormalize_base_()
         return result
 
-    @torch.no_grad()
     def orthonormalize_base_(self) -> None:
-        """Replace the base by its polar factor (the nearest matrix with orthonormal columns) where it is not
-        orthonormal to ``10 n eps`` of its dtype: a float32 base cast to float64 is orthonormal only to ~1e-7."""
-        base = self.base
-        if base is None or base.device.type == "meta" or base.numel() == 0:
-            return
-        if float(orthonormality_error(base)) <= 10 * base.shape[-2] * torch.finfo(base.dtype).eps:
-            return
-        u, _, v_h = torch.linalg.svd(base, full_matrices=False)
-        base.copy_(u @ v_h)
+        """Replace the base by its polar factor where it is not orthonormal to its dtype's precision
+        (:func:`~lightning_ortho.nn.stiefel.orthonormalize_`)."""
+        if self.base is not None:
+            orthonormalize_(self.base)
 
     def extra_repr(self) -> str:
         rows, columns = self._matrix_shape()[-2:]

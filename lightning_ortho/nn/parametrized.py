@@ -18,6 +18,7 @@ from lightning_ortho.nn._checks import (
     prepare_input,
 )
 from lightning_ortho.nn.base import OrthogonalMap
+from lightning_ortho.nn.stiefel import orthonormalize_
 
 TorchOrthogonalMap = Literal["cayley", "matrix_exp", "householder"]
 
@@ -68,18 +69,10 @@ class _GuardedOrthogonal(parametrizations._Orthogonal):
             self.orthogonalize_base_()
         return result
 
-    @torch.no_grad()
     def orthogonalize_base_(self) -> None:
         """Replace ``base`` by its polar factor if it is not orthogonal to ``10 d eps`` of its dtype (see above)."""
-        base = self.base
-        if base is None or not has_values(base) or base.dtype in LOW_PRECISION:
-            return
-        d = base.shape[-1]
-        eye = torch.eye(d, dtype=base.dtype, device=base.device)
-        if float((base.mT @ base - eye).abs().amax()) <= 10 * d * torch.finfo(base.dtype).eps:
-            return
-        u, _, vh = torch.linalg.svd(base)
-        base.copy_(u @ vh)
+        if self.base is not None and has_values(self.base):
+            orthonormalize_(self.base)
 
 
 def _orthogonalize_after_load(module: _GuardedOrthogonal, _incompatible_keys) -> None:

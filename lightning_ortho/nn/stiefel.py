@@ -236,6 +236,20 @@ def project_to_stiefel(matrix: torch.Tensor) -> torch.Tensor:
     return q * column_phases(r).unsqueeze(-2)
 
 
+@torch.no_grad()
+def orthonormalize_(matrix: torch.Tensor) -> torch.Tensor:
+    """Replace ``matrix`` ``(..., n, k)`` (``n >= k``), in place, by its polar factor ``U V^H`` (the nearest matrix
+    with orthonormal columns) where its columns are not orthonormal to ``10 n eps`` of its dtype: a float32 matrix
+    cast to float64 is orthonormal only to ~1e-7. One that passes is left bit for bit; meta, empty and half-precision
+    matrices are left alone. Returns ``matrix``."""
+    if matrix.device.type == "meta" or matrix.numel() == 0 or matrix.dtype in (torch.float16, torch.bfloat16):
+        return matrix
+    if float(orthonormality_error(matrix)) <= 10 * matrix.shape[-2] * torch.finfo(matrix.dtype).eps:
+        return matrix
+    u, _, v_h = torch.linalg.svd(matrix, full_matrices=False)
+    return matrix.copy_(u @ v_h)
+
+
 def orthonormality_error(matrix: torch.Tensor) -> torch.Tensor:
     """``max |Q^H Q - I|`` over the batch (a 0-d tensor) for ``Q`` ``(..., n, k)``, ``n >= k``."""
     gram = matrix.mH @ matrix

@@ -333,3 +333,24 @@ def test_a_square_base_reads_the_coordinates_in_its_frame(map):
     eye = torch.eye(5, dtype=torch.complex128)
     rotation = torch.linalg.solve(eye - a / 2, eye + a / 2) if map == "cayley" else torch.linalg.matrix_exp(a)
     torch.testing.assert_close(module.weight, parametrization.base @ rotation, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("map", WEIGHT_MAPS)
+def test_a_compiled_step_is_one_graph_and_equals_eager(map):
+    torch.manual_seed(9)
+    module, _ = _made("very tall", torch.float64, map, init="haar")
+    original = module.parametrizations.weight.original
+    with torch.no_grad():
+        original.add_(0.1 * torch.randn_like(original))  # away from the base point
+    x = torch.randn(4, 3, dtype=torch.float64)
+
+    def step(x):
+        return (x @ module.weight.mT).square().sum()
+
+    eager = step(x)
+    (eager_grad,) = torch.autograd.grad(eager, original)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(x)
+    (compiled_grad,) = torch.autograd.grad(compiled, original)
+    torch.testing.assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-12, atol=1e-12)
