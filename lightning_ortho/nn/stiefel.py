@@ -52,7 +52,7 @@ def householder_stiefel(coordinates: torch.Tensor) -> torch.Tensor:
     return product * column_phases(coordinates).unsqueeze(-2)
 
 
-def cayley_stiefel(coordinates: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+def cayley_stiefel(coordinates: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
     """``Y = (I - W/2)^{-1} (I + W/2) B`` ``(..., n, k)``: the Cayley transform of the skew(-Hermitian) ``n x n``
     matrix ``W = P Z B^H - B Z^H P`` (``P = I - B B^H / 2``, ``Z`` the coordinates) applied to the base ``B``, which
     has orthonormal columns (Wen and Yin 2013). ``W`` has rank at most ``2k``: with ``U = [P Z, B]`` and
@@ -62,38 +62,49 @@ def cayley_stiefel(coordinates: torch.Tensor, base: torch.Tensor) -> torch.Tenso
     projection of ``Z`` onto the tangent space at ``B``, so ``Z = 0`` gives ``B``; the part of ``Z`` normal to the
     manifold has no effect (and no gradient). A square base reads ``Z`` in its own frame instead:
     ``Y = B (I - A/2)^{-1} (I + A/2)`` with ``A = (Z - Z^H) / 2``, as PyTorch's square Cayley map is written.
+    ``base=None`` is the identity frame ``E_k`` (the first ``k`` columns of the identity: static trivialisation),
+    inverted by :func:`cayley_coordinates`.
 
     Raises:
         ValueError: shapes that differ or ``n < k``.
     """
+    # (I - M/2)^{-1} (I + M/2) = 2 (I - M/2)^{-1} - I, the two factors commuting: one solve against the base, no
+    # product with it (a quarter less work than a solve and a product, forward and backward)
     square = _square_skew(coordinates, base, "cayley_stiefel")
-    if square is not None:  # B square: W = B A B^H, Y = B (I - A/2)^{-1} (I + A/2)
+    if square is not None:  # B square: W = B A B^H, Y = B (I - A/2)^{-1} (I + A/2) = 2 B (I - A/2)^{-1} - B
         eye = torch.eye(square.shape[-1], dtype=square.dtype, device=square.device)
-        return base.to(square.dtype) @ torch.linalg.solve(eye - square / 2, eye + square / 2)
+        if base is None:  # B = I
+            return 2 * torch.linalg.inv(eye - square / 2) - eye
+        base = base.to(square.dtype)
+        return 2 * torch.linalg.solve(eye - square / 2, base, left=False) - base
+    base = _frame(coordinates) if base is None else base
     w = _dense_skew(coordinates, base, 2)
-    if w is not None:  # 2k >= n: the n x n system is the smaller one
+    if w is not None:  # 2k >= n: the n x n system is the smaller one; Y = 2 (I - W/2)^{-1} B - B
         eye = torch.eye(w.shape[-1], dtype=w.dtype, device=w.device)
         base = base.to(w.dtype)
-        return torch.linalg.solve(eye - w / 2, base + w @ base / 2)
+        return 2 * torch.linalg.solve(eye - w / 2, base) - base
     u, v_h_u, v_h_b = _low_rank_skew(coordinates, base)
     eye = torch.eye(v_h_u.shape[-1], dtype=v_h_u.dtype, device=v_h_u.device)
     return base + 2 * u @ torch.linalg.solve(2 * eye - v_h_u, v_h_b)
 
 
-def exp_stiefel(coordinates: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+def exp_stiefel(coordinates: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
     """``Y = exp(W) B`` ``(..., n, k)`` for the same ``W = U V^H`` as :func:`cayley_stiefel`:
     ``exp(U V^H) = I + U phi(V^H U) V^H`` with ``phi(M) = sum_j M^j / (j + 1)! = (e^M - I) M^{-1}``, read off the
     exponential of the ``4k x 4k`` block matrix ``[[M, I], [0, 0]]`` (whose top right block is ``phi(M)``), so
     ``Y = B + U phi(V^H U) V^H B`` in ``O(n k^2 + k^3)`` (where ``4k >= n``, ``exp(W) B`` with the ``n x n``
     exponential, the smaller one; a square base: ``Y = B exp(A)``, ``A = (Z - Z^H) / 2``, as for
-    :func:`cayley_stiefel`).
+    :func:`cayley_stiefel`). ``base=None`` is the identity frame ``E_k``; a square ``Y`` is inverted by
+    :func:`exp_coordinates`.
 
     Raises:
         ValueError: shapes that differ or ``n < k``.
     """
     square = _square_skew(coordinates, base, "exp_stiefel")
     if square is not None:  # B square: W = B A B^H, Y = B exp(A)
-        return base.to(square.dtype) @ torch.linalg.matrix_exp(square)
+        rotation = torch.linalg.matrix_exp(square)
+        return rotation if base is None else base.to(square.dtype) @ rotation
+    base = _frame(coordinates) if base is None else base
     w = _dense_skew(coordinates, base, 4)
     if w is not None:  # 4k >= n: the n x n exponential is the smaller one
         return torch.linalg.matrix_exp(w) @ base.to(w.dtype)
@@ -106,12 +117,71 @@ def exp_stiefel(coordinates: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     return base + u @ (phi @ v_h_b)
 
 
-def _square_skew(coordinates: torch.Tensor, base: torch.Tensor, where: str) -> torch.Tensor | None:
+@torch.no_grad()
+def cayley_coordinates(orthonormal: torch.Tensor) -> torch.Tensor:
+    """Coordinates ``Z = [A; C]`` ``(..., n, k)`` with ``cayley_stiefel(Z) = Q`` in the identity frame, for ``Q``
+    ``(..., n, k)`` with orthonormal columns. With ``Q = [Q_1; Q_2]`` (``Q_1`` its top ``k x k`` block) the frame's
+    skew matrix is ``W = [[A, -C^H], [C, 0]]``, and ``(I - W/2) Q = (I + W/2) E_k`` solves to
+    ``C = 2 Q_2 (I + Q_1)^{-1}``, ``A = (2 (Q_1 - I) + C^H Q_2) (I + Q_1)^{-1}`` (the inverse Cayley transform
+    ``2 (Q - I) (Q + I)^{-1}`` where ``Q`` is square). It exists where ``-1`` is not an eigenvalue of ``Q_1``: never
+    for a real square ``Q`` of determinant ``-1`` (the Cayley map reaches ``SO(n)`` only), almost always otherwise.
+    The result is not checked here; map it back to see how well it was determined.
+
+    Raises:
+        ValueError: ``n < k``, or not a floating-point or complex tensor of at least two dims.
+    """
+    _check_tall(orthonormal, "cayley_coordinates")
+    k = orthonormal.shape[-1]
+    top, bottom = orthonormal[..., :k, :], orthonormal[..., k:, :]
+    eye = torch.eye(k, dtype=orthonormal.dtype, device=orthonormal.device)
+    shifted = top + eye  # I + Q_1
+    lower = 2 * torch.linalg.solve(shifted, bottom, left=False)  # C
+    upper = torch.linalg.solve(shifted, 2 * (top - eye) + lower.mH @ bottom, left=False)  # A
+    return torch.cat(((upper - upper.mH) / 2, lower), dim=-2)
+
+
+@torch.no_grad()
+def exp_coordinates(orthonormal: torch.Tensor) -> torch.Tensor:
+    """The principal logarithm ``A`` ``(..., n, n)`` (skew(-Hermitian), eigenvalues ``i theta`` with
+    ``|theta| < pi``) of a square orthogonal or unitary ``Q``, so that ``exp_stiefel(A) = Q`` in the identity frame.
+    ``Q`` is normal, so it shares its eigenvectors with its Cayley transform ``S = (Q - I) (Q + I)^{-1}``, whose
+    eigenvalue for ``e^{i theta}`` is ``i tan(theta / 2)``: the Hermitian eigendecomposition ``-i S = V T V^H`` gives
+    ``A = V diag(2 i atan(T)) V^H`` (computed in double precision; the real part for a real ``Q``). It exists where
+    ``-1`` is not an eigenvalue of ``Q``: never for a real ``Q`` of determinant ``-1`` (the exponential reaches
+    ``SO(n)`` only). The result is not checked here.
+
+    Raises:
+        ValueError: a matrix that is not square, or not a floating-point or complex tensor of at least two dims.
+    """
+    _check_tall(orthonormal, "exp_coordinates")
+    n, k = orthonormal.shape[-2:]
+    if n != k:
+        raise ValueError(
+            f"exp_coordinates: the logarithm of a tall {n} x {k} matrix in the identity frame has no closed form;"
+            " pass a square matrix."
+        )
+    work = orthonormal.to(torch.complex128)
+    eye = torch.eye(n, dtype=work.dtype, device=work.device)
+    cayley = torch.linalg.solve(work + eye, work - eye, left=False)  # S = (Q - I)(Q + I)^{-1}
+    hermitian = -1j * cayley
+    values, vectors = torch.linalg.eigh((hermitian + hermitian.mH) / 2)
+    logarithm = (vectors * (2j * torch.atan(values)).unsqueeze(-2)) @ vectors.mH
+    logarithm = (logarithm - logarithm.mH) / 2
+    return (logarithm if orthonormal.is_complex() else logarithm.real).to(orthonormal.dtype)
+
+
+def _frame(coordinates: torch.Tensor) -> torch.Tensor:
+    """The identity frame ``E_k`` (the first ``k`` columns of the identity) in the shape of ``coordinates``."""
+    n, k = coordinates.shape[-2:]
+    return torch.eye(n, k, dtype=coordinates.dtype, device=coordinates.device).expand(coordinates.shape)
+
+
+def _square_skew(coordinates: torch.Tensor, base: torch.Tensor | None, where: str) -> torch.Tensor | None:
     """For a square base (``n = k``, ``B B^H = I``, so ``P = I/2``): ``A = (Z - Z^H) / 2`` read in the base's frame,
     with ``W = B A B^H`` the skew matrix of the coordinates ``Z' = B Z`` (any ``Z'`` is one: the map from ``Z`` is
     the same trivialisation in other coordinates, a matrix product cheaper); else ``None``. Checks the shapes."""
     _check_tall(coordinates, where)
-    if coordinates.shape != base.shape:
+    if base is not None and coordinates.shape != base.shape:
         raise ValueError(
             f"{where}: the coordinates {tuple(coordinates.shape)} and the base {tuple(base.shape)} differ in shape."
         )
