@@ -112,7 +112,7 @@ class OrthogonalWeight(nn.Module):
         rows, columns = self._matrix_shape()[-2:]
         self.transposed = rows < columns
         self.register_buffer("base", None)  # the base point of "cayley" and "matrix_exp", set by right_inverse
-        self.register_load_state_dict_post_hook(lambda module, _keys: module.orthonormalize_base_())
+        self.register_load_state_dict_post_hook(_orthonormalize_base_after_loading)  # (a function: picklable)
 
     @property
     def has_base(self) -> bool:
@@ -253,6 +253,10 @@ class OrthogonalWeight(nn.Module):
             f"shape={self.shape}, view={self.view!r}, map={self.map!r}{frame}, orthonormal {side} of ({rows},"
             f" {columns})"
         )
+
+
+def _orthonormalize_base_after_loading(parametrization: OrthogonalWeight, _incompatible_keys) -> None:
+    parametrization.orthonormalize_base_()
 
 
 def orthogonal(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import io
+import pickle
 
 import pytest
 import torch
@@ -148,8 +149,7 @@ def test_vmap_over_coordinates_equals_a_loop(dtype, map):
 @pytest.mark.parametrize("map", WEIGHT_MAPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", ["wide", "batched", "gru gates"])
-def test_state_dict_saved_and_loaded_and_deepcopy_round_trip(shape, dtype, map):
-    # (pickling a whole parametrised module is refused by torch's parametrize itself: state_dict is the way)
+def test_state_dict_saved_and_loaded_and_deepcopy_and_pickle_round_trip(shape, dtype, map):
     module, name = _made(shape, dtype, map, init="haar")
     with torch.no_grad():  # away from the base point, so that the coordinates matter too
         getattr(module.parametrizations, name).original.add_(
@@ -163,6 +163,11 @@ def test_state_dict_saved_and_loaded_and_deepcopy_round_trip(shape, dtype, map):
     fresh.load_state_dict(torch.load(buffer))
     for other in (fresh, copy.deepcopy(module)):
         torch.testing.assert_close(getattr(other, name), weight, rtol=0, atol=0)
+    # the parametrisation itself (with its base point) pickles: what it computes is kept
+    parametrizations = pickle.loads(pickle.dumps(getattr(module.parametrizations, name)))
+    torch.testing.assert_close(parametrizations(), weight, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="state_dict"):  # a whole parametrised module: torch's parametrize refuses
+        pickle.dumps(module)
 
 
 @pytest.mark.parametrize("map", WEIGHT_MAPS)
@@ -246,15 +251,18 @@ def test_layers_still_run_and_train():
     layers = [
         orthogonal(nn.Linear(5, 3)),
         orthogonal(nn.Conv2d(2, 4, 3, padding=1)),
+        orthogonal(nn.Conv3d(2, 6, 2)),  # (6, 2 * 2 * 2 * 2): orthonormal rows
         orthogonal(orthogonal(nn.LSTM(3, 4), "weight_hh_l0"), "weight_ih_l0"),
     ]
-    inputs = [torch.randn(2, 5), torch.randn(2, 2, 5, 5), torch.randn(6, 2, 3)]
+    inputs = [torch.randn(2, 5), torch.randn(2, 2, 5, 5), torch.randn(1, 2, 3, 3, 3), torch.randn(6, 2, 3)]
     for layer, x in zip(layers, inputs, strict=True):
         out = layer(x)
         out = out[0] if isinstance(out, tuple) else out
         out.square().sum().backward()
         assert all(p.grad is not None for p in layer.parameters() if p.requires_grad)
-    for block in layers[2].weight_hh_l0.detach().view(4, 4, 4):  # each gate's block orthogonal
+    kernel = layers[2].weight.detach().reshape(6, 16)
+    torch.testing.assert_close(kernel @ kernel.mT, torch.eye(6), rtol=0, atol=1e-5)
+    for block in layers[3].weight_hh_l0.detach().view(4, 4, 4):  # each gate's block orthogonal
         torch.testing.assert_close(block @ block.mT, torch.eye(4), rtol=0, atol=1e-5)
 
 
