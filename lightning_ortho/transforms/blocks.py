@@ -420,3 +420,16 @@ class BinaryBlockProduct(BlockProduct):
             if e > 0:
                 total = total + (OpCount(shifts=1) if e % 2 == 0 else OpCount(multiplications=1))
         return total
+
+
+def frozen_transform(transform: BlockProduct) -> BlockProduct:
+    """A non-trainable copy of ``transform`` (binary products stay binary)."""
+    if not isinstance(transform, BlockProduct):
+        raise TypeError(f"frozen_transform: transform must be a BlockProduct, got {type(transform).__name__}.")
+    if isinstance(transform, BinaryBlockProduct):
+        copy = BinaryBlockProduct(
+            transform.n, transform.pairs.cpu(), transform.core_index.cpu(), dtype=transform.blocks.dtype
+        )
+    else:
+        copy = BlockProduct(transform.n, transform.pairs.cpu(), transform.blocks.detach().cpu(), trainable=False)
+    return copy.to(transform.blocks.device)

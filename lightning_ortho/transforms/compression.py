@@ -26,6 +26,7 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -64,7 +65,10 @@ class NotAffineError(ValueError):
 
 @dataclass
 class CompressionReport:
-    """What :func:`compress_linear` did to one layer (op counts exclude the bias, see :class:`FactorizedLinear`).
+    """What :func:`compress_linear` did to one layer (op counts exclude the bias, see :class:`FactorizedLinear`), or
+    :func:`~lightning_ortho.transforms.conv_compression.compress_conv` to a convolution (``in_features``,
+    ``out_features``: its channels; op counts per image of ``input_size``, or per output position where it is
+    ``None``; ``data_rows``: the patches refit on).
 
     With ``data``: ``output_error`` is ``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` on the ``data_rows`` inputs the codes
     were refit on, an in-sample figure (with fewer than ``2 (s + 1)`` rows the refit nearly interpolates them and it
@@ -94,6 +98,7 @@ class CompressionReport:
     estimated_seconds: float | None = None
     support_rank: int | None = None
     data_rows: int | None = None
+    input_size: tuple[int, ...] | None = None
 
     @property
     def ops_ratio(self) -> float:
@@ -333,28 +338,17 @@ def compress_linear(
 
     w64 = weight.double().cpu()
     b64 = None if bias is None else bias.double().cpu()
-    plan, shape = spec.plan(m, q, iterations), f"{out}x{n}"
-    logger.info("compress_linear: %s layer, family %r: up to %d %s.", shape, family, plan.total, plan.unit)
-    show = show_progress(progress, console or Console(stderr=True))
-    report = estimate_reporter(
-        "compress_linear",
-        f"{shape}, family {family!r}",
-        f"learning the {family!r} transform of this {shape} layer",
-        plan,
-        slow_seconds=lambda: SLOW_SECONDS,
-        advice="Lower m (blocks), q (stages) or iterations for a faster, coarser fit.",
-        log=logger,
+    shape = f"{out}x{n}"
+    settings = {"m": m, "q": q, "s": s, "bits": bits, "iterations": iterations, "generator": generator}
+    learning = learn_factorization(w64, spec, settings, f"{shape} layer", progress=progress, console=console)
+    learned, dictionary, codes, mask, support = (
+        learning.learned,
+        learning.dictionary,
+        learning.codes,
+        learning.mask,
+        learning.support,
     )
-    with WorkProgress(plan, f"compress {shape} ({family})", show=show, console=console, on_estimate=report) as work:
-        settings = {"m": m, "q": q, "s": s, "bits": bits, "iterations": iterations, "generator": generator}
-        result = spec.learn(w64, **settings, on_step=work.advance)
-    learned = result.transform.to(torch.float64).cpu()
-    dictionary = spec.as_block_product(learned)  # the same D as 2x2 blocks
     d = dictionary.matrix()
-    codes = result.codes.double().cpu()
-    support = codes.abs().topk(s, dim=1).indices  # exactly s entries per row: the learner's nonzeros, topped up
-    mask = torch.zeros_like(codes, dtype=torch.bool).scatter_(1, support, True)
-    codes = codes.masked_fill(~mask, 0)
     output_error, data_rank, support_rank = None, None, None
     if data is not None:
         x = data.detach().double().cpu()
@@ -385,16 +379,79 @@ def compress_linear(
         factorized_ops=transform_ops + code_ops,
         transform_ops=transform_ops,
         code_ops=code_ops,
-        learner_errors=[float(e) for e in getattr(result, "errors", [])],
+        learner_errors=learning.errors,
         seconds=time.perf_counter() - start,
-        planned_steps=plan.total,
-        steps=work.completed,
-        estimated_seconds=work.estimated_seconds,
+        planned_steps=learning.planned_steps,
+        steps=learning.steps,
+        estimated_seconds=learning.estimated_seconds,
         support_rank=support_rank,
         data_rows=None if data is None else data.shape[0],
     )
     _warn_if_dearer(factorized.report, shape, family)
     return factorized
+
+
+@dataclass
+class Learning:
+    """What :func:`learn_factorization` learned: ``W ~ C D^T`` on the exact support of ``s`` entries per row."""
+
+    learned: Any  # the learner's own transform D (a BlockProduct or a family's 4x4 product), float64
+    dictionary: Any  # D as 2x2 blocks (:class:`~lightning_ortho.transforms.BlockProduct`), float64
+    codes: torch.Tensor  # (N, n) float64, zero off the support
+    mask: torch.Tensor  # (N, n) bool, s entries per row
+    support: torch.Tensor  # (N, s) the support's column indices
+    errors: list[float]
+    planned_steps: int
+    steps: int | None
+    estimated_seconds: float | None
+
+
+def learn_factorization(
+    rows: torch.Tensor,
+    spec: Any,
+    settings: dict[str, Any],
+    label: str,
+    *,
+    progress: bool | None = None,
+    console: Console | None = None,
+    where: str = "compress_linear",
+) -> Learning:
+    """Learn ``rows ~ C D^T`` (``rows`` ``(N, n)`` float64 on the CPU, checked by the caller) with the family
+    ``spec``'s in-memory learner and ``settings`` (``m, q, s, bits, iterations, generator``), with its plan logged,
+    its time estimated (a warning past :data:`SLOW_SECONDS`) and a progress bar as :func:`compress_linear`'s; the
+    codes then keep exactly ``s`` entries per row (the learner's nonzeros, topped up by magnitude)."""
+    m, q, s, iterations = settings["m"], settings["q"], settings["s"], settings["iterations"]
+    family = spec.name
+    plan = spec.plan(m, q, iterations)
+    logger.info("%s: %s, family %r: up to %d %s.", where, label, family, plan.total, plan.unit)
+    show = show_progress(progress, console or Console(stderr=True))
+    report = estimate_reporter(
+        where,
+        f"{label}, family {family!r}",
+        f"learning the {family!r} transform of this {label}",
+        plan,
+        slow_seconds=lambda: SLOW_SECONDS,
+        advice="Lower m (blocks), q (stages) or iterations for a faster, coarser fit.",
+        log=logger,
+    )
+    with WorkProgress(plan, f"compress {label} ({family})", show=show, console=console, on_estimate=report) as work:
+        result = spec.learn(rows, **settings, on_step=work.advance)
+    learned = result.transform.to(torch.float64).cpu()
+    dictionary = spec.as_block_product(learned)  # the same D as 2x2 blocks
+    codes = result.codes.double().cpu()
+    support = codes.abs().topk(s, dim=1).indices  # exactly s entries per row: the learner's nonzeros, topped up
+    mask = torch.zeros_like(codes, dtype=torch.bool).scatter_(1, support, True)
+    return Learning(
+        learned=learned,
+        dictionary=dictionary,
+        codes=codes.masked_fill(~mask, 0),
+        mask=mask,
+        support=support,
+        errors=[float(e) for e in getattr(result, "errors", [])],
+        planned_steps=plan.total,
+        steps=work.completed,
+        estimated_seconds=work.estimated_seconds,
+    )
 
 
 def _warn_if_dearer(report: CompressionReport, shape: str, family: str) -> None:

@@ -14,25 +14,13 @@ from torch import nn
 from torch.nn import functional
 
 from lightning_ortho.transforms._kinds import not_floating
-from lightning_ortho.transforms.blocks import BinaryBlockProduct, BlockProduct
+from lightning_ortho.transforms.blocks import BinaryBlockProduct, BlockProduct, frozen_transform
 from lightning_ortho.transforms.costs import OpCount, row_cost
+from lightning_ortho.transforms.factorized_conv import FactorizedConv, is_conv_marker
 
 #: ``format`` of the extra state every FactorizedLinear puts in its ``state_dict`` (key ``<name>._extra_state``): it
 #: marks the compressed submodules of a checkpoint, so a model built with dense layers can rebuild them.
 STATE_FORMAT = "lightning_ortho.FactorizedLinear"
-
-
-def _frozen(transform: BlockProduct) -> BlockProduct:
-    """A non-trainable copy of ``transform`` (binary products stay binary)."""
-    if not isinstance(transform, BlockProduct):
-        raise TypeError(f"FactorizedLinear: transform must be a BlockProduct, got {type(transform).__name__}.")
-    if isinstance(transform, BinaryBlockProduct):
-        copy = BinaryBlockProduct(
-            transform.n, transform.pairs.cpu(), transform.core_index.cpu(), dtype=transform.blocks.dtype
-        )
-    else:
-        copy = BlockProduct(transform.n, transform.pairs.cpu(), transform.blocks.detach().cpu(), trainable=False)
-    return copy.to(transform.blocks.device)
 
 
 class FactorizedLinear(nn.Module):
@@ -75,7 +63,7 @@ class FactorizedLinear(nn.Module):
         mask: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
-        self.transform = _frozen(transform)
+        self.transform = frozen_transform(transform)
         n = self.transform.n
         if not isinstance(codes, torch.Tensor) or not codes.is_floating_point():
             raise TypeError(
@@ -228,19 +216,29 @@ def _accept_state_without_marker(module: nn.Module, state_dict: dict[str, Any], 
     state_dict.setdefault(f"{prefix}_extra_state", module.get_extra_state())
 
 
+#: The compressed layers a state may hold, the kinds :func:`restore_factorized` rebuilds.
+FACTORIZED_LAYERS = (FactorizedLinear, FactorizedConv)
+
+
 def factorized_names(state_dict: Mapping[str, Any]) -> list[str]:
-    """Names of the FactorizedLinear submodules whose state ``state_dict`` holds: those with a marker
-    (``<name>._extra_state``), and those of older states recognised by their keys (``<name>.codes``,
-    ``<name>.mask``, ``<name>.transform.pairs``). The root itself (name ``""``) is never listed."""
-    names = [k[: -len("._extra_state")] for k, v in state_dict.items() if k.endswith("._extra_state") and _is_marker(v)]
+    """Names of the FactorizedLinear and FactorizedConv submodules whose state ``state_dict`` holds: those with a
+    marker (``<name>._extra_state``), and FactorizedLinear states older than the marker recognised by their keys
+    (``<name>.codes``, ``<name>.mask``, ``<name>.transform.pairs``). The root itself (name ``""``) is never listed."""
+    names = [
+        k[: -len("._extra_state")]
+        for k, v in state_dict.items()
+        if k.endswith("._extra_state") and (_is_marker(v) or is_conv_marker(v))
+    ]
     legacy = [k[: -len(".transform.pairs")] for k in state_dict if k.endswith(".transform.pairs")]
     names += [n for n in legacy if n not in names and f"{n}.codes" in state_dict and f"{n}.mask" in state_dict]
     return names
 
 
 def _same_layout(module: nn.Module, state: Mapping[str, Any]) -> bool:
-    """Whether ``module`` is a FactorizedLinear that can load ``state`` as it is (same keys and shapes)."""
-    if not isinstance(module, FactorizedLinear):
+    """Whether ``module`` is a compressed layer of the state's kind that can load ``state`` as it is (same keys and
+    shapes)."""
+    kind = FactorizedConv if is_conv_marker(state.get("_extra_state")) else FactorizedLinear
+    if not isinstance(module, kind):
         return False
     own = {k: v for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
     given = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -264,23 +262,34 @@ def keep_training_state(new: nn.Module, old: nn.Module) -> nn.Module:
     return new.train(old.training)
 
 
-def _dense_layer(name: str, old: FactorizedLinear, state: Mapping[str, Any]) -> nn.Linear:
-    """The ``nn.Linear`` that the dense ``state`` (keys ``weight``, optional ``bias``) of ``name`` loads into, on
-    ``old``'s device and dtype, not initialised (the state overwrites it).
+def _dense_layer(name: str, old: nn.Module, state: Mapping[str, Any]) -> nn.Module:
+    """The ``nn.Linear`` (or ``nn.Conv1d``/``nn.Conv2d`` for a FactorizedConv) that the dense ``state`` (keys
+    ``weight``, optional ``bias``) of ``name`` loads into, on ``old``'s device and dtype, not initialised (the state
+    overwrites it).
 
     Raises:
-        RuntimeError: ``state`` is not that of an ``nn.Linear`` of ``old``'s shape.
+        RuntimeError: ``state`` is not that of a dense layer of ``old``'s shape.
     """
-    shape = (old.out_features, old.in_features)
+    if isinstance(old, FactorizedConv):
+        shape, kind = (old.out_channels, old.in_channels, *old.kernel_size), f"nn.Conv{old.dims}d"
+    else:
+        shape, kind = (old.out_features, old.in_features), "nn.Linear"
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     weight = tensors.get("weight")
     if set(tensors) - {"weight", "bias"} or weight is None or tuple(weight.shape) != shape:
         described = {k: tuple(v.shape) for k, v in tensors.items()}
         raise RuntimeError(
-            f"restore_factorized: the model holds {name!r} compressed (a FactorizedLinear, weight {shape}), the state "
-            f"holds it dense as {described}, which is not the state of an nn.Linear of that shape; only nn.Linear "
+            f"restore_factorized: the model holds {name!r} compressed (a {type(old).__name__}, weight {shape}), the "
+            f"state holds it dense as {described}, which is not the state of an {kind} of that shape; only {kind} "
             f"layers are rebuilt. Load the state into a freshly built model instead."
         )
+    if isinstance(old, FactorizedConv):
+        dense = old.dense_replacement()
+        if "bias" not in tensors and dense.bias is not None:
+            dense.bias = None
+        elif "bias" in tensors and dense.bias is None:
+            dense.bias = nn.Parameter(torch.empty(old.out_channels, device=old.codes.device, dtype=old.codes.dtype))
+        return keep_training_state(dense, old)
     bias = "bias" in tensors
     linear = nn.utils.skip_init(
         nn.Linear, old.in_features, old.out_features, bias=bias, device=old.codes.device, dtype=old.codes.dtype
@@ -323,7 +332,8 @@ def restore_factorized(model: nn.Module, state_dict: Mapping[str, Any]) -> list[
         prefix = f"{name}."
         if _same_layout(old, {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}):
             continue
-        new = FactorizedLinear.from_state_dict(state_dict, prefix=prefix)
+        kind = FactorizedConv if is_conv_marker(state_dict.get(f"{prefix}_extra_state")) else FactorizedLinear
+        new = kind.from_state_dict(state_dict, prefix=prefix)
         reference = next(iter(old.parameters()), None)
         new = new.to(reference.device) if reference is not None else new
         setattr(parent, child, keep_training_state(new, old))
@@ -331,7 +341,7 @@ def restore_factorized(model: nn.Module, state_dict: Mapping[str, Any]) -> list[
     dense = [
         (name, module)
         for name, module in model.named_modules()
-        if name and isinstance(module, FactorizedLinear) and name not in compressed
+        if name and isinstance(module, FACTORIZED_LAYERS) and name not in compressed
     ]
     for name, old in dense:
         prefix = f"{name}."
