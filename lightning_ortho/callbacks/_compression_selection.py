@@ -1,5 +1,6 @@
-"""Which layers TransformCompression replaces: the model's outermost Linear/SVDLinear layers, those that suit the
-compression (checked before training) and those whose current weights it can compress (checked when it runs)."""
+"""Which layers TransformCompression replaces: the model's outermost Linear/SVDLinear layers and Conv1d/Conv2d
+convolutions, those that suit the compression (checked before training) and those whose current weights it can
+compress (checked when it runs)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,21 @@ from torch import nn
 
 from lightning_ortho.nn import SVDLinear
 from lightning_ortho.transforms.compression import FactorizedLinear, NotAffineError, affine_parts
+from lightning_ortho.transforms.conv_compression import conv_problem
+from lightning_ortho.transforms.factorized_conv import FactorizedConv
 from lightning_ortho.transforms.families import FAMILY_TABLE
+
+#: The layers TransformCompression considers: dense ones it may compress, and compressed ones (a resumed run).
+CANDIDATES = (nn.Linear, SVDLinear, FactorizedLinear, nn.modules.conv._ConvNd, FactorizedConv)
+COMPRESSED = (FactorizedLinear, FactorizedConv)
 
 
 def linear_modules(model: nn.Module) -> list[str]:
-    """Names of the outermost ``nn.Linear`` / ``SVDLinear`` / ``FactorizedLinear`` modules of ``model``."""
+    """Names of the outermost ``nn.Linear`` / ``SVDLinear`` / convolution modules of ``model``, and of its
+    compressed ones (``FactorizedLinear``, ``FactorizedConv``)."""
     names: list[str] = []
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear | SVDLinear | FactorizedLinear) and name:
+        if isinstance(module, CANDIDATES) and name:
             if not any(name.startswith(f"{outer}.") for outer in names):
                 names.append(name)
     return names
@@ -30,17 +38,24 @@ def layer_problem(
     training), and, with ``weights``, why its current values cannot be (all zero, NaN/inf); ``None`` when fine."""
     if isinstance(parent, nn.MultiheadAttention):
         return "it belongs to nn.MultiheadAttention, which reads its weight directly instead of calling it", None
-    try:
-        weight, bias = affine_parts(module)
-    except (TypeError, NotAffineError) as error:
-        return str(error), None
+    features = "input features"
+    if isinstance(module, nn.modules.conv._ConvNd):
+        problem = conv_problem(module)
+        if problem is not None:
+            return problem, None
+        weight, bias, features = module.weight.detach(), module.bias, "input channels"
+    else:
+        try:
+            weight, bias = affine_parts(module)
+        except (TypeError, NotAffineError) as error:
+            return str(error), None
     n = weight.shape[1]
     spec = FAMILY_TABLE[family]
     if n < 2 or spec.feature_problem(n) is not None:
         need = f">= {spec.block_size}" + (", even" if spec.even_features else "")
-        return f"its {n} input features do not suit family {family!r} (needs {need})", None
+        return f"its {n} {features} do not suit family {family!r} (needs {need})", None
     if s is not None and s > n:
-        return f"s={s} exceeds its {n} input features", None
+        return f"s={s} exceeds its {n} {features}", None
     if not weights:
         return None, None
     if not bool(torch.isfinite(weight).all()) or (bias is not None and not bool(torch.isfinite(bias).all())):
@@ -60,7 +75,7 @@ def select_layers(
     weights: bool = True,
 ) -> list[str]:
     """Names of the modules TransformCompression will replace in ``model``: ``modules`` (names), or ``None`` for
-    every outermost Linear/SVDLinear that suits ``family`` and ``s``.
+    every outermost Linear/SVDLinear/Conv1d/Conv2d that suits ``family`` and ``s``.
 
     Args:
         model: the model as it is now.
@@ -80,9 +95,10 @@ def select_layers(
             module = model.get_submodule(name)
         except AttributeError:
             raise ValueError(
-                f"TransformCompression: the model has no submodule {name!r}. Its Linear modules are: {available}."
+                f"TransformCompression: the model has no submodule {name!r}. Its Linear and convolution modules are:"
+                f" {available}."
             ) from None
-        if isinstance(module, FactorizedLinear):
+        if isinstance(module, COMPRESSED):
             continue  # already compressed (a resumed run)
         parent = model.get_submodule(name.rpartition(".")[0])
         problem, values = layer_problem(module, parent, family, s, weights)
@@ -100,7 +116,9 @@ def select_layers(
         warnings.warn(
             f"TransformCompression: not compressing {'; '.join(kept_dense)}; these layers stay dense.", stacklevel=2
         )
-    compressed = any(isinstance(model.get_submodule(n), FactorizedLinear) for n in available)
+    compressed = any(isinstance(model.get_submodule(n), COMPRESSED) for n in available)
     if not chosen and not kept_dense and not compressed:
-        raise ValueError(f"TransformCompression: no module to compress. The model's Linear modules: {available}.")
+        raise ValueError(
+            f"TransformCompression: no module to compress. The model's Linear and convolution modules: {available}."
+        )
     return chosen

@@ -13,6 +13,7 @@ from torch import nn
 from lightning_ortho._lightning import Callback, every_package, pl, rank_zero_info
 from lightning_ortho.callbacks._compression_metric import (
     BatchKeys,
+    batch_parts,
     choose_metric,
     evaluate,
     validation_loaders,
@@ -20,7 +21,9 @@ from lightning_ortho.callbacks._compression_metric import (
 from lightning_ortho.callbacks._compression_report import print_report
 from lightning_ortho.callbacks._compression_selection import linear_modules, select_layers
 from lightning_ortho.models.factorized_checkpoint import save_compressed_checkpoint
+from lightning_ortho.nn.eval_mode import eval_mode
 from lightning_ortho.transforms.compression import compress_linear
+from lightning_ortho.transforms.conv_compression import compress_conv
 from lightning_ortho.transforms.factorized_linear import keep_training_state, restore_factorized_on_load
 from lightning_ortho.transforms.families import family_spec, unused_hyperparameter
 
@@ -34,7 +37,10 @@ def _check_optional_int(value: object, name: str, low: int) -> None:
 
 class TransformCompression(Callback):
     """Replaces dense layers by :class:`~lightning_ortho.transforms.FactorizedLinear` ``C (D^T x) + b`` learned
-    with :func:`~lightning_ortho.transforms.compression.compress_linear` (``W ~ C D^T`` in the Frobenius norm).
+    with :func:`~lightning_ortho.transforms.compression.compress_linear` (``W ~ C D^T`` in the Frobenius norm), and
+    ``Conv1d``/``Conv2d`` by :class:`~lightning_ortho.transforms.FactorizedConv` ``conv(D^T x, C) + b``
+    (:func:`~lightning_ortho.transforms.conv_compression.compress_conv`; their op counts are per image of the size
+    the first validation batch gives them, per output position without validation data).
 
     When: with ``at_epoch=None, finetune_epochs=0`` (default) at ``on_fit_end``, no fine-tuning. Otherwise after
     training epoch ``at_epoch`` (0-based), or after epoch ``max_epochs - 1 - finetune_epochs``, so that
@@ -84,9 +90,10 @@ class TransformCompression(Callback):
 
     Args:
         modules: names of submodules to replace (``"head"``, ``"features.0"``); ``None``: every outermost
-            ``nn.Linear`` and :class:`~lightning_ortho.nn.SVDLinear`, skipping (with a warning at the start of fit)
-            layers that are not affine (``SVDLinear(orthogonal="aux")``), have fewer than 2 inputs (odd for family
-            ``"m"``, fewer than 4 for ``"b4x4"``) or belong to ``nn.MultiheadAttention``. Either way, a layer whose
+            ``nn.Linear``, :class:`~lightning_ortho.nn.SVDLinear`, ``nn.Conv1d`` and ``nn.Conv2d``, skipping (with a
+            warning at the start of fit) layers that are not affine (``SVDLinear(orthogonal="aux")``), have fewer
+            than 2 inputs or input channels (odd for family ``"m"``, fewer than 4 for ``"b4x4"``), grouped or
+            depthwise convolutions, or belong to ``nn.MultiheadAttention``. Either way, a layer whose
             weights are all zero (unused) or not finite when its turn comes stays dense, with a warning.
         family: the transform family, one of :data:`~lightning_ortho.transforms.families.FAMILY_TABLE`
             (``"b"``, ``"m"``, ``"shear"``, ``"b4x4"``), as :func:`compress_linear`.
@@ -146,7 +153,7 @@ class TransformCompression(Callback):
             and (not isinstance(modules, Sequence) or not modules or not all(isinstance(n, str) and n for n in modules))
         ):
             raise ValueError(
-                "TransformCompression: modules must be None (every Linear/SVDLinear) or a non-empty list of submodule "
+                "TransformCompression: modules must be None (every Linear/SVDLinear/Conv) or a non-empty list of submodule "
                 f"names such as ['head', 'features.0'], got {modules!r}."
             )
         if modules is not None and len(set(modules)) != len(modules):
@@ -209,7 +216,8 @@ class TransformCompression(Callback):
     # ------------------------------------------------------------------------------------------------ selection
     @staticmethod
     def linear_modules(model: nn.Module) -> list[str]:
-        """Names of the outermost ``nn.Linear`` / ``SVDLinear`` / ``FactorizedLinear`` modules of ``model``."""
+        """Names of the outermost ``nn.Linear`` / ``SVDLinear`` / convolution modules of ``model`` and of its
+        compressed ones."""
         return linear_modules(model)
 
     def select(self, model: nn.Module, *, warn: bool = True, weights: bool = True) -> list[str]:
@@ -324,10 +332,15 @@ class TransformCompression(Callback):
         progress = self.progress
         if progress is None and isinstance(trainer.progress_bar_callback, RichProgressBar):
             progress = False
+        sizes = self._input_sizes(trainer, pl_module, names)
         for name in names:  # compress all first, then replace: an error leaves the model untouched
             kwargs = {k: v for k, v in self.options.items() if v is not None}
             layer = pl_module.get_submodule(name)
-            new = compress_linear(layer, self.family, progress=progress, **kwargs)
+            if isinstance(layer, nn.modules.conv._ConvNd):
+                kwargs["input_size"] = sizes.get(name)
+                new = compress_conv(layer, self.family, progress=progress, **kwargs)
+            else:
+                new = compress_linear(layer, self.family, progress=progress, **kwargs)
             replacements[name] = keep_training_state(new, layer)  # a frozen layer stays frozen, its mode kept
         for name, new in replacements.items():
             parent_name, _, child = name.rpartition(".")
@@ -353,6 +366,33 @@ class TransformCompression(Callback):
         metrics["compression/ops_before"] = float(sum(total(r, "dense_ops") for r in new_rows))
         metrics["compression/ops_after"] = float(sum(total(r, "factorized_ops") for r in new_rows))
         return metrics
+
+    def _input_sizes(self, trainer: pl.Trainer, pl_module: pl.LightningModule, names: list[str]) -> dict[str, tuple]:
+        """The spatial size of the inputs of the convolutions ``names`` on the first validation batch (what their
+        op counts per image assume); empty without validation data or convolutions."""
+        convolutions = {n: pl_module.get_submodule(n) for n in names}
+        convolutions = {n: m for n, m in convolutions.items() if isinstance(m, nn.modules.conv._ConvNd)}
+        loaders = validation_loaders(trainer, pl_module) if convolutions else []
+        batch = next((b for loader in loaders for b in loader), None)
+        if batch is None:
+            return {}
+        sizes: dict[str, tuple] = {}
+
+        def record(name: str):
+            def hook(_module: nn.Module, args: tuple) -> None:  # returns None: the inputs go on unchanged
+                sizes.setdefault(name, tuple(args[0].shape[2:]))
+
+            return hook
+
+        hooks = [module.register_forward_pre_hook(record(name)) for name, module in convolutions.items()]
+        try:
+            with eval_mode(pl_module), torch.no_grad(), trainer.precision_plugin.forward_context():
+                inputs, _ = batch_parts(trainer.strategy.batch_to_device(batch, dataloader_idx=0), self.batch_keys)
+                pl_module(inputs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return sizes
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float | None:
         """The metric over the validation data, ``None`` when there is no metric or no validation data."""

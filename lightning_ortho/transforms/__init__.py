@@ -17,7 +17,9 @@ from lightning_ortho.transforms.compression import (
     default_hyperparameters,
     restore_factorized,
 )
+from lightning_ortho.transforms.conv_compression import compress_conv
 from lightning_ortho.transforms.costs import OpCount, block_cost, multiplier_cost, row_cost
+from lightning_ortho.transforms.factorized_conv import FactorizedConv
 from lightning_ortho.transforms.factorized_linear import FactorizedLinear
 from lightning_ortho.transforms.families import FAMILIES, FAMILY_TABLE, TransformFamilySpec
 from lightning_ortho.transforms.learn_fast_transform import FastTransformResult, learn_fast_transform
@@ -43,6 +45,7 @@ __all__ = [
     "BinaryBlockProduct",
     "BlockProduct",
     "CompressionReport",
+    "FactorizedConv",
     "FactorizedLinear",
     "FastTransformResult",
     "MTransformLearner",
@@ -59,6 +62,7 @@ __all__ = [
     "TransformStatistics",
     "binary_cores",
     "block_cost",
+    "compress_conv",
     "compress_linear",
     "default_hyperparameters",
     "fit_in_memory",

@@ -340,7 +340,7 @@ def compress_linear(
     b64 = None if bias is None else bias.double().cpu()
     shape = f"{out}x{n}"
     settings = {"m": m, "q": q, "s": s, "bits": bits, "iterations": iterations, "generator": generator}
-    learning = learn_factorization(w64, spec, settings, f"{shape} layer", progress=progress, console=console)
+    learning = learn_factorization(w64, spec, settings, shape, progress=progress, console=console)
     learned, dictionary, codes, mask, support = (
         learning.learned,
         learning.dictionary,
@@ -415,6 +415,7 @@ def learn_factorization(
     progress: bool | None = None,
     console: Console | None = None,
     where: str = "compress_linear",
+    noun: str = "layer",
 ) -> Learning:
     """Learn ``rows ~ C D^T`` (``rows`` ``(N, n)`` float64 on the CPU, checked by the caller) with the family
     ``spec``'s in-memory learner and ``settings`` (``m, q, s, bits, iterations, generator``), with its plan logged,
@@ -423,12 +424,12 @@ def learn_factorization(
     m, q, s, iterations = settings["m"], settings["q"], settings["s"], settings["iterations"]
     family = spec.name
     plan = spec.plan(m, q, iterations)
-    logger.info("%s: %s, family %r: up to %d %s.", where, label, family, plan.total, plan.unit)
+    logger.info("%s: %s %s, family %r: up to %d %s.", where, label, noun, family, plan.total, plan.unit)
     show = show_progress(progress, console or Console(stderr=True))
     report = estimate_reporter(
         where,
         f"{label}, family {family!r}",
-        f"learning the {family!r} transform of this {label}",
+        f"learning the {family!r} transform of this {label} {noun}",
         plan,
         slow_seconds=lambda: SLOW_SECONDS,
         advice="Lower m (blocks), q (stages) or iterations for a faster, coarser fit.",

@@ -155,9 +155,9 @@ def compress_conv(
     # the learner's rows: W[o, :, j] for every output channel o and offset j, in the order (o, j)
     rows = weight.double().cpu().movedim(1, -1).reshape(out * offsets, n)
     settings = {"m": m, "q": q, "s": s, "bits": bits, "iterations": iterations, "generator": generator}
-    label = f"{out}x{n}x{'x'.join(map(str, kernel))} kernel"
+    label = f"{out}x{n}x{'x'.join(map(str, kernel))}"
     learning = learn_factorization(
-        rows, spec, settings, label, progress=progress, console=console, where="compress_conv"
+        rows, spec, settings, label, progress=progress, console=console, where="compress_conv", noun="kernel"
     )
     codes = learning.codes.reshape(out, *kernel, n).movedim(-1, 1)  # (out, in, *k)
     mask = learning.mask.reshape(out, *kernel, n).movedim(-1, 1)

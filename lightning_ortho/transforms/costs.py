@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class OpCount:
-    """Additions (subtractions included), multiplications and shifts of one application to a vector."""
+    """Additions (subtractions included), multiplications and shifts of one application to a vector; counts add
+    (``a + b``, ``sum(counts)``) and scale by an int (``count * positions``), and :attr:`total` is all three."""
 
     additions: int = 0
     multiplications: int = 0
@@ -46,6 +47,12 @@ class OpCount:
             self.multiplications + other.multiplications,
             self.shifts + other.shifts,
         )
+
+    def __radd__(self, other: object) -> OpCount:
+        # sum() starts from 0: sum(counts) and sum(counts, OpCount()) both give the total count
+        if isinstance(other, int) and not isinstance(other, bool) and other == 0:
+            return self
+        return NotImplemented
 
     def __mul__(self, k: int) -> OpCount:
         return OpCount(self.additions * k, self.multiplications * k, self.shifts * k)

@@ -180,7 +180,7 @@ def test_default_selection_takes_affine_linear_layers_and_says_what_it_skips():
         TransformCompression(modules=["aux"]).select(model)
     with pytest.raises(
         ValueError,
-        match=r"no submodule 'heads'. Its Linear modules are: \['svd', 'aux', 'attention.out_proj', 'head'\]",
+        match=r"no submodule 'heads'. Its Linear and convolution modules are: \['svd', 'aux', 'attention.out_proj', 'head'\]",
     ):
         TransformCompression(modules=["heads"]).select(model)
     with pytest.raises(ValueError, match="s=9 exceeds its 8 input features"):
@@ -219,7 +219,7 @@ def test_bad_arguments_are_refused_in_init(kwargs, match):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"modules": ["net.5"]}, r"no submodule 'net.5'. Its Linear modules are: \['net.0', 'net.2'\]"),
+        ({"modules": ["net.5"]}, r"no submodule 'net.5'. Its Linear and convolution modules are: \['net.0', 'net.2'\]"),
         ({"at_epoch": 2}, "at_epoch=2 is never reached with max_epochs=2"),
         ({"finetune_epochs": 2}, "finetune_epochs=2 needs Trainer"),
     ],
