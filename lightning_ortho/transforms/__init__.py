@@ -24,6 +24,7 @@ from lightning_ortho.transforms.factorized_linear import FactorizedLinear
 from lightning_ortho.transforms.families import FAMILIES, FAMILY_TABLE, TransformFamilySpec
 from lightning_ortho.transforms.learn_fast_transform import FastTransformResult, learn_fast_transform
 from lightning_ortho.transforms.m_dla import MTransformLearner, MTransformResult, learn_m_transform
+from lightning_ortho.transforms.model_compression import ModelCompression, compress_model
 from lightning_ortho.transforms.patches import image_patches
 from lightning_ortho.transforms.quad_cores import QuadBlockProduct
 from lightning_ortho.transforms.s_dla import ShearTransformLearner, ShearTransformResult, learn_shear_transform
@@ -47,6 +48,7 @@ __all__ = [
     "CompressionReport",
     "FactorizedConv",
     "FactorizedLinear",
+    "ModelCompression",
     "FastTransformResult",
     "MTransformLearner",
     "MTransformResult",
@@ -64,6 +66,7 @@ __all__ = [
     "block_cost",
     "compress_conv",
     "compress_linear",
+    "compress_model",
     "default_hyperparameters",
     "fit_in_memory",
     "image_patches",

@@ -99,6 +99,8 @@ class CompressionReport:
     support_rank: int | None = None
     data_rows: int | None = None
     input_size: tuple[int, ...] | None = None
+    max_error: float | None = None
+    searched: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def ops_ratio(self) -> float:
@@ -112,7 +114,7 @@ class CompressionReport:
         for key, value in asdict(self).items():
             if isinstance(value, dict):
                 out.update({f"{key}_{k}": v for k, v in value.items()})
-            elif key != "learner_errors":
+            elif key not in ("learner_errors", "searched"):
                 out[key] = value
         out["ops_ratio"] = self.ops_ratio
         return out
@@ -228,6 +230,7 @@ def compress_linear(
     in_features: int | None = None,
     progress: bool | None = None,
     console: Console | None = None,
+    max_error: float | None = None,
 ) -> FactorizedLinear:
     """Replace an affine layer by ``C (D^T x) + b`` with ``W ~ C D^T`` (see the module docstring).
 
@@ -260,6 +263,11 @@ def compress_linear(
             once every kind is, for B and shears after the first sweep's re-picks; an upper bound for B, whose sweeps
             may stop early). ``report.planned_steps``, ``report.steps`` and ``report.estimated_seconds`` keep them.
         console: the rich ``Console`` to draw the progress bar on (default: standard error).
+        max_error: a budget instead of ``s``: the relative error (percent) to meet at the fewest operations, the
+            output error on ``data`` when given (``report.output_error``), else the weight's (``report.error``). The
+            smallest ``s`` that meets it is searched (:func:`~lightning_ortho.transforms.sparsity_search.search_sparsity`:
+            a binary search over ``1, 2, 3, 4, 6, 8, 12, ...``, one compression per step, with the same
+            ``generator`` state each time); ``report.searched`` lists every ``s`` tried and its error.
 
     Returns:
         The compressed layer, a :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and
@@ -287,6 +295,12 @@ def compress_linear(
             once, when the final time estimate exceeds ``SLOW_SECONDS`` (a minute), or earlier when the work that
             cannot be skipped (the rest of the current greedy init or sweep) already does.
     """
+    if max_error is not None:
+        if s is not None:
+            raise ValueError("compress_linear: give s (nonzeros per code row) or max_error (a budget), not both.")
+        options = {"m": m, "q": q, "bits": bits, "iterations": iterations, "data": data, "in_features": in_features}
+        options.update(progress=progress, console=console)
+        return _compress_to_error(compress_linear, layer, family, max_error, generator, options)
     start = time.perf_counter()
     spec = family_spec(family, "compress_linear")
     weight, bias = affine_parts(layer, in_features=in_features, generator=generator)
@@ -455,13 +469,47 @@ def learn_factorization(
     )
 
 
-def _warn_if_dearer(report: CompressionReport, shape: str, family: str) -> None:
+def _compress_to_error(
+    compress: Any, layer: nn.Module, family: str, max_error: float, generator: torch.Generator | None, options: dict
+) -> nn.Module:
+    """``compress(layer, family, s=..., **options)`` at the smallest ``s`` meeting ``max_error`` (see
+    ``compress_linear``'s ``max_error``), each try from the same ``generator`` state."""
+    from lightning_ortho.transforms.sparsity_search import search_sparsity
+
+    state = None if generator is None else generator.get_state()
+
+    def at(s: int) -> nn.Module:
+        if generator is not None:
+            generator.set_state(state)
+        return compress(layer, family, s=s, generator=generator, **options)
+
+    if isinstance(layer, nn.modules.conv._ConvNd):
+        n = layer.in_channels
+    else:
+        n = affine_parts(layer, in_features=options.get("in_features"), generator=generator)[0].shape[1]
+    measure = "output_error" if options.get("data") is not None else "error"
+    search = search_sparsity(at, lambda module: getattr(module.report, measure), n, max_error)
+    report = search.layer.report
+    report.max_error, report.searched = float(max_error), sorted(search.tried.items())
+    if not search.met:
+        warnings.warn(
+            f"{compress.__name__}: no s met max_error={max_error}% ({measure}); the layer keeps s={search.s} (all its"
+            f" inputs) with {getattr(report, measure):.3g}%.",
+            UserWarning,
+            stacklevel=3,
+        )
+    shape = f"{report.out_features}x{report.in_features}"
+    _warn_if_dearer(report, shape, family, compress.__name__)
+    return search.layer
+
+
+def _warn_if_dearer(report: CompressionReport, shape: str, family: str, where: str = "compress_linear") -> None:
     """Warn when the compressed layer costs more operations per sample than the dense one it replaces."""
     dense, factorized = report.dense_ops, report.factorized_ops
     if factorized.total <= dense.total:
         return
     warnings.warn(
-        f"compress_linear: the compressed {shape} layer (family {family!r}) costs {factorized.total} operations per "
+        f"{where}: the compressed {shape} layer (family {family!r}) costs {factorized.total} operations per "
         f"sample ({report.transform_ops.total} for the transform + {report.code_ops.total} for the codes), more "
         f"than the {dense.total} of the dense layer ({dense.multiplications} multiplications + {dense.additions} "
         f"additions): the transform is paid once per sample and shared by the outputs, of which this layer has "

@@ -24,6 +24,8 @@ from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms.compression import (
     CompressionReport,
     _check_int,
+    _compress_to_error,
+    _warn_if_dearer,
     learn_factorization,
 )
 from lightning_ortho.transforms.costs import OpCount
@@ -73,6 +75,7 @@ def compress_conv(
     input_size: tuple[int, ...] | None = None,
     progress: bool | None = None,
     console: Console | None = None,
+    max_error: float | None = None,
 ) -> FactorizedConv:
     """Replace a convolution by ``conv(D^T x, C) + b`` (see the module docstring and :class:`FactorizedConv`).
 
@@ -87,6 +90,8 @@ def compress_conv(
         input_size: the inputs' spatial size for the op counts (default: that of ``data``; without either, the
             report counts one output position with one input pixel, as a stride-1 "same" convolution pays per
             position, and ``report.input_size`` is ``None``).
+        max_error: a budget instead of ``s``, as :func:`compress_linear`'s: the smallest ``s`` whose output error
+            on ``data`` (else the kernel's error) is at most ``max_error`` percent.
 
     Returns:
         The :class:`FactorizedConv`, in the layer's dtype and device, with ``error`` (percent, the kernel's
@@ -99,6 +104,12 @@ def compress_conv(
             or for another family, bad ``data`` or ``input_size``.
         TypeError: ``conv`` is not a module.
     """
+    if max_error is not None:
+        if s is not None:
+            raise ValueError("compress_conv: give s (nonzeros per code row) or max_error (a budget), not both.")
+        options = {"m": m, "q": q, "bits": bits, "iterations": iterations, "data": data, "input_size": input_size}
+        options.update(progress=progress, console=console)
+        return _compress_to_error(compress_conv, conv, family, max_error, generator, options)
     start = time.perf_counter()
     if not isinstance(conv, nn.Module):
         raise TypeError(f"compress_conv: expected an nn.Conv1d or nn.Conv2d, got {type(conv).__name__}.")
@@ -223,6 +234,7 @@ def compress_conv(
         data_rows=patch_rows,
         input_size=input_size,
     )
+    _warn_if_dearer(factorized.report, f"{out}x{n}x{'x'.join(map(str, kernel))}", family, "compress_conv")
     return factorized
 
 

@@ -265,16 +265,7 @@ class FactorizedConv(nn.Module):
             ValueError: no input size given or recorded.
         """
         size = self._input_size(input_size)
-        if isinstance(self.padding, str):
-            if self.padding == "same":
-                return size
-            padding = (0,) * self.dims
-        else:
-            padding = self.padding
-        return tuple(
-            (length + 2 * p - d * (k - 1) - 1) // s + 1
-            for length, p, d, k, s in zip(size, padding, self.dilation, self.kernel_size, self.stride, strict=True)
-        )
+        return convolution_output_size(size, self.kernel_size, self.stride, self.padding, self.dilation)
 
     def _input_size(self, input_size: Sequence[int] | None) -> tuple[int, ...]:
         size = input_size if input_size is not None else self.input_size
@@ -326,6 +317,25 @@ class FactorizedConv(nn.Module):
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
             f"padding={self.padding}, nnz={self.nnz}, bias={self.bias is not None}"
         )
+
+
+def convolution_output_size(
+    input_size: Sequence[int],
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int] | str,
+    dilation: Sequence[int],
+) -> tuple[int, ...]:
+    """The spatial size of a convolution's output (PyTorch's formula, ``padding`` as ints or ``"same"``/``"valid"``):
+    ``(L + 2 p - d (k - 1) - 1) // s + 1`` per dim."""
+    if isinstance(padding, str):
+        if padding == "same":
+            return tuple(input_size)
+        padding = (0,) * len(input_size)
+    return tuple(
+        (length + 2 * p - d * (k - 1) - 1) // s + 1
+        for length, p, d, k, s in zip(input_size, padding, dilation, kernel_size, stride, strict=True)
+    )
 
 
 def is_conv_marker(state: object) -> bool:

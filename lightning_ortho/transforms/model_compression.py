@@ -1,0 +1,506 @@
+"""Compress a whole model to a budget: the linear layers and convolutions that pay for it, each at the fewest
+operations that keep the model within ``max_accuracy_drop`` (points of a metric on ``[0, 1]``, top-1 accuracy by
+default) or ``max_output_error`` (percent, the model's relative output error) on the data given.
+
+The search (:func:`search_model_compression`, which the Lightning callback runs too):
+
+1. The inputs each layer sees on the data are recorded (forward pre-hooks on the dense model).
+2. For a per-layer budget ``tau`` (percent), every layer is compressed at the smallest ``s`` whose output error on
+   its own inputs is at most ``tau`` (:func:`~lightning_ortho.transforms.sparsity_search.search_sparsity`, codes
+   refit on those inputs); a layer whose compressed form would cost at least as many operations as the dense one
+   stays dense.
+3. ``tau`` runs down a ladder (:data:`ERROR_LADDER`, 64 % to 0.25 %, each half the one before) by binary search for
+   the largest ``tau`` whose compressed model meets the model-level budget, scored on all the data. A larger
+   ``tau`` is a cheaper model, so the first ``tau`` that meets it is the cheapest this search finds. One budget
+   for every layer is a heuristic: it neither weighs a layer's share of the operations nor its effect on the
+   metric, and the metric need not fall monotonically with ``tau`` (the search trusts it to).
+
+Compressions are cached per layer and ``s`` across the ladder, so each is learned once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch import nn
+
+from lightning_ortho.nn.eval_mode import eval_mode
+from lightning_ortho.transforms.compression import NotAffineError, affine_parts, compress_linear
+from lightning_ortho.transforms.conv_compression import compress_conv, conv_problem
+from lightning_ortho.transforms.costs import OpCount
+from lightning_ortho.transforms.factorized_conv import convolution_output_size
+from lightning_ortho.transforms.families import family_spec
+from lightning_ortho.transforms.sparsity_search import search_sparsity
+
+#: The per-layer output-error budgets (percent) the search tries, cheapest first.
+ERROR_LADDER = (64.0, 32.0, 16.0, 8.0, 4.0, 2.0, 1.0, 0.5, 0.25)
+#: Rows of inputs recorded per linear layer (images per convolution: a tenth of it) for the per-layer refit.
+MAX_LAYER_ROWS = 4096
+
+
+@dataclass
+class LayerCompression:
+    """One layer in a :class:`ModelCompression`: what it was, what it became, at what cost and error.
+
+    Attributes:
+        name: the module's name in the model.
+        kind: its class (``"Linear"``, ``"Conv2d"``, ...).
+        compressed: whether it was replaced (``False``: it stays dense, ``reason`` says why).
+        s: nonzeros per code row (``None`` where dense).
+        ops_before: the dense layer's operations per sample (per image for a convolution, at the recorded size).
+        ops_after: the compressed layer's (``ops_before`` where it stays dense).
+        weight_error: the compressed weight's relative error (percent), ``None`` where dense.
+        output_error: its relative output error on the layer's recorded inputs (percent), ``None`` where dense.
+        reason: why it stays dense, ``""`` otherwise.
+    """
+
+    name: str
+    kind: str
+    compressed: bool
+    s: int | None
+    ops_before: OpCount
+    ops_after: OpCount
+    weight_error: float | None = None
+    output_error: float | None = None
+    reason: str = ""
+
+
+@dataclass
+class ModelCompression:
+    """What :func:`compress_model` did.
+
+    Attributes:
+        model: the model, its chosen layers replaced (the same object that was passed in).
+        layers: one :class:`LayerCompression` per candidate layer.
+        budget: ``"max_accuracy_drop=1.0"`` or ``"max_output_error=5.0"``.
+        metric_name: the metric's name (``"accuracy"`` by default; ``"output_error"`` for an output budget).
+        metric_before: the dense model's metric on the data.
+        metric_after: the compressed model's, before any fine-tuning.
+        metric_finetuned: after fine-tuning, once :meth:`record_finetuned` has measured it.
+        layer_budget: the per-layer output-error budget ``tau`` (percent) chosen, ``None`` where none met it.
+        met: whether the compressed model meets the budget (all dense where no ``tau`` did).
+        tried: every ``tau`` tried with the model's metric (or output error) there.
+        seconds: the search's time.
+    """
+
+    model: nn.Module
+    layers: list[LayerCompression]
+    budget: str
+    metric_name: str
+    metric_before: float | None
+    metric_after: float | None
+    layer_budget: float | None
+    met: bool
+    tried: list[tuple[float, float]] = field(default_factory=list)
+    seconds: float = 0.0
+    metric_finetuned: float | None = None
+    _score: Callable[[nn.Module], float] | None = field(default=None, repr=False)
+
+    @property
+    def ops_before(self) -> OpCount:
+        """The candidate layers' dense operations, summed."""
+        return sum((layer.ops_before for layer in self.layers), OpCount())
+
+    @property
+    def ops_after(self) -> OpCount:
+        """Their operations after compression (dense layers at their dense cost), summed."""
+        return sum((layer.ops_after for layer in self.layers), OpCount())
+
+    @property
+    def ops_ratio(self) -> float:
+        """``ops_before.total / ops_after.total``: how many times fewer operations the candidate layers cost."""
+        return self.ops_before.total / max(self.ops_after.total, 1)
+
+    def record_finetuned(self) -> float:
+        """Measure the (fine-tuned) model's metric on the search's data, keep it as :attr:`metric_finetuned` and
+        return it."""
+        if self._score is None:
+            raise ValueError("ModelCompression.record_finetuned: this result has no metric to measure.")
+        self.metric_finetuned = self._score(self.model)
+        return self.metric_finetuned
+
+    def table(self) -> Table:
+        """A rich table: per layer its operations before and after, weight and output error, ``s``; the title the
+        metric before, after compression and after fine-tuning."""
+
+        def fmt(value: float | None) -> str:
+            return "-" if value is None else f"{value:.4g}"
+
+        title = (
+            f"compress_model ({self.budget}; {self.metric_name}: {fmt(self.metric_before)} dense -> "
+            f"{fmt(self.metric_after)} compressed -> {fmt(self.metric_finetuned)} fine-tuned; operations "
+            f"{self.ops_before.total} -> {self.ops_after.total}, {self.ops_ratio:.2f}x fewer)"
+        )
+        table = Table(title=title)
+        for column in ("layer", "type", "s", "ops before", "ops after", "weight error %", "output error %", "note"):
+            table.add_column(column, justify="left" if column in ("layer", "type", "note") else "right")
+        for layer in self.layers:
+            table.add_row(
+                layer.name,
+                layer.kind,
+                "-" if layer.s is None else str(layer.s),
+                str(layer.ops_before.total),
+                str(layer.ops_after.total),
+                fmt(layer.weight_error),
+                fmt(layer.output_error),
+                layer.reason.split(":")[0] if layer.reason else "compressed",
+            )
+        return table
+
+    def print(self, console: Console | None = None) -> None:
+        """Print :meth:`table`."""
+        (console or Console()).print(self.table())
+
+
+def candidate_layers(model: nn.Module, family: str, modules: Sequence[str] | None = None) -> dict[str, str]:
+    """``name -> reason`` for the outermost ``nn.Linear`` (and other affine layers with ``in_features``) and
+    ``Conv1d``/``Conv2d`` modules of ``model`` (or the ``modules`` named): the reason is ``""`` for a layer the
+    family can compress, else why it stays dense."""
+    spec = family_spec(family, "compress_model")
+    names: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(f"{outer}.") for outer in names):
+            continue
+        if modules is not None and name not in modules:
+            continue
+        if isinstance(module, nn.modules.conv._ConvNd):
+            problem = conv_problem(module)
+            n = module.in_channels
+        elif isinstance(module, nn.Linear) or (modules is not None and hasattr(module, "in_features")):
+            problem, n = None, getattr(module, "in_features", 0)
+            try:
+                affine_parts(module)
+            except (TypeError, NotAffineError) as error:
+                problem = str(error)
+        else:
+            continue
+        if problem is None:
+            feature = spec.feature_problem(n) if n >= 2 else "needs at least 2 inputs"
+            problem = None if feature is None else f"family {family!r} {feature}"
+        names[name] = problem or ""
+    if modules is not None:
+        missing = [name for name in modules if name not in names]
+        if missing:
+            raise ValueError(f"compress_model: no Linear or convolution named {missing} in the model.")
+    return names
+
+
+def search_model_compression(
+    model: nn.Module,
+    layer_inputs: dict[str, torch.Tensor],
+    reasons: dict[str, str],
+    meets: Callable[[nn.Module], tuple[bool, float]],
+    *,
+    family: str = "b",
+    generator: torch.Generator | None = None,
+    ladder: Sequence[float] = ERROR_LADDER,
+    options: dict[str, Any] | None = None,
+) -> tuple[list[LayerCompression], float | None, list[tuple[float, float]]]:
+    """The search of the module docstring on ``model`` (changed in place: the chosen layers are installed).
+
+    Args:
+        layer_inputs: ``name -> inputs`` of each compressible layer (``(N, in)`` rows, ``(N, in, *spatial)``
+            images for a convolution).
+        reasons: :func:`candidate_layers`'s ``name -> reason`` (``""``: compressible).
+        meets: ``model -> (within the budget, figure)`` on the model as it is at the call.
+        options: further arguments of ``compress_linear``/``compress_conv`` (``m``, ``iterations``, ...).
+
+    Returns:
+        ``(layers, tau, tried)``: the :class:`LayerCompression` rows, the chosen per-layer budget (``None``: none
+        met the budget and every layer stays dense), every ``tau`` tried with its figure.
+    """
+    options = dict(options or {})
+    state = None if generator is None else generator.get_state()
+    dense = {name: model.get_submodule(name) for name in reasons}
+    caches: dict[str, dict[int, nn.Module]] = {name: {} for name in reasons}
+
+    def compress(name: str, s: int) -> nn.Module:
+        if generator is not None:
+            generator.set_state(state)
+        layer, data = dense[name], layer_inputs[name]
+        if isinstance(layer, nn.modules.conv._ConvNd):
+            return compress_conv(layer, family, s=s, data=data, generator=generator, progress=False, **options)
+        return compress_linear(layer, family, s=s, data=data, generator=generator, progress=False, **options)
+
+    def choose(tau: float) -> dict[str, tuple[nn.Module | None, str]]:
+        chosen = {}
+        for name, reason in reasons.items():
+            if reason or name not in layer_inputs:
+                chosen[name] = (None, reason or "no inputs recorded (the layer did not run on the data)")
+                continue
+            layer = dense[name]
+            n = layer.in_channels if isinstance(layer, nn.modules.conv._ConvNd) else layer_inputs[name].shape[-1]
+            search = search_sparsity(
+                lambda s, name=name: compress(name, s),
+                lambda module: module.report.output_error,
+                n,
+                tau,
+                cache=caches[name],
+            )
+            report = search.layer.report
+            if report.factorized_ops.total >= report.dense_ops.total:
+                chosen[name] = (None, f"dearer than dense at {tau:g} % ({report.factorized_ops.total} operations)")
+            else:
+                chosen[name] = (search.layer, "")
+        return chosen
+
+    def install(chosen: dict[str, tuple[nn.Module | None, str]]) -> None:
+        for name, (layer, _) in chosen.items():
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, dense[name] if layer is None else layer)
+
+    tried: list[tuple[float, float]] = []
+    results: dict[int, tuple[bool, dict]] = {}
+
+    def trial(index: int) -> bool:
+        if index not in results:
+            chosen = choose(ladder[index])
+            install(chosen)
+            ok, figure = meets(model)
+            tried.append((ladder[index], figure))
+            results[index] = (ok, chosen)
+        return results[index][0]
+
+    low, high, best = 0, len(ladder) - 1, None  # the cheapest (largest tau, lowest index) that meets the budget
+    while low <= high:
+        middle = (low + high) // 2
+        if trial(middle):
+            best, high = middle, middle - 1
+        else:
+            low = middle + 1
+    if best is not None:
+        final = results[best][1]
+    else:
+        final = {name: (None, reasons[name] or "no per-layer budget met the model's") for name in reasons}
+    install(final)
+    rows = [_row(name, dense[name], layer, reason, layer_inputs.get(name)) for name, (layer, reason) in final.items()]
+    return rows, (None if best is None else ladder[best]), tried
+
+
+def _row(
+    name: str, dense: nn.Module, layer: nn.Module | None, reason: str, inputs: torch.Tensor | None
+) -> LayerCompression:
+    kind = type(dense).__name__
+    if layer is not None:
+        report = layer.report
+        return LayerCompression(
+            name, kind, True, report.s, report.dense_ops, report.factorized_ops, report.error, report.output_error
+        )
+    ops = _dense_ops(dense, inputs)
+    return LayerCompression(name, kind, False, None, ops, ops, reason=reason or "stays dense")
+
+
+def _dense_ops(module: nn.Module, inputs: torch.Tensor | None) -> OpCount:
+    """The dense layer's operations per sample (per image for a convolution, at its inputs' size)."""
+    if isinstance(module, nn.modules.conv._ConvNd):
+        fan_in = module.in_channels // module.groups * math.prod(module.kernel_size)
+        positions = 1
+        if inputs is not None:
+            size = inputs.shape[2:]
+            positions = math.prod(
+                convolution_output_size(size, module.kernel_size, module.stride, module.padding, module.dilation)
+            )
+        per = OpCount(additions=module.out_channels * (fan_in - 1), multiplications=module.out_channels * fan_in)
+        return per * positions
+    try:
+        weight, _ = affine_parts(module)
+    except (TypeError, NotAffineError):
+        return OpCount()
+    out, n = weight.shape
+    return OpCount(additions=out * (n - 1), multiplications=out * n)
+
+
+def record_layer_inputs(
+    model: nn.Module, names: Iterable[str], batches: Iterable[Any], max_rows: int = MAX_LAYER_ROWS
+) -> dict[str, torch.Tensor]:
+    """``name -> inputs`` the layers ``names`` see when ``model`` (eval mode, no gradients) runs on ``batches``
+    (each the model's input), float64 on the CPU: linear layers' rows ``(N, in)`` up to ``max_rows``, convolutions'
+    inputs ``(N, in, *spatial)`` up to ``max_rows // 10`` images."""
+    recorded: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    counts, limits = dict.fromkeys(recorded, 0), {}
+    hooks = []
+    for name in recorded:
+        module = model.get_submodule(name)
+        conv = isinstance(module, nn.modules.conv._ConvNd)
+        limit = limits[name] = max(1, max_rows // 10) if conv else max_rows
+
+        def hook(_module, args, name=name, conv=conv, limit=limit) -> None:
+            if counts[name] >= limit:
+                return
+            x = args[0].detach()
+            x = x if conv else x.reshape(-1, x.shape[-1])
+            x = x[: limit - counts[name]]
+            recorded[name].append(x.double().cpu())
+            counts[name] += x.shape[0]
+
+        hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        with eval_mode(model), torch.no_grad():
+            for inputs in batches:
+                if all(counts[name] >= limits[name] for name in counts):
+                    break  # every layer has its rows
+                model(inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {name: torch.cat(parts) for name, parts in recorded.items() if parts}
+
+
+def top1_accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """The fraction of rows whose largest output is the target class."""
+    return float((outputs.argmax(-1) == targets).double().mean())
+
+
+def compress_model(
+    model: nn.Module,
+    data: Iterable[Any],
+    *,
+    max_accuracy_drop: float | None = None,
+    max_output_error: float | None = None,
+    metric: Callable[[torch.Tensor, torch.Tensor], float] | None = None,
+    metric_name: str | None = None,
+    family: str = "b",
+    modules: Sequence[str] | None = None,
+    generator: torch.Generator | None = None,
+    ladder: Sequence[float] = ERROR_LADDER,
+    verbose: bool = False,
+    **options: Any,
+) -> ModelCompression:
+    """Compress ``model``'s linear layers and convolutions to a budget (see the module docstring), in place.
+
+    Args:
+        model: any ``nn.Module``; its outermost ``nn.Linear`` and ``Conv1d``/``Conv2d`` modules (or ``modules``)
+            are the candidates, those a family cannot compress (grouped or one-channel convolutions, ...) stay dense
+            with the reason in the table.
+        data: batches: ``(inputs, targets, ...)`` tuples or lists (a ``DataLoader``), or input tensors alone for
+            ``max_output_error``. The search reads them several times, so they must iterate again.
+        max_accuracy_drop: the largest drop of ``metric`` allowed, in points (``100 x`` a metric on ``[0, 1]``:
+            ``1.0`` is one point of accuracy), before fine-tuning.
+        max_output_error: instead, the largest relative output error of the model allowed, in percent
+            (``100 ||f(X) - g(X)||^2 / ||f(X)||^2`` over the data).
+        metric: ``(outputs, targets) -> float`` on ``[0, 1]``, higher is better, over the whole data at once
+            (default :func:`top1_accuracy`); a ``torchmetrics.Metric`` works too (its ``update``/``compute``).
+        metric_name: its name in the table (default ``"accuracy"`` or the metric's class).
+        family: the transform family, as :func:`compress_linear`.
+        modules: the names of the layers to consider (default: every candidate).
+        generator: the learners' generator (each compression starts from the same state).
+        ladder: the per-layer budgets to try, largest first (default :data:`ERROR_LADDER`).
+        verbose: print the table.
+        options: further arguments of every compression (``m``, ``q``, ``bits``, ``iterations``).
+
+    Returns:
+        The :class:`ModelCompression`: the model, per-layer rows, the metric before and after, the operations.
+        Fine-tune the model, then :meth:`ModelCompression.record_finetuned` measures the metric again.
+
+    Raises:
+        ValueError: neither or both budgets, a budget that is not positive, batches without targets for an
+            accuracy budget, no candidate layer, a ``modules`` name that is not one.
+    """
+    start = time.perf_counter()
+    if (max_accuracy_drop is None) == (max_output_error is None):
+        raise ValueError("compress_model: give one budget, max_accuracy_drop (points) or max_output_error (percent).")
+    budget_value = max_accuracy_drop if max_accuracy_drop is not None else max_output_error
+    if not isinstance(budget_value, int | float) or isinstance(budget_value, bool) or budget_value < 0:
+        raise ValueError(f"compress_model: the budget must be a number >= 0, got {budget_value!r}.")
+    batches = [_split(batch) for batch in data]
+    if not batches:
+        raise ValueError("compress_model: data holds no batch.")
+    if max_accuracy_drop is not None and any(target is None for _, target in batches):
+        raise ValueError(
+            "compress_model: max_accuracy_drop scores the model against targets: pass (inputs, targets) batches, or"
+            " use max_output_error with inputs alone."
+        )
+    reasons = candidate_layers(model, family, modules)
+    if not reasons:
+        raise ValueError("compress_model: the model has no nn.Linear, Conv1d or Conv2d to compress.")
+    # every candidate's inputs: the compressible ones' for their refit, the others' for their dense cost per image
+    layer_inputs = record_layer_inputs(model, reasons, (inputs for inputs, _ in batches))
+    reference = _outputs(model, batches)
+
+    if max_output_error is not None:
+        name, budget = "output_error", f"max_output_error={max_output_error:g}"
+
+        def score(candidate: nn.Module) -> float:
+            outputs = _outputs(candidate, batches)
+            return float(100 * (outputs - reference).square().sum() / reference.square().sum().clamp_min(1e-300))
+
+        def meets(candidate: nn.Module) -> tuple[bool, float]:
+            figure = score(candidate)
+            return figure <= max_output_error, figure
+
+        before = 0.0
+    else:
+        measure = metric or top1_accuracy
+        name = metric_name or ("accuracy" if metric is None else _metric_name(metric))
+        budget = f"max_accuracy_drop={max_accuracy_drop:g}"
+        targets = torch.cat([target.cpu() for _, target in batches])
+
+        def score(candidate: nn.Module) -> float:
+            return _apply_metric(measure, _outputs(candidate, batches), targets)
+
+        before = score(model)
+
+        def meets(candidate: nn.Module) -> tuple[bool, float]:
+            figure = score(candidate)
+            return 100 * (before - figure) <= max_accuracy_drop, figure
+
+    with warnings.catch_warnings():  # each trial's compressions: their warnings are of candidates, not the result
+        warnings.simplefilter("ignore", UserWarning)
+        rows, tau, tried = search_model_compression(
+            model, layer_inputs, reasons, meets, family=family, generator=generator, ladder=ladder, options=options
+        )
+    after = score(model)
+    result = ModelCompression(
+        model=model,
+        layers=rows,
+        budget=budget,
+        metric_name=name,
+        metric_before=before,
+        metric_after=after,
+        layer_budget=tau,
+        met=tau is not None,
+        tried=tried,
+        seconds=time.perf_counter() - start,
+        _score=score,
+    )
+    if tau is None:
+        warnings.warn(
+            f"compress_model: no per-layer budget down to {ladder[-1]:g} % met {budget}; every layer stays dense.",
+            UserWarning,
+            stacklevel=2,
+        )
+    if verbose:
+        result.print()
+    return result
+
+
+def _split(batch: Any) -> tuple[Any, torch.Tensor | None]:
+    if isinstance(batch, tuple | list):
+        return batch[0], (batch[1] if len(batch) > 1 else None)
+    return batch, None
+
+
+def _outputs(model: nn.Module, batches: list[tuple[Any, Any]]) -> torch.Tensor:
+    with eval_mode(model), torch.no_grad():
+        return torch.cat([model(inputs).detach().double().cpu() for inputs, _ in batches])
+
+
+def _apply_metric(metric: Any, outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    if hasattr(metric, "update") and hasattr(metric, "compute"):  # a torchmetrics.Metric
+        metric = metric.clone() if hasattr(metric, "clone") else metric
+        metric.reset()
+        metric.update(outputs.float(), targets)
+        return float(metric.compute())
+    return float(metric(outputs, targets))
+
+
+def _metric_name(metric: Any) -> str:
+    return type(metric).__name__ if hasattr(metric, "compute") else getattr(metric, "__name__", "metric")
