@@ -7,9 +7,16 @@ from lightning_ortho.callbacks._console import wide_console
 
 
 @rank_zero_only
-def print_report(report: list[dict], metric_name: str | None, before: float | None, after: float | None) -> None:
+def print_report(
+    report: list[dict],
+    metric_name: str | None,
+    before: float | None,
+    after: float | None,
+    finetuned: float | None = None,
+) -> None:
     """A rich table of the compressed layers (sizes, codes, blocks, error, operations); its title is the metric of
-    the model before and after compression (``metric_name=None``: there is no metric, the error % says it all)."""
+    the model before compression, after it and after the fine-tuning that followed (``metric_name=None``: there is
+    no metric, the error % says it all)."""
     from rich.table import Table
 
     def fmt(value: float | None) -> str:
@@ -18,7 +25,8 @@ def print_report(report: list[dict], metric_name: str | None, before: float | No
     if metric_name is None:
         title = "TransformCompression (no metric: the error % is the weights' relative error)"
     else:
-        title = f"TransformCompression ({metric_name}: {fmt(before)} before -> {fmt(after)} compressed)"
+        title = f"TransformCompression ({metric_name}: {fmt(before)} before -> {fmt(after)} compressed"
+        title += f" -> {fmt(finetuned)} fine-tuned)" if finetuned is not None else ")"
     table = Table(title=title)
     for column in ("module", "type", "in -> out", "s", "blocks", "error %", "ops before", "ops after", "ratio"):
         table.add_column(column, justify="left" if column in ("module", "type") else "right")

@@ -26,6 +26,7 @@ from lightning_ortho.transforms.compression import compress_linear
 from lightning_ortho.transforms.conv_compression import compress_conv
 from lightning_ortho.transforms.factorized_linear import keep_training_state, restore_factorized_on_load
 from lightning_ortho.transforms.families import family_spec, unused_hyperparameter
+from lightning_ortho.transforms.model_compression import record_layer_inputs, search_model_compression
 
 RichProgressBar = every_package("callbacks.RichProgressBar")  # whichever Trainer runs the callback
 
@@ -121,6 +122,18 @@ class TransformCompression(Callback):
             terminal unless the Trainer shows a ``RichProgressBar`` (two live displays would garble each other;
             a compression estimated to take over a minute still warns), ``True`` always, ``False`` never.
 
+        max_accuracy_drop: a budget instead of ``s``: the largest drop of ``metric`` (points of a metric on
+            ``[0, 1]``) on the validation data allowed by the compression, before fine-tuning; the layers get the
+            fewest operations that keep it
+            (:func:`~lightning_ortho.transforms.model_compression.search_model_compression`, codes refit on the
+            inputs each layer sees on the validation data; layers dearer than dense stay dense). Needs a metric and
+            one process.
+        max_output_error: instead, the largest relative output error of the model (percent) on the validation
+            inputs.
+
+    The metric is measured before compression, after it, and at the end of fit once fine-tuning epochs followed
+    (``metric_finetuned``, logged as ``compression/<metric_name>_finetuned`` and in the table's title).
+
     Under ``fast_dev_run`` the layers are compressed at the end of fit, without fine-tuning (with a warning).
 
     Raises:
@@ -147,6 +160,8 @@ class TransformCompression(Callback):
         batch_keys: BatchKeys = (0, 1),
         verbose: bool = True,
         progress: bool | None = None,
+        max_accuracy_drop: float | None = None,
+        max_output_error: float | None = None,
     ) -> None:
         if isinstance(modules, str) or (
             modules is not None
@@ -193,6 +208,19 @@ class TransformCompression(Callback):
                 "TransformCompression: batch_keys must be (inputs, target): two ints for tuple batches, such as (0, "
                 f"1), or two keys for dict batches, such as ('x', 'y'); got {batch_keys!r}."
             )
+        if max_accuracy_drop is not None and max_output_error is not None:
+            raise ValueError("TransformCompression: give one budget, max_accuracy_drop or max_output_error, not both.")
+        budget = max_accuracy_drop if max_accuracy_drop is not None else max_output_error
+        if budget is not None:
+            if not isinstance(budget, int | float) or isinstance(budget, bool) or budget < 0:
+                raise ValueError(f"TransformCompression: the budget must be a number >= 0, got {budget!r}.")
+            if s is not None:
+                raise ValueError("TransformCompression: give s (nonzeros per code row) or a budget, not both.")
+            if max_accuracy_drop is not None and metric is None:
+                raise ValueError(
+                    "TransformCompression: max_accuracy_drop needs a metric ('auto' or a torchmetrics one)."
+                )
+        self.max_accuracy_drop, self.max_output_error = max_accuracy_drop, max_output_error
         if progress is not None and not isinstance(progress, bool):
             raise ValueError(f"TransformCompression: progress must be True, False or None (auto), got {progress!r}.")
         self.progress = progress
@@ -207,6 +235,11 @@ class TransformCompression(Callback):
         self.report: list[dict[str, Any]] = []
         self.metric_before: float | None = None
         self.metric_after: float | None = None
+        #: The metric at the end of fit, after the fine-tuning epochs that followed the compression (``None``
+        #: where none did).
+        self.metric_finetuned: float | None = None
+        #: The per-layer output-error budget the search chose (percent), with a budget.
+        self.layer_budget: float | None = None
         self.done = False
         self.compressed_checkpoint: str | None = None
         self.compressed_after_validation = False
@@ -242,6 +275,11 @@ class TransformCompression(Callback):
         self._metric, self.metric_name = choose_metric(
             trainer, pl_module, self.metric, self._given_name, self.batch_keys
         )
+        if self.max_accuracy_drop is not None and self._metric is None:
+            raise ValueError(
+                "TransformCompression: max_accuracy_drop needs a metric to score the validation data, and none was "
+                "found for this module; pass metric=torchmetrics... (e.g. MulticlassAccuracy), or max_output_error."
+            )
         max_epochs = trainer.max_epochs
         if trainer.fast_dev_run and (self.finetune_epochs or self.at_epoch is not None):
             # A smoke run of one batch cannot hold the fine-tuning epochs; compress at its end instead of failing.
@@ -265,6 +303,11 @@ class TransformCompression(Callback):
             raise ValueError(
                 f"TransformCompression: at_epoch={self._epoch} is never reached with max_epochs={max_epochs} "
                 f"(epochs 0..{max_epochs - 1}); lower at_epoch or use at_epoch=None to compress at the end of fit."
+            )
+        if (self.max_accuracy_drop is not None or self.max_output_error is not None) and trainer.world_size > 1:
+            raise ValueError(
+                "TransformCompression: the budget search (max_accuracy_drop / max_output_error) needs one process: "
+                "each would refit the layers on its own validation shard. Give s instead under DDP."
             )
         if self._epoch is not None and trainer.world_size > 1:
             raise ValueError(
@@ -301,6 +344,13 @@ class TransformCompression(Callback):
                 logger.log_metrics(metrics, step=trainer.global_step)
             # pl_module.log is closed at on_fit_end; the figures still go where Trainer users and the CLI read them.
             trainer.callback_metrics.update({key: torch.tensor(float(value)) for key, value in metrics.items()})
+        elif self._compressed_in_fit:  # compressed earlier in this fit: fine-tuning epochs followed
+            self.metric_finetuned = self.evaluate(trainer, pl_module)
+            if self.metric_finetuned is not None:
+                key = f"compression/{self.metric_name}_finetuned"
+                for logger in trainer.loggers:
+                    logger.log_metrics({key: self.metric_finetuned}, step=trainer.global_step)
+                trainer.callback_metrics[key] = torch.tensor(float(self.metric_finetuned))
         if self._compressed_in_fit and not self._saved_since and trainer.checkpoint_callbacks:
             if not trainer.fast_dev_run:  # a smoke run writes no checkpoint
                 self._save_compressed(trainer)
@@ -332,6 +382,9 @@ class TransformCompression(Callback):
         progress = self.progress
         if progress is None and isinstance(trainer.progress_bar_callback, RichProgressBar):
             progress = False
+        if self.max_accuracy_drop is not None or self.max_output_error is not None:
+            replacements = self._search(trainer, pl_module, names)
+            names = []  # the search chose and compressed them
         sizes = self._input_sizes(trainer, pl_module, names)
         for name in names:  # compress all first, then replace: an error leaves the model untouched
             kwargs = {k: v for k, v in self.options.items() if v is not None}
@@ -341,10 +394,9 @@ class TransformCompression(Callback):
                 new = compress_conv(layer, self.family, progress=progress, **kwargs)
             else:
                 new = compress_linear(layer, self.family, progress=progress, **kwargs)
-            replacements[name] = keep_training_state(new, layer)  # a frozen layer stays frozen, its mode kept
-        for name, new in replacements.items():
+            replacements[name] = (layer, keep_training_state(new, layer))  # a frozen layer stays frozen
+        for name, (old, new) in replacements.items():
             parent_name, _, child = name.rpartition(".")
-            old = pl_module.get_submodule(name)
             setattr(pl_module.get_submodule(parent_name), child, new)
             row = {"module": name, "type": type(old).__name__, "epoch": trainer.current_epoch - 1}  # last one done
             self.report.append({**row, **new.report.as_dict()})
@@ -366,6 +418,60 @@ class TransformCompression(Callback):
         metrics["compression/ops_before"] = float(sum(total(r, "dense_ops") for r in new_rows))
         metrics["compression/ops_after"] = float(sum(total(r, "factorized_ops") for r in new_rows))
         return metrics
+
+    def _search(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, names: list[str]
+    ) -> dict[str, tuple[nn.Module, nn.Module]]:
+        """The budget search on the validation data: ``name -> (dense, compressed)`` of the layers it compressed,
+        left in the model as it found them (the caller installs them)."""
+        loaders = validation_loaders(trainer, pl_module)
+        if not loaders:
+            raise ValueError("TransformCompression: a budget is scored on the validation data; the Trainer has none.")
+        inputs = []
+        for index, loader in enumerate(loaders):
+            for batch in loader:
+                inputs.append(
+                    batch_parts(trainer.strategy.batch_to_device(batch, dataloader_idx=index), self.batch_keys)[0]
+                )
+        dense = {name: pl_module.get_submodule(name) for name in names}
+        layer_inputs = record_layer_inputs(pl_module, names, inputs)
+        if self.max_output_error is not None:
+            reference = self._outputs(trainer, pl_module, inputs)
+
+            def meets(model: nn.Module) -> tuple[bool, float]:
+                error = float(
+                    100 * (self._outputs(trainer, model, inputs) - reference).square().sum() / reference.square().sum()
+                )
+                return error <= self.max_output_error, error
+        else:
+            before = self.metric_before
+
+            def meets(model: nn.Module) -> tuple[bool, float]:
+                figure = self.evaluate(trainer, pl_module)
+                ok = figure is not None and before is not None and 100 * (before - figure) <= self.max_accuracy_drop
+                return ok, float("nan") if figure is None else figure
+
+        options = {k: v for k, v in self.options.items() if v is not None}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            rows, self.layer_budget, _tried = search_model_compression(
+                pl_module, layer_inputs, dict.fromkeys(names, ""), meets, family=self.family, options=options
+            )
+        kept = [f"{row.name} ({row.reason})" for row in rows if not row.compressed]
+        if kept:
+            rank_zero_info(f"TransformCompression: kept dense under the budget: {'; '.join(kept)}.")
+        replacements = {}
+        for row in rows:
+            if row.compressed:
+                new = pl_module.get_submodule(row.name)
+                replacements[row.name] = (dense[row.name], keep_training_state(new, dense[row.name]))
+                parent_name, _, child = row.name.rpartition(".")
+                setattr(pl_module.get_submodule(parent_name), child, dense[row.name])  # installed by the caller
+        return replacements
+
+    def _outputs(self, trainer: pl.Trainer, pl_module: nn.Module, inputs: list) -> torch.Tensor:
+        with eval_mode(pl_module), torch.no_grad(), trainer.precision_plugin.forward_context():
+            return torch.cat([pl_module(x).detach().double().flatten(1).cpu() for x in inputs])
 
     def _input_sizes(self, trainer: pl.Trainer, pl_module: pl.LightningModule, names: list[str]) -> dict[str, tuple]:
         """The spatial size of the inputs of the convolutions ``names`` on the first validation batch (what their
@@ -405,7 +511,7 @@ class TransformCompression(Callback):
         return evaluate(trainer, pl_module, self._metric, self.metric_name, self.batch_keys, loaders)
 
     def _print_table(self) -> None:
-        print_report(self.report, self.metric_name, self.metric_before, self.metric_after)
+        print_report(self.report, self.metric_name, self.metric_before, self.metric_after, self.metric_finetuned)
 
     # ------------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -414,6 +520,8 @@ class TransformCompression(Callback):
             "report": self.report,
             "metric_before": self.metric_before,
             "metric_after": self.metric_after,
+            "metric_finetuned": self.metric_finetuned,
+            "layer_budget": self.layer_budget,
             "metric_name": self.metric_name,
         }
 
@@ -422,5 +530,7 @@ class TransformCompression(Callback):
         self.report = list(state_dict.get("report", []))
         self.metric_before = state_dict.get("metric_before")
         self.metric_after = state_dict.get("metric_after")
+        self.metric_finetuned = state_dict.get("metric_finetuned")
+        self.layer_budget = state_dict.get("layer_budget")
         if self.done:  # the report's figures were named in the run that compressed
             self.metric_name = state_dict.get("metric_name", self.metric_name)

@@ -90,3 +90,37 @@ def test_a_cnn_gets_its_qualifying_convolutions_compressed_and_reloads(tmp_path)
 def test_naming_a_depthwise_convolution_says_why_it_cannot_be_compressed():
     with pytest.raises(ValueError, match=r"cannot compress 'features.2': it has groups=8 \(depthwise\)"):
         TransformCompression(modules=["features.2"]).select(UserCNN())
+
+
+def test_a_budget_keeps_the_drop_and_the_metric_after_fine_tuning_is_measured(tmp_path):
+    torch.manual_seed(2)
+    model, (train, val) = UserCNN(), _data()
+    callback = TransformCompression(max_accuracy_drop=5.0, finetune_epochs=1, verbose=False)
+    trainer = pl.Trainer(
+        max_epochs=4,
+        callbacks=[callback],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, train, val)
+    assert callback.layer_budget is not None
+    assert 100 * (callback.metric_before - callback.metric_after) <= 5.0
+    compressed = {row["module"] for row in callback.report}
+    assert compressed and compressed <= {"features.3", "head"}
+    # measured at the end of fit, after the fine-tuning epoch, by hand too
+    model.eval()
+    with torch.no_grad():
+        hits = sum(int((model(x).argmax(-1) == y).sum()) for x, y in val)
+    assert callback.metric_finetuned == pytest.approx(hits / 16)
+    assert trainer.callback_metrics["compression/val_acc_finetuned"] == pytest.approx(hits / 16)
+
+
+def test_a_budget_and_s_together_are_refused():
+    with pytest.raises(ValueError, match="not both"):
+        TransformCompression(s=2, max_accuracy_drop=1.0)
+    with pytest.raises(ValueError, match="not both"):
+        TransformCompression(max_accuracy_drop=1.0, max_output_error=2.0)
