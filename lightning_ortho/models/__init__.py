@@ -3,6 +3,7 @@
 import warnings
 
 from lightning_ortho.models.classification import ClassifierModule
+from lightning_ortho.models.conv_classifier import ConvClassifier
 from lightning_ortho.models.factorized_checkpoint import RestoresFactorizedLayers
 from lightning_ortho.models.fast_transform_module import FastTransformModule
 from lightning_ortho.models.glow_module import GlowModule
@@ -13,6 +14,7 @@ from lightning_ortho.models.orthogonal_rnn_classifier import OrthogonalRNNClassi
 
 __all__ = [
     "ClassifierModule",
+    "ConvClassifier",
     "FastTransformModule",
     "GlowModule",
     "OnlineLRUStackModule",

@@ -81,9 +81,17 @@ def compress_conv(
 
     Args:
         conv: an ``nn.Conv1d`` or ``nn.Conv2d`` with ``groups=1`` and at least 2 input channels.
-        family, s, m, q, bits, iterations, generator, progress, console: as :func:`compress_linear`, for the
-            ``in_channels``-point transform; the defaults are those of a linear layer with ``in_channels`` inputs and
-            ``out_channels * prod(kernel_size)`` outputs.
+        family: the transform family, as :func:`~lightning_ortho.transforms.compress_linear`.
+        s: nonzeros per code row (per output channel and kernel offset), at most ``in_channels``; the default is
+            that of a linear layer with ``in_channels`` inputs and ``out_channels * prod(kernel_size)`` outputs, as
+            are those of ``m`` and ``q``.
+        m: blocks (families ``"b"``, ``"shear"``, ``"b4x4"``) of the ``in_channels``-point transform.
+        q: stages (family ``"m"``).
+        bits: SOPOT terms per shear (family ``"shear"``).
+        iterations: sweeps or rounds of the learner.
+        generator: the learner's generator, and the draw of the refit's patches.
+        progress: the learner's progress bar, as :func:`~lightning_ortho.transforms.compress_linear`'s.
+        console: the rich ``Console`` of the progress bar.
         data: optional ``(N, in, *spatial)`` inputs of the layer for the data-aware refit (at most
             :data:`MAX_REFIT_PATCHES` of their patches, drawn with ``generator``); ``report.output_error`` is then
             the in-sample relative output error (percent) on those patches. It also gives the input size.
@@ -94,9 +102,10 @@ def compress_conv(
             on ``data`` (else the kernel's error) is at most ``max_error`` percent.
 
     Returns:
-        The :class:`FactorizedConv`, in the layer's dtype and device, with ``error`` (percent, the kernel's
-        Frobenius error) and ``report`` (:class:`~lightning_ortho.transforms.compression.CompressionReport`, op
-        counts per image: :meth:`FactorizedConv.op_count` and :meth:`FactorizedConv.dense_op_count`).
+        The compressed layer, a :class:`FactorizedConv` in the layer's dtype and device, with ``error`` (percent,
+            the kernel's Frobenius error) and ``report`` (a
+            :class:`~lightning_ortho.transforms.compression.CompressionReport`, op counts per image, as
+            :meth:`FactorizedConv.op_count` and :meth:`FactorizedConv.dense_op_count` count them).
 
     Raises:
         ValueError: a convolution that cannot be compressed (transposed, 3-D, grouped or depthwise, one input

@@ -52,8 +52,11 @@ class FactorizedConv(nn.Module):
         codes: ``(out, in, *kernel_size)`` kernel ``C`` (1 or 2 spatial dims); entries outside ``mask`` are zero.
         bias: ``(out,)`` or ``None``.
         mask: the bool support of ``codes`` (default ``codes != 0``), the buffer ``mask``.
-        stride, padding, dilation, padding_mode: those of the convolution replaced (``padding`` may be
-            ``"same"``/``"valid"``); ``groups`` is 1.
+        stride: the stride of the convolution replaced (an int or one per spatial dim).
+        padding: its padding (ints, or ``"same"``/``"valid"``).
+        dilation: its dilation.
+        padding_mode: its padding mode (``"zeros"``, ``"reflect"``, ``"replicate"``, ``"circular"``); ``groups``
+            is 1.
         input_size: the spatial size of the inputs the op counts assume (``None``: not known yet; then
             :meth:`op_count` needs it).
 

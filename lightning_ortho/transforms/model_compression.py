@@ -397,8 +397,8 @@ def compress_model(
         options: further arguments of every compression (``m``, ``q``, ``bits``, ``iterations``).
 
     Returns:
-        The :class:`ModelCompression`: the model, per-layer rows, the metric before and after, the operations.
-        Fine-tune the model, then :meth:`ModelCompression.record_finetuned` measures the metric again.
+        The result, a :class:`ModelCompression` with the model, per-layer rows, the metric before and after, the operations.
+            Fine-tune the model, then :meth:`ModelCompression.record_finetuned` measures the metric again.
 
     Raises:
         ValueError: neither or both budgets, a budget that is not positive, batches without targets for an
