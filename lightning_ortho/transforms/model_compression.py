@@ -11,15 +11,18 @@ The search (:func:`search_model_compression`, which the Lightning callback runs 
    stays dense.
 3. ``tau`` runs down a ladder (:data:`ERROR_LADDER`, 64 % to 0.25 %, each half the one before) by binary search for
    the largest ``tau`` whose compressed model meets the model-level budget, scored on all the data. A larger
-   ``tau`` is a cheaper model, so the first ``tau`` that meets it is the cheapest this search finds. One budget
-   for every layer is a heuristic: it neither weighs a layer's share of the operations nor its effect on the
-   metric, and the metric need not fall monotonically with ``tau`` (the search trusts it to).
+   ``tau`` is a cheaper model. The metric need not fall monotonically with ``tau`` (the search trusts it to).
+4. One budget for every layer weighs neither a layer's share of the operations nor its effect on the metric, so
+   the layers are then cheapened one ladder step of ``s`` at a time, the step that saves the most operations
+   first, each kept where the model still meets the budget (one scoring per step) and a layer whose step fails
+   left where it is, until no step is left.
 
 Compressions are cached per layer and ``s`` across the ladder, so each is learned once.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
@@ -36,9 +39,10 @@ from lightning_ortho.nn.eval_mode import eval_mode
 from lightning_ortho.transforms.compression import NotAffineError, affine_parts, compress_linear
 from lightning_ortho.transforms.conv_compression import compress_conv, conv_problem
 from lightning_ortho.transforms.costs import OpCount
-from lightning_ortho.transforms.factorized_conv import convolution_output_size
+from lightning_ortho.transforms.factorized_conv import FactorizedConv, convolution_output_size
+from lightning_ortho.transforms.factorized_linear import FactorizedLinear
 from lightning_ortho.transforms.families import family_spec
-from lightning_ortho.transforms.sparsity_search import search_sparsity
+from lightning_ortho.transforms.sparsity_search import search_sparsity, sparsity_ladder
 
 #: The per-layer output-error budgets (percent) the search tries, cheapest first.
 ERROR_LADDER = (64.0, 32.0, 16.0, 8.0, 4.0, 2.0, 1.0, 0.5, 0.25)
@@ -87,7 +91,8 @@ class ModelCompression:
         metric_finetuned: after fine-tuning, once :meth:`record_finetuned` has measured it.
         layer_budget: the per-layer output-error budget ``tau`` (percent) chosen, ``None`` where none met it.
         met: whether the compressed model meets the budget (all dense where no ``tau`` did).
-        tried: every ``tau`` tried with the model's metric (or output error) there.
+        tried: every trial with the model's metric (or output error) there: ``(tau, figure)`` for a uniform
+            per-layer budget, ``("<layer> s=<s>", figure)`` for a step of the refinement.
         seconds: the search's time.
     """
 
@@ -99,7 +104,7 @@ class ModelCompression:
     metric_after: float | None
     layer_budget: float | None
     met: bool
-    tried: list[tuple[float, float]] = field(default_factory=list)
+    tried: list[tuple[float | str, float]] = field(default_factory=list)
     seconds: float = 0.0
     metric_finetuned: float | None = None
     _score: Callable[[nn.Module], float] | None = field(default=None, repr=False)
@@ -161,9 +166,9 @@ class ModelCompression:
 
 
 def candidate_layers(model: nn.Module, family: str, modules: Sequence[str] | None = None) -> dict[str, str]:
-    """``name -> reason`` for the outermost ``nn.Linear`` (and other affine layers with ``in_features``) and
-    ``Conv1d``/``Conv2d`` modules of ``model`` (or the ``modules`` named): the reason is ``""`` for a layer the
-    family can compress, else why it stays dense."""
+    """``name -> reason`` for the outermost ``nn.Linear``, other affine layers with ``in_features`` (``SVDLinear``
+    with a linear map) and convolutions of ``model`` (or the ``modules`` named): the reason is ``""`` for a layer the
+    family can compress, else why it stays dense (grouped or one-channel convolutions, ...)."""
     spec = family_spec(family, "compress_model")
     names: dict[str, str] = {}
     for name, module in model.named_modules():
@@ -174,12 +179,10 @@ def candidate_layers(model: nn.Module, family: str, modules: Sequence[str] | Non
         if isinstance(module, nn.modules.conv._ConvNd):
             problem = conv_problem(module)
             n = module.in_channels
-        elif isinstance(module, nn.Linear) or (modules is not None and hasattr(module, "in_features")):
-            problem, n = None, getattr(module, "in_features", 0)
-            try:
-                affine_parts(module)
-            except (TypeError, NotAffineError) as error:
-                problem = str(error)
+        elif isinstance(module, nn.Linear) or _affine_with_features(module):
+            problem, n = None, module.in_features
+        elif modules is not None and name in modules:
+            problem, n = "it is not an affine layer with in_features (nn.Linear, SVDLinear with a linear map)", 0
         else:
             continue
         if problem is None:
@@ -193,6 +196,21 @@ def candidate_layers(model: nn.Module, family: str, modules: Sequence[str] | Non
     return names
 
 
+def _affine_with_features(module: nn.Module) -> bool:
+    """Whether ``module`` (not ``nn.Linear``) is an affine map with an int ``in_features`` that
+    :func:`~lightning_ortho.transforms.compression.affine_parts` reads (e.g. ``SVDLinear`` with a linear
+    orthogonal map; a compressed layer is not one)."""
+    if isinstance(module, FactorizedLinear | FactorizedConv) or not isinstance(
+        getattr(module, "in_features", None), int
+    ):
+        return False
+    try:
+        affine_parts(module)
+    except (TypeError, NotAffineError, RuntimeError, ValueError):
+        return False
+    return True
+
+
 def search_model_compression(
     model: nn.Module,
     layer_inputs: dict[str, torch.Tensor],
@@ -203,7 +221,8 @@ def search_model_compression(
     generator: torch.Generator | None = None,
     ladder: Sequence[float] = ERROR_LADDER,
     options: dict[str, Any] | None = None,
-) -> tuple[list[LayerCompression], float | None, list[tuple[float, float]]]:
+    refine: bool = True,
+) -> tuple[list[LayerCompression], float | None, list[tuple[float | str, float]]]:
     """The search of the module docstring on ``model`` (changed in place: the chosen layers are installed).
 
     Args:
@@ -212,10 +231,13 @@ def search_model_compression(
         reasons: :func:`candidate_layers`'s ``name -> reason`` (``""``: compressible).
         meets: ``model -> (within the budget, figure)`` on the model as it is at the call.
         options: further arguments of ``compress_linear``/``compress_conv`` (``m``, ``iterations``, ...).
+        refine: after the uniform budget, cheapen layers one ``s`` step at a time while the model still meets the
+            budget, the step that saves the most operations first (one scoring per step).
 
     Returns:
         ``(layers, tau, tried)``: the :class:`LayerCompression` rows, the chosen per-layer budget (``None``: none
-        met the budget and every layer stays dense), every ``tau`` tried with its figure.
+        met the budget and every layer stays dense), and every trial with its figure: ``(tau, figure)`` for the
+        uniform budgets, ``("<layer> s=<s>", figure)`` for the refinement's steps.
     """
     options = dict(options or {})
     state = None if generator is None else generator.get_state()
@@ -257,7 +279,7 @@ def search_model_compression(
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, dense[name] if layer is None else layer)
 
-    tried: list[tuple[float, float]] = []
+    tried: list[tuple[float | str, float]] = []
     results: dict[int, tuple[bool, dict]] = {}
 
     def trial(index: int) -> bool:
@@ -281,8 +303,62 @@ def search_model_compression(
     else:
         final = {name: (None, reasons[name] or "no per-layer budget met the model's") for name in reasons}
     install(final)
+    if refine and best is not None:
+        final = _refine(model, final, compress, caches, dense, layer_inputs, meets, install, tried)
     rows = [_row(name, dense[name], layer, reason, layer_inputs.get(name)) for name, (layer, reason) in final.items()]
     return rows, (None if best is None else ladder[best]), tried
+
+
+def _refine(
+    model: nn.Module,
+    chosen: dict[str, tuple[nn.Module | None, str]],
+    compress: Callable[[str, int], nn.Module],
+    caches: dict[str, dict[int, nn.Module]],
+    dense: dict[str, nn.Module],
+    layer_inputs: dict[str, torch.Tensor],
+    meets: Callable[[nn.Module], tuple[bool, float]],
+    install: Callable[[dict], None],
+    tried: list,
+) -> dict[str, tuple[nn.Module | None, str]]:
+    """Cheapen the chosen layers one ladder step at a time, the step that saves the most operations first, keeping
+    each step the model still meets the budget with (one scoring per step; a layer whose step fails is left where
+    it is). The uniform per-layer budget treats every layer alike; this spends the model's budget where the
+    operations are."""
+    chosen, frozen = dict(chosen), set()
+    while True:
+        steps = []
+        for name, (layer, _) in chosen.items():
+            if layer is None or name in frozen:
+                continue
+            n = (
+                dense[name].in_channels
+                if isinstance(dense[name], nn.modules.conv._ConvNd)
+                else layer_inputs[name].shape[-1]
+            )
+            ladder = sparsity_ladder(n)
+            position = ladder.index(layer.report.s)
+            if position == 0:
+                frozen.add(name)
+                continue
+            if ladder[position - 1] not in caches[name]:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    caches[name][ladder[position - 1]] = compress(name, ladder[position - 1])
+            cheaper = caches[name][ladder[position - 1]]
+            saving = layer.report.factorized_ops.total - cheaper.report.factorized_ops.total
+            steps.append((saving, name, cheaper))
+        if not steps:
+            return chosen
+        _, name, cheaper = max(steps, key=lambda step: step[0])
+        trial = {**chosen, name: (cheaper, "")}
+        install(trial)
+        ok, figure = meets(model)
+        tried.append((f"{name} s={cheaper.report.s}", figure))
+        if ok:
+            chosen = trial
+        else:
+            frozen.add(name)
+            install(chosen)
 
 
 def _row(
@@ -371,6 +447,7 @@ def compress_model(
     modules: Sequence[str] | None = None,
     generator: torch.Generator | None = None,
     ladder: Sequence[float] = ERROR_LADDER,
+    finetune: Callable[[nn.Module], None] | None = None,
     verbose: bool = False,
     **options: Any,
 ) -> ModelCompression:
@@ -393,6 +470,11 @@ def compress_model(
         modules: the names of the layers to consider (default: every candidate).
         generator: the learners' generator (each compression starts from the same state).
         ladder: the per-layer budgets to try, largest first (default :data:`ERROR_LADDER`).
+        finetune: ``model -> None``, a short fine-tuning (an epoch or two of your training loop) run on a copy of
+            each candidate compressed model before it is scored: the budget then holds after that fine-tuning,
+            which lets the search accept cheaper layers whose error fine-tuning recovers. The model returned is
+            not fine-tuned (its layers are the chosen compressions): fine-tune it as you would, then
+            :meth:`ModelCompression.record_finetuned`. Without it the budget holds before any fine-tuning.
         verbose: print the table.
         options: further arguments of every compression (``m``, ``q``, ``bits``, ``iterations``).
 
@@ -452,10 +534,19 @@ def compress_model(
             figure = score(candidate)
             return 100 * (before - figure) <= max_accuracy_drop, figure
 
+    judge = meets
+    if finetune is not None:
+
+        def judge(candidate: nn.Module) -> tuple[bool, float]:
+            tuned = copy.deepcopy(candidate)  # the search's layers (and the dense ones) stay as they are
+            finetune(tuned)
+            return meets(tuned)
+
+        budget += " after fine-tuning"
     with warnings.catch_warnings():  # each trial's compressions: their warnings are of candidates, not the result
         warnings.simplefilter("ignore", UserWarning)
         rows, tau, tried = search_model_compression(
-            model, layer_inputs, reasons, meets, family=family, generator=generator, ladder=ladder, options=options
+            model, layer_inputs, reasons, judge, family=family, generator=generator, ladder=ladder, options=options
         )
     after = score(model)
     result = ModelCompression(

