@@ -222,17 +222,22 @@ def search_model_compression(
     ladder: Sequence[float] = ERROR_LADDER,
     options: dict[str, Any] | None = None,
     refine: bool = True,
+    model_inputs: Sequence[Any] | None = None,
 ) -> tuple[list[LayerCompression], float | None, list[tuple[float | str, float]]]:
     """The search of the module docstring on ``model`` (changed in place: the chosen layers are installed).
 
     Args:
-        layer_inputs: ``name -> inputs`` of each compressible layer (``(N, in)`` rows, ``(N, in, *spatial)``
-            images for a convolution).
-        reasons: :func:`candidate_layers`'s ``name -> reason`` (``""``: compressible).
+        layer_inputs: ``name -> inputs`` of each compressible layer in the dense model (``(N, in)`` rows,
+            ``(N, in, *spatial)`` images for a convolution).
+        reasons: :func:`candidate_layers`'s ``name -> reason`` (``""``: compressible), in the model's order.
         meets: ``model -> (within the budget, figure)`` on the model as it is at the call.
         options: further arguments of ``compress_linear``/``compress_conv`` (``m``, ``iterations``, ...).
         refine: after the uniform budget, cheapen layers one ``s`` step at a time while the model still meets the
             budget, the step that saves the most operations first (one scoring per step).
+        model_inputs: the model's input batches: given, each layer is refit on the inputs it sees with the layers
+            before it compressed as chosen (sequential refit: a layer corrects what the compressions upstream
+            changed in its inputs), recorded by running the model on them; without, on the dense model's
+            ``layer_inputs``.
 
     Returns:
         ``(layers, tau, tried)``: the :class:`LayerCompression` rows, the chosen per-layer budget (``None``: none
@@ -241,31 +246,67 @@ def search_model_compression(
     """
     options = dict(options or {})
     state = None if generator is None else generator.get_state()
-    dense = {name: model.get_submodule(name) for name in reasons}
-    caches: dict[str, dict[int, nn.Module]] = {name: {} for name in reasons}
+    names = list(reasons)
+    dense = {name: model.get_submodule(name) for name in names}
+    compressions: dict[tuple, nn.Module] = {}  # (name, s, upstream) -> the compressed layer
+    recorded: dict[tuple, torch.Tensor] = {}  # (name, upstream) -> the layer's inputs there
+    Chosen = dict[str, tuple[nn.Module | None, str]]
 
-    def compress(name: str, s: int) -> nn.Module:
-        if generator is not None:
-            generator.set_state(state)
-        layer, data = dense[name], layer_inputs[name]
-        if isinstance(layer, nn.modules.conv._ConvNd):
-            return compress_conv(layer, family, s=s, data=data, generator=generator, progress=False, **options)
-        return compress_linear(layer, family, s=s, data=data, generator=generator, progress=False, **options)
+    def install(chosen: Chosen) -> None:
+        for name in names:
+            layer = chosen[name][0] if name in chosen else None
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, dense[name] if layer is None else layer)
 
-    def choose(tau: float) -> dict[str, tuple[nn.Module | None, str]]:
-        chosen = {}
+    def upstream(name: str, chosen: Chosen) -> tuple:
+        """What the layers before ``name`` are in ``chosen`` (``()`` without sequential refit)."""
+        if model_inputs is None:
+            return ()
+        before = names[: names.index(name)]
+        return tuple(
+            id(chosen[other][0]) if other in chosen and chosen[other][0] is not None else None for other in before
+        )
+
+    def inputs_of(name: str, chosen: Chosen) -> torch.Tensor:
+        key = (name, upstream(name, chosen))
+        if all(part is None for part in key[1]):
+            return layer_inputs[name]  # everything upstream dense: the dense model's inputs
+        if key not in recorded:
+            install({other: chosen[other] for other in names[: names.index(name)] if other in chosen})
+            recorded[key] = record_layer_inputs(model, [name], model_inputs)[name]
+        return recorded[key]
+
+    def compress(name: str, s: int, chosen: Chosen) -> nn.Module:
+        key = (name, s, upstream(name, chosen))
+        if key not in compressions:
+            if generator is not None:
+                generator.set_state(state)
+            layer, data = dense[name], inputs_of(name, chosen)
+            convolution = isinstance(layer, nn.modules.conv._ConvNd)
+            function = compress_conv if convolution else compress_linear
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                compressions[key] = function(
+                    layer, family, s=s, data=data, generator=generator, progress=False, **options
+                )
+        return compressions[key]
+
+    def features(name: str) -> int:
+        layer = dense[name]
+        return layer.in_channels if isinstance(layer, nn.modules.conv._ConvNd) else layer_inputs[name].shape[-1]
+
+    def choose(tau: float) -> Chosen:
+        chosen: Chosen = {}
         for name, reason in reasons.items():
             if reason or name not in layer_inputs:
                 chosen[name] = (None, reason or "no inputs recorded (the layer did not run on the data)")
                 continue
-            layer = dense[name]
-            n = layer.in_channels if isinstance(layer, nn.modules.conv._ConvNd) else layer_inputs[name].shape[-1]
+            so_far = dict(chosen)
             search = search_sparsity(
-                lambda s, name=name: compress(name, s),
+                lambda s, name=name, so_far=so_far: compress(name, s, so_far),
                 lambda module: module.report.output_error,
-                n,
+                features(name),
                 tau,
-                cache=caches[name],
             )
             report = search.layer.report
             if report.factorized_ops.total >= report.dense_ops.total:
@@ -274,13 +315,8 @@ def search_model_compression(
                 chosen[name] = (search.layer, "")
         return chosen
 
-    def install(chosen: dict[str, tuple[nn.Module | None, str]]) -> None:
-        for name, (layer, _) in chosen.items():
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), child, dense[name] if layer is None else layer)
-
     tried: list[tuple[float | str, float]] = []
-    results: dict[int, tuple[bool, dict]] = {}
+    results: dict[int, tuple[bool, Chosen]] = {}
 
     def trial(index: int) -> bool:
         if index not in results:
@@ -304,7 +340,7 @@ def search_model_compression(
         final = {name: (None, reasons[name] or "no per-layer budget met the model's") for name in reasons}
     install(final)
     if refine and best is not None:
-        final = _refine(model, final, compress, caches, dense, layer_inputs, meets, install, tried)
+        final = _refine(model, final, compress, features, meets, install, tried)
     rows = [_row(name, dense[name], layer, reason, layer_inputs.get(name)) for name, (layer, reason) in final.items()]
     return rows, (None if best is None else ladder[best]), tried
 
@@ -312,10 +348,8 @@ def search_model_compression(
 def _refine(
     model: nn.Module,
     chosen: dict[str, tuple[nn.Module | None, str]],
-    compress: Callable[[str, int], nn.Module],
-    caches: dict[str, dict[int, nn.Module]],
-    dense: dict[str, nn.Module],
-    layer_inputs: dict[str, torch.Tensor],
+    compress: Callable[[str, int, dict], nn.Module],
+    features: Callable[[str], int],
     meets: Callable[[nn.Module], tuple[bool, float]],
     install: Callable[[dict], None],
     tried: list,
@@ -323,28 +357,20 @@ def _refine(
     """Cheapen the chosen layers one ladder step at a time, the step that saves the most operations first, keeping
     each step the model still meets the budget with (one scoring per step; a layer whose step fails is left where
     it is). The uniform per-layer budget treats every layer alike; this spends the model's budget where the
-    operations are."""
+    operations are. A step's layer is refit on its inputs under the current choice upstream; the layers downstream
+    keep their fit."""
     chosen, frozen = dict(chosen), set()
     while True:
         steps = []
         for name, (layer, _) in chosen.items():
             if layer is None or name in frozen:
                 continue
-            n = (
-                dense[name].in_channels
-                if isinstance(dense[name], nn.modules.conv._ConvNd)
-                else layer_inputs[name].shape[-1]
-            )
-            ladder = sparsity_ladder(n)
+            ladder = sparsity_ladder(features(name))
             position = ladder.index(layer.report.s)
             if position == 0:
                 frozen.add(name)
                 continue
-            if ladder[position - 1] not in caches[name]:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    caches[name][ladder[position - 1]] = compress(name, ladder[position - 1])
-            cheaper = caches[name][ladder[position - 1]]
+            cheaper = compress(name, ladder[position - 1], chosen)
             saving = layer.report.factorized_ops.total - cheaper.report.factorized_ops.total
             steps.append((saving, name, cheaper))
         if not steps:
@@ -546,7 +572,15 @@ def compress_model(
     with warnings.catch_warnings():  # each trial's compressions: their warnings are of candidates, not the result
         warnings.simplefilter("ignore", UserWarning)
         rows, tau, tried = search_model_compression(
-            model, layer_inputs, reasons, judge, family=family, generator=generator, ladder=ladder, options=options
+            model,
+            layer_inputs,
+            reasons,
+            judge,
+            family=family,
+            generator=generator,
+            ladder=ladder,
+            options=options,
+            model_inputs=[inputs for inputs, _ in batches],
         )
     after = score(model)
     result = ModelCompression(

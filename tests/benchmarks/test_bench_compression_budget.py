@@ -1,0 +1,46 @@
+"""benchmarks/bench_compression_budget.py: the --quick run trains, compresses to the budget and fine-tunes each
+model, writes the rows with test accuracy at every stage, the operations and the claims, and the results page shows
+the committed run."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.helpers import ROOT, load, results_section
+
+bench = load("bench_compression_budget")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench_compression_budget")
+    path = Path(bench.main(["--quick", "--datasets", "digits", "--output", str(folder)]))
+    return json.loads(path.read_text())
+
+
+def test_the_quick_run_scores_every_stage_and_counts_the_operations(quick):
+    assert [(row["model"], row["dataset"]) for row in quick["rows"]] == [("cnn", "digits"), ("fcnn", "digits")]
+    for row in quick["rows"]:
+        accuracy = row["test_accuracy"]
+        assert set(accuracy) == {"dense", "compressed", "finetuned"} and all(0 <= v <= 1 for v in accuracy.values())
+        assert row["drop_points_after_finetuning"] == pytest.approx(100 * (accuracy["dense"] - accuracy["finetuned"]))
+        compressed = [layer for layer in row["layers"] if layer["compressed"]]
+        assert row["ops_compressed_layers"]["before"] == sum(layer["ops_before"] for layer in compressed)
+        assert row["ops_compressed_layers"]["after"] == sum(layer["ops_after"] for layer in compressed)
+        assert row["ops_all_candidates"]["before"] == sum(layer["ops_before"] for layer in row["layers"])
+    cnn = quick["rows"][0]
+    first = next(layer for layer in cnn["layers"] if layer["name"] == "features.0")
+    assert not first["compressed"] and "1 input channel" in first["reason"]
+    assert len(quick["claims"]) == 5  # two per row, and the CNN's search time
+    table = bench.render(quick)
+    assert "| cnn | digits |" in table and "| fcnn | digits |" in table
+
+
+def test_the_results_page_shows_the_committed_run():
+    committed = sorted((ROOT / "benchmarks" / "results").glob("bench_compression_budget-*.json"))
+    committed = [path for path in committed if not path.name.endswith("-quick.json")]
+    assert committed, "no committed run of bench_compression_budget"
+    section = results_section("bench_compression_budget")
+    for path in committed:
+        assert bench.render(json.loads(path.read_text())) in section
