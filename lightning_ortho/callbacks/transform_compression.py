@@ -455,7 +455,13 @@ class TransformCompression(Callback):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             rows, self.layer_budget, _tried = search_model_compression(
-                pl_module, layer_inputs, dict.fromkeys(names, ""), meets, family=self.family, options=options
+                pl_module,
+                layer_inputs,
+                dict.fromkeys(names, ""),
+                meets,
+                family=self.family,
+                options=options,
+                model_inputs=inputs,
             )
         kept = [f"{row.name} ({row.reason})" for row in rows if not row.compressed]
         if kept:

@@ -17,7 +17,9 @@ from lightning_ortho.transforms.factorized_linear import restore_factorized
 #: convolutions with every padding mode, strides, dilations, rectangular kernels, 1-D and 1 x 1
 CONVOLUTIONS = {
     "3x3 zeros": lambda: nn.Conv2d(8, 6, 3, padding=1),
-    "3x2 reflect strided dilated": lambda: nn.Conv2d(6, 4, (3, 2), stride=2, padding=(1, 0), dilation=(1, 2), padding_mode="reflect"),
+    "3x2 reflect strided dilated": lambda: nn.Conv2d(
+        6, 4, (3, 2), stride=2, padding=(1, 0), dilation=(1, 2), padding_mode="reflect"
+    ),
     "conv1d same circular": lambda: nn.Conv1d(6, 5, 3, padding="same", padding_mode="circular"),
     "conv1d replicate no bias": lambda: nn.Conv1d(4, 3, 2, padding=1, padding_mode="replicate", bias=False),
     "1x1": lambda: nn.Conv2d(8, 12, 1),
