@@ -200,7 +200,18 @@ def refit_on_data(
     p_free = torch.where(both_free, p_ss, eye)  # determined rows/columns: identity, right-hand sides zero there
     a = torch.where(free, -(p_ss @ w_known[..., None])[..., 0], 0.0)
     m_free = torch.where(free, m_rows, 0.0)
-    solved = torch.linalg.solve(p_free, torch.stack([a, m_free], -1))  # (out, s, 2): y and h
+    if not bool(torch.isfinite(p_free).all()):
+        raise ValueError(
+            "refit_on_data: the dictionary's Gram matrix on a support is not finite (a dictionary with NaN or inf, "
+            f"or inputs that overflow): max |D| = {float(dictionary.abs().max()):.3g}."
+        )
+    # P_ff is symmetric positive definite (a principal block of D^T D in an orthonormal basis, identity elsewhere):
+    # Cholesky, which also keeps away from the batched LU of large stacks
+    factor, info = torch.linalg.cholesky_ex(p_free)
+    if bool((info == 0).all()):
+        solved = torch.cholesky_solve(torch.stack([a, m_free], -1), factor)  # (out, s, 2): y and h
+    else:  # numerically indefinite (an ill-conditioned D): the general solver
+        solved = torch.linalg.solve(p_free, torch.stack([a, m_free], -1))
     y, h = solved[..., 0], solved[..., 1]
     beta = mean_residual - (m_rows * w_known).sum(1)
     inverse_square_scale = math.ldexp(1.0, -2 * exponent) if -2 * exponent < 1000 else math.inf  # 2^-2e
