@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from lightning_ortho.transforms._codes import register_sparse_codes
 from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms.blocks import BinaryBlockProduct, BlockProduct, frozen_transform
 from lightning_ortho.transforms.costs import OpCount, row_cost
@@ -93,20 +94,8 @@ class FactorizedConv(nn.Module):
                 f"FactorizedConv: codes must be (out, {self.transform.n}, *kernel_size) with 1 or 2 spatial dims, "
                 f"got {tuple(codes.shape)}."
             )
-        codes = codes.detach().clone()
-        mask = codes != 0 if mask is None else mask
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != codes.shape:
-            raise TypeError(f"FactorizedConv: mask must be a bool tensor of the codes' shape {tuple(codes.shape)}.")
-        if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (codes.shape[0],)):
-            raise ValueError(f"FactorizedConv: bias must be a tensor of shape ({codes.shape[0]},) or None.")
-        for name, tensor in (("codes", codes), ("bias", bias)):
-            if tensor is not None and not bool(torch.isfinite(tensor).all()):
-                raise ValueError(f"FactorizedConv: {name} holds NaN or inf.")
-        mask = mask.detach().to(codes.device).clone()
-        self.codes = nn.Parameter(codes.masked_fill(~mask, 0))
-        self.register_buffer("mask", mask)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone().to(codes))
-        self.transform.to(device=codes.device, dtype=codes.dtype)
+        register_sparse_codes(self, codes, bias, mask, "FactorizedConv")
+        self.transform.to(device=self.codes.device, dtype=self.codes.dtype)
         self.dims = dims
         self.in_channels, self.out_channels = codes.shape[1], codes.shape[0]
         self.kernel_size = tuple(codes.shape[2:])

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from lightning_ortho.transforms._codes import register_sparse_codes
 from lightning_ortho.transforms._kinds import not_floating
 from lightning_ortho.transforms.blocks import BinaryBlockProduct, BlockProduct, frozen_transform
 from lightning_ortho.transforms.costs import OpCount, row_cost
@@ -71,23 +72,8 @@ class FactorizedLinear(nn.Module):
             )
         if codes.dim() != 2 or codes.shape[1] != n:
             raise ValueError(f"FactorizedLinear: codes must have shape (out, {n}), got {tuple(codes.shape)}.")
-        codes = codes.detach().clone()
-        if mask is None:
-            mask = codes != 0
-        elif not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise TypeError("FactorizedLinear: mask must be a bool tensor shaped like codes.")
-        if mask.shape != codes.shape:
-            raise ValueError(f"FactorizedLinear: mask has shape {tuple(mask.shape)}, codes {tuple(codes.shape)}.")
-        if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (codes.shape[0],)):
-            raise ValueError(f"FactorizedLinear: bias must be a tensor of shape ({codes.shape[0]},) or None.")
-        for name, tensor in (("codes", codes), ("bias", bias)):
-            if tensor is not None and not bool(torch.isfinite(tensor).all()):
-                raise ValueError(f"FactorizedLinear: {name} holds NaN or inf.")
-        mask = mask.detach().to(codes.device).clone()
-        self.codes = nn.Parameter(codes.masked_fill(~mask, 0))
-        self.register_buffer("mask", mask)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone().to(codes))
-        self.transform.to(device=codes.device, dtype=codes.dtype)
+        register_sparse_codes(self, codes, bias, mask, "FactorizedLinear")
+        self.transform.to(device=self.codes.device, dtype=self.codes.dtype)
         self.in_features, self.out_features = n, codes.shape[0]
         self.error = math.nan
         self.report: Any = None  # the CompressionReport of compress_linear, when it built this layer
