@@ -65,8 +65,10 @@ class TransformCompression(Callback):
     ``compression/<metric_name>_before``, ``.._after`` (when there is a metric), ``compression/error/<module>``
     (percent), ``compression/ops_before`` and ``compression/ops_after`` (additions + multiplications + shifts, bias
     excluded); in ``trainer.callback_metrics`` and the loggers (``pl_module.log`` in the epoch of compression; at
-    ``on_fit_end`` written to both directly). ``report`` keeps one dict per layer (its ``"epoch"``: the last
-    training epoch completed before the compression); a rich table is printed at the end, its title the metric of
+    ``on_fit_end`` written to both directly). ``report`` keeps one dict per compressed layer (its ``"epoch"``: the
+    last training epoch completed before the compression), ``kept_dense`` one per layer left dense with the reason
+    (a compressed form that would cost at least as many operations as the dense layer: a layer with few outputs
+    pays the whole transform for them); a rich table is printed at the end, its title the metric of
     the model before and after compression. ``compressed_after_validation`` is ``True`` while the last validation
     of the run came before the compression (always after compression at ``on_fit_end``): the logged validation
     metrics, e.g. ``val_acc``, then describe the dense model, and ``compression/<metric_name>_after`` the
@@ -233,6 +235,8 @@ class TransformCompression(Callback):
         self.metric_name: str | None = metric_name
         self._metric: torchmetrics.Metric | None = None  # the copy scored at compression (chosen at fit start)
         self.report: list[dict[str, Any]] = []
+        #: The layers left dense: ``{"module", "type", "reason", "ops"}`` (their dense operations per sample).
+        self.kept_dense: list[dict[str, Any]] = []
         self.metric_before: float | None = None
         self.metric_after: float | None = None
         #: The metric at the end of fit, after the fine-tuning epochs that followed the compression (``None``
@@ -354,7 +358,7 @@ class TransformCompression(Callback):
         if self._compressed_in_fit and not self._saved_since and trainer.checkpoint_callbacks:
             if not trainer.fast_dev_run:  # a smoke run writes no checkpoint
                 self._save_compressed(trainer)
-        if self.verbose and self.report:
+        if self.verbose and (self.report or self.kept_dense):
             self._print_table()
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
@@ -389,12 +393,27 @@ class TransformCompression(Callback):
         for name in names:  # compress all first, then replace: an error leaves the model untouched
             kwargs = {k: v for k, v in self.options.items() if v is not None}
             layer = pl_module.get_submodule(name)
-            if isinstance(layer, nn.modules.conv._ConvNd):
-                kwargs["input_size"] = sizes.get(name)
-                new = compress_conv(layer, self.family, progress=progress, **kwargs)
-            else:
-                new = compress_linear(layer, self.family, progress=progress, **kwargs)
+            with warnings.catch_warnings():  # a layer dearer than dense stays dense below, said in the table
+                warnings.filterwarnings("ignore", message=r"compress_(linear|conv): the compressed .* costs")
+                if isinstance(layer, nn.modules.conv._ConvNd):
+                    kwargs["input_size"] = sizes.get(name)
+                    new = compress_conv(layer, self.family, progress=progress, **kwargs)
+                else:
+                    new = compress_linear(layer, self.family, progress=progress, **kwargs)
+            dense_ops, ops = new.report.dense_ops.total, new.report.factorized_ops.total
+            if ops >= dense_ops:  # it would not save anything: it stays dense, and the table says so
+                reason = f"dearer than dense ({ops} operations per sample against {dense_ops})"
+                self.kept_dense.append(
+                    {"module": name, "type": type(layer).__name__, "reason": reason, "ops": dense_ops}
+                )
+                continue
             replacements[name] = (layer, keep_training_state(new, layer))  # a frozen layer stays frozen
+        if self.kept_dense:
+            rank_zero_info(
+                "TransformCompression: kept dense: "
+                + "; ".join(f"{row['module']} ({row['reason']})" for row in self.kept_dense)
+                + ". Lower s or m for them, or leave them out of modules."
+            )
         for name, (old, new) in replacements.items():
             parent_name, _, child = name.rpartition(".")
             setattr(pl_module.get_submodule(parent_name), child, new)
@@ -463,6 +482,11 @@ class TransformCompression(Callback):
                 options=options,
                 model_inputs=inputs,
             )
+        self.kept_dense += [
+            {"module": row.name, "type": row.kind, "reason": row.reason, "ops": row.ops_before.total}
+            for row in rows
+            if not row.compressed
+        ]
         kept = [f"{row.name} ({row.reason})" for row in rows if not row.compressed]
         if kept:
             rank_zero_info(f"TransformCompression: kept dense under the budget: {'; '.join(kept)}.")
@@ -517,13 +541,16 @@ class TransformCompression(Callback):
         return evaluate(trainer, pl_module, self._metric, self.metric_name, self.batch_keys, loaders)
 
     def _print_table(self) -> None:
-        print_report(self.report, self.metric_name, self.metric_before, self.metric_after, self.metric_finetuned)
+        print_report(
+            self.report, self.metric_name, self.metric_before, self.metric_after, self.metric_finetuned, self.kept_dense
+        )
 
     # ------------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {
             "done": self.done,
             "report": self.report,
+            "kept_dense": self.kept_dense,
             "metric_before": self.metric_before,
             "metric_after": self.metric_after,
             "metric_finetuned": self.metric_finetuned,
@@ -534,6 +561,7 @@ class TransformCompression(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.done = bool(state_dict.get("done", False))
         self.report = list(state_dict.get("report", []))
+        self.kept_dense = list(state_dict.get("kept_dense", []))
         self.metric_before = state_dict.get("metric_before")
         self.metric_after = state_dict.get("metric_after")
         self.metric_finetuned = state_dict.get("metric_finetuned")

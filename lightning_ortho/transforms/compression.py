@@ -272,10 +272,9 @@ def compress_linear(
     Returns:
         The compressed layer, a :class:`FactorizedLinear` in the layer's dtype and device, with ``error`` and
             ``report`` (:class:`CompressionReport`: errors, op counts before/after, learner errors, seconds). For
-            ``"b4x4"`` its transform holds each 4x4 block as 4 to 6 2x2 blocks (the same matrix, exactly);
-            ``report.transform_ops`` is the paper's count of the 4x4 blocks (12 additions + 4 shifts each), while
-            the layer's own :meth:`FactorizedLinear.transform_op_count` counts its 2x2 form (the butterfly: 8
-            additions + 4 shifts).
+            ``"b4x4"`` its transform holds each 4x4 block as 4 to 6 2x2 blocks (the same matrix, exactly), and
+            ``report.transform_ops`` counts what runs, that 2x2 form (the butterfly: 8 additions + 4 shifts per
+            4x4 block, where the paper counts 12 additions + 4 shifts).
 
     Raises:
         ValueError: unknown family; ``s``/``m``/``q``/``bits``/``iterations`` out of range or given for a family that
@@ -375,7 +374,7 @@ def compress_linear(
             warnings.warn(message, stacklevel=2)
     factorized = FactorizedLinear.from_dictionary(dictionary, codes, b64, mask=mask)
     factorized.error = factorized.relative_error(w64)
-    transform_ops = transform_op_count(spec, learned, factorized, bits)
+    transform_ops = transform_op_count(spec, factorized, bits)
     code_ops = factorized.codes_op_count()
     factorized = factorized.to(device=weight.device, dtype=weight.dtype)
     factorized.report = CompressionReport(

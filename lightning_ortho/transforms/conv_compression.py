@@ -216,7 +216,7 @@ def compress_conv(
     )
     fan_in = n * offsets
     dense_ops = OpCount(additions=out * (fan_in - 1), multiplications=out * fan_in) * positions
-    transform_ops = transform_op_count(spec, learning.learned, factorized, bits) * pixels
+    transform_ops = transform_op_count(spec, factorized, bits) * pixels
     code_ops = factorized.codes_op_count() * positions
     factorized = factorized.to(device=weight.device, dtype=weight.dtype)
     factorized.report = CompressionReport(

@@ -66,8 +66,6 @@ class TransformFamilySpec:
         as_block_product: the learned transform as a product of 2x2
             :class:`~lightning_ortho.transforms.BlockProduct`, what a
             :class:`~lightning_ortho.transforms.FactorizedLinear` holds (identity for the 2x2 families).
-        counts_learned_transform: the op count of a compressed layer's transform is the learned transform's own
-            (the paper's count) rather than that of its 2x2 form.
         max_features: the largest ``n`` the learner handles (``None``: no limit): B⊗'s exact greedy keeps a cost
             for each of the ``C(n, 4)`` quadruples (10.7 million at ``n = 128``, 174 million at 256).
     """
@@ -87,7 +85,6 @@ class TransformFamilySpec:
     #: :class:`~lightning_ortho.transforms.FactorizedLinear` holds (the transform itself for the 2x2 families;
     #: ``"b4x4"`` rewrites each 4x4 block as 4 to 6 2x2 blocks).
     as_block_product: Callable[[Any], BlockProduct] = lambda transform: transform
-    counts_learned_transform: bool = False
     max_features: int | None = None
 
     def feature_problem(self, n: int) -> str | None:
@@ -281,7 +278,6 @@ FAMILY_TABLE: dict[str, TransformFamilySpec] = {
             defaults=_b4x4_defaults,
             plan=_b4x4_plan,
             as_block_product=quad_product_as_pairs,
-            counts_learned_transform=True,
             max_features=128,
         ),
     )
@@ -335,12 +331,11 @@ def features_suiting(n: int) -> list[str]:
     return [spec.name for spec in FAMILY_TABLE.values() if spec.feature_problem(n) is None]
 
 
-def transform_op_count(spec: TransformFamilySpec, learned: Any, factorized: Any, bits: int | None) -> OpCount:
-    """Operations of the transform ``T = D^T`` of a compressed layer ``factorized`` whose ``D`` is ``learned``:
-    the learned transform's own count (B⊗: 12 additions + 4 shifts per block, Rusu's count) or that of the layer's
-    2x2 blocks (``bits`` SOPOT terms for shears; cores outside ``R_bits`` counted as multiplications)."""
-    if spec.counts_learned_transform:
-        return learned.transpose().op_count()
+def transform_op_count(spec: TransformFamilySpec, factorized: Any, bits: int | None) -> OpCount:
+    """Operations of the transform ``T = D^T`` of a compressed layer ``factorized``: the count of the 2x2 blocks
+    the layer runs (``bits`` SOPOT terms for shears; cores outside ``R_bits`` counted as multiplications). For
+    B⊗ that is 8 additions + 4 shifts per 4x4 block, its butterfly, fewer than the 12 additions + 4 shifts the
+    learned transform's own :meth:`op_count` gives (Rusu's count, for the block as a matrix)."""
     try:
         return factorized.transform_op_count(bits if spec.name == "shear" else None)
     except ValueError:  # cores not in R_bits: count them as multiplications

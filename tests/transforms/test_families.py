@@ -97,7 +97,9 @@ def test_compress_linear_with_b4x4_is_the_learned_transform_and_codes() -> None:
     assert module.error == pytest.approx(learned.errors[-1], rel=1e-9)
     report = module.report
     assert (report.family, report.blocks, report.stages, report.bits) == ("b4x4", 6, None, None)
-    assert report.transform_ops == OpCount(additions=12 * 6, shifts=4 * 6)  # the paper's count of 4x4 blocks
+    # what runs: each 4x4 block as its butterfly of 2x2 blocks, 8 additions + 4 shifts (the paper counts 12 + 4)
+    assert report.transform_ops == module.transform_op_count() == OpCount(additions=8 * 6, shifts=4 * 6)
+    assert learned.transform.transpose().op_count() == OpCount(additions=12 * 6, shifts=4 * 6)
     nonzero = (codes != 0).sum(1)
     assert report.code_ops == OpCount(additions=int((nonzero - 1).sum()), multiplications=int(nonzero.sum()))
     assert report.factorized_ops == report.transform_ops + report.code_ops
@@ -179,7 +181,8 @@ def test_transform_compression_compresses_with_b4x4(tmp_path) -> None:  # noqa: 
     assert [row["module"] for row in callback.report] == ["net.0", "net.2"]
     for row in callback.report:
         assert (row["family"], row["blocks"], row["s"]) == ("b4x4", 4, 2)
-        assert (row["transform_ops_additions"], row["transform_ops_shifts"]) == (48, 16)
+        # the butterflies that run: 8 additions + 4 shifts per 4x4 block
+        assert (row["transform_ops_additions"], row["transform_ops_shifts"]) == (8 * 4, 4 * 4)
     with pytest.raises(ValueError, match="q is the stages of family 'm' only; family 'b4x4' takes m"):
         TransformCompression(family="b4x4", q=3)
 

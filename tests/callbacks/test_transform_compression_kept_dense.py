@@ -1,0 +1,78 @@
+"""TransformCompression leaves a layer dense when its compressed form would cost at least as many operations as the
+dense one, and says so: in ``kept_dense``, in the info line and in the table, and the state keeps it."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_ortho._lightning import pl
+from lightning_ortho.callbacks.transform_compression import TransformCompression
+from lightning_ortho.transforms import FactorizedLinear, compress_linear
+from tests.callbacks.test_transform_compression import UserMLP, make_data
+from tests.conftest import make_tiny_trainer
+
+
+def test_a_layer_dearer_than_dense_at_the_given_s_stays_dense_and_the_table_says_so(tmp_path, capsys) -> None:
+    train, val = make_data()
+    model = UserMLP()
+    # s = 8 on the 8 -> 16 layer: every code row full, plus the transform, more than the 16 x 8 product
+    callback = TransformCompression(s=8, verbose=True, progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_tiny_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(model, train, val)
+    first = model.net[0]
+    assert type(first) is nn.Linear  # untouched
+    assert isinstance(model.net[2], FactorizedLinear)
+    assert [row["module"] for row in callback.report] == ["net.2"]
+    (kept,) = callback.kept_dense
+    with pytest.warns(UserWarning, match="costs 272 operations per sample"):  # the same sizes, any weights
+        reference = compress_linear(nn.Linear(8, 16), "b", s=8, progress=False).report
+    assert reference.factorized_ops.total >= reference.dense_ops.total == 16 * 8 + 16 * 7
+    assert kept["module"] == "net.0" and kept["type"] == "Linear" and kept["ops"] == 16 * 8 + 16 * 7
+    assert kept["reason"].startswith(f"dearer than dense ({reference.factorized_ops.total} operations per sample")
+    # the layer is not compressed, so compress_linear's "costs more than dense" warning would be a false alarm
+    assert not [w for w in caught if "costs" in str(w.message) and "operations per sample" in str(w.message)]
+    printed = capsys.readouterr().out
+    assert "net.0" in printed and "stays dense: dearer than dense" in printed
+    restored = TransformCompression(s=8)
+    restored.load_state_dict(callback.state_dict())
+    assert restored.kept_dense == callback.kept_dense
+
+
+class OneOutputRegressor(pl.LightningModule):
+    """8 -> 16 -> 1: the head's 16 multiplications and 15 additions cost less than any transform of 16 inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.mse_loss(self(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", nn.functional.mse_loss(self(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def test_the_budget_search_keeps_a_layer_dense_that_no_s_makes_cheaper_and_says_why(tmp_path) -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(96, 8, generator=generator)
+    y = x[:, :1].sin() + x[:, 1:2]
+    train = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32)
+    val = DataLoader(TensorDataset(x[64:], y[64:]), batch_size=16)
+    model = OneOutputRegressor()
+    callback = TransformCompression(max_output_error=50.0, metric=None, verbose=False, progress=False)
+    make_tiny_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(model, train, val)
+    kept = {row["module"]: row for row in callback.kept_dense}
+    assert kept["net.2"]["reason"].startswith("dearer than dense")
+    assert kept["net.2"]["ops"] == 16 + 15
+    assert type(model.net[2]) is nn.Linear
+    assert "net.2" not in {row["module"] for row in callback.report}
