@@ -212,6 +212,7 @@ def run(model_name: str, dataset: str, splits: dict, quick: bool, seed: int = 0)
                 "kind": layer.kind,
                 "compressed": layer.compressed,
                 "s": layer.s,
+                "blocks": layer.blocks,
                 "ops_before": layer.ops_before.total,
                 "ops_after": layer.ops_after.total,
                 "weight_error": layer.weight_error,

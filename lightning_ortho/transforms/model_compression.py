@@ -64,6 +64,7 @@ class LayerCompression:
         weight_error: the compressed weight's relative error (percent), ``None`` where dense.
         output_error: its relative output error on the layer's recorded inputs (percent), ``None`` where dense.
         reason: why it stays dense, ``""`` otherwise.
+        blocks: the transform's blocks ``m`` (stages ``q`` for family ``"m"``), ``None`` where dense.
     """
 
     name: str
@@ -75,6 +76,7 @@ class LayerCompression:
     weight_error: float | None = None
     output_error: float | None = None
     reason: str = ""
+    blocks: int | None = None
 
 
 @dataclass
@@ -145,13 +147,15 @@ class ModelCompression:
             f"{self.ops_before.total} -> {self.ops_after.total}, {self.ops_ratio:.2f}x fewer)"
         )
         table = Table(title=title)
-        for column in ("layer", "type", "s", "ops before", "ops after", "weight error %", "output error %", "note"):
+        columns = ("layer", "type", "s", "m", "ops before", "ops after", "weight error %", "output error %", "note")
+        for column in columns:
             table.add_column(column, justify="left" if column in ("layer", "type", "note") else "right")
         for layer in self.layers:
             table.add_row(
                 layer.name,
                 layer.kind,
                 "-" if layer.s is None else str(layer.s),
+                "-" if layer.blocks is None else str(layer.blocks),
                 str(layer.ops_before.total),
                 str(layer.ops_after.total),
                 fmt(layer.weight_error),
@@ -394,7 +398,15 @@ def _row(
     if layer is not None:
         report = layer.report
         return LayerCompression(
-            name, kind, True, report.s, report.dense_ops, report.factorized_ops, report.error, report.output_error
+            name,
+            kind,
+            True,
+            report.s,
+            report.dense_ops,
+            report.factorized_ops,
+            report.error,
+            report.output_error,
+            blocks=report.blocks if report.stages is None else report.stages,
         )
     ops = _dense_ops(dense, inputs)
     return LayerCompression(name, kind, False, None, ops, ops, reason=reason or "stays dense")

@@ -117,6 +117,11 @@ def test_compress_model_keeps_the_accuracy_drop_within_the_budget_and_says_what_
         type(model.get_submodule(row.name)).__name__.startswith("Factorized") for row in compressed
     )
     assert all(row.ops_after.total < row.ops_before.total for row in compressed)
+    for row in compressed:  # the table's s and m are those of the layer installed
+        layer = model.get_submodule(row.name)
+        assert (row.s, row.blocks) == (layer.report.s, layer.report.blocks)
+        assert row.blocks == layer.transform.num_blocks
+    assert rows["2"].blocks is None
     assert result.ops_before.total == sum(row.ops_before.total for row in rows.values())
     # a per-image count: the first convolution over 6 x 6 positions, 16 outputs of 3 * 9 inputs
     assert rows["0"].ops_before.multiplications == 36 * 16 * 27
