@@ -44,3 +44,24 @@ def test_the_results_page_shows_the_committed_run():
     section = results_section("bench_compression_budget")
     for path in committed:
         assert bench.render(json.loads(path.read_text())) in section
+
+
+def test_the_claims_of_a_row_run_with_several_seeds_take_their_means():
+    def row(seed, drop, ratio, seconds):
+        return {
+            "model": "cnn",
+            "dataset": "digits",
+            "seed": seed,
+            "drop_points_after_finetuning": drop,
+            "ops_ratio_compressed_layers": ratio,
+            "search_seconds": seconds,
+        }
+
+    rows = [row(0, 1.48, 2.5, 10.0), row(1, -0.74, 4.0, 130.0), row(2, 0.37, 3.1, 12.0)]
+    drop, ratio, search = bench.claims_from(rows)
+    assert "mean of 3 seeds" in drop["claim"]
+    assert drop["figure"] == pytest.approx(round((1.48 - 0.74 + 0.37) / 3, 2)) and drop["holds"]
+    assert ratio["figure"] == pytest.approx(round((2.5 + 4.0 + 3.1) / 3, 2)) and ratio["holds"]
+    assert search["figure"] == 130.0 and not search["holds"]  # the slowest seed's search
+    lost = bench.claims_from([row(0, 0.74, 3.5, 5.0), row(1, 1.85, 3.5, 5.0)])[0]
+    assert lost["figure"] == pytest.approx(1.295, abs=0.006) and not lost["holds"]
