@@ -501,7 +501,9 @@ class TransformCompression(Callback):
 
     def _outputs(self, trainer: pl.Trainer, pl_module: nn.Module, inputs: list) -> torch.Tensor:
         with eval_mode(pl_module), torch.no_grad(), trainer.precision_plugin.forward_context():
-            return torch.cat([pl_module(x).detach().double().flatten(1).cpu() for x in inputs])
+            outputs = [pl_module(x).detach().double().cpu() for x in inputs]
+            # one row per sample, whatever the output's shape: (N,) for a regressor, (N, C, ...) otherwise
+            return torch.cat([out.reshape(out.shape[0], -1) for out in outputs])
 
     def _input_sizes(self, trainer: pl.Trainer, pl_module: pl.LightningModule, names: list[str]) -> dict[str, tuple]:
         """The spatial size of the inputs of the convolutions ``names`` on the first validation batch (what their

@@ -4,14 +4,12 @@ dense one, and says so: in ``kept_dense``, in the info line and in the table, an
 import warnings
 
 import pytest
-import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.transform_compression import TransformCompression
 from lightning_ortho.transforms import FactorizedLinear, compress_linear
 from tests.callbacks.test_transform_compression import UserMLP, make_data
+from tests.callbacks.test_transform_compression_metric import GRURegressor, sequences
 from tests.conftest import make_tiny_trainer
 
 
@@ -42,37 +40,13 @@ def test_a_layer_dearer_than_dense_at_the_given_s_stays_dense_and_the_table_says
     assert restored.kept_dense == callback.kept_dense
 
 
-class OneOutputRegressor(pl.LightningModule):
-    """8 -> 16 -> 1: the head's 16 multiplications and 15 additions cost less than any transform of 16 inputs."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-
-    def forward(self, x):
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        return nn.functional.mse_loss(self(batch[0]), batch[1])
-
-    def validation_step(self, batch, batch_idx):
-        self.log("val_loss", nn.functional.mse_loss(self(batch[0]), batch[1]))
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=1e-2)
-
-
 def test_the_budget_search_keeps_a_layer_dense_that_no_s_makes_cheaper_and_says_why(tmp_path) -> None:
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(96, 8, generator=generator)
-    y = x[:, :1].sin() + x[:, 1:2]
-    train = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32)
-    val = DataLoader(TensorDataset(x[64:], y[64:]), batch_size=16)
-    model = OneOutputRegressor()
+    train, val = sequences()
+    model = GRURegressor()  # its head, 8 -> 1: 8 multiplications and 7 additions, less than any transform of 8
     callback = TransformCompression(max_output_error=50.0, metric=None, verbose=False, progress=False)
     make_tiny_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(model, train, val)
     kept = {row["module"]: row for row in callback.kept_dense}
-    assert kept["net.2"]["reason"].startswith("dearer than dense")
-    assert kept["net.2"]["ops"] == 16 + 15
-    assert type(model.net[2]) is nn.Linear
-    assert "net.2" not in {row["module"] for row in callback.report}
+    assert kept["head"]["reason"].startswith("dearer than dense")
+    assert kept["head"]["ops"] == 8 + 7
+    assert type(model.head) is nn.Linear
+    assert "head" not in {row["module"] for row in callback.report}
