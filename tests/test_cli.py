@@ -12,11 +12,13 @@ import yaml
 
 from lightning_ortho.cli import main, run_cli
 from lightning_ortho.datamodules import DatasetNotFoundError, DigitsDataModule, StreamDataModule
+from lightning_ortho.shipped_recipes import recipe_names, recipe_path
 from tests.datasets_on_disk import ON_DISK
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-DIGITS = ROOT / "recipes" / "fcnn_digits.yaml"
+#: the shipped copies, those an installed package runs (the repository's recipes/ links to their folder)
+RECIPES = [recipe_path(name) for name in recipe_names()]
+DIGITS = recipe_path("fcnn_digits")
 
 
 def fit(recipe: Path, root: Path, *overrides: str):

@@ -30,6 +30,7 @@ LAYERS = {
     PACKAGE: 0,
     "_deprecation": 0,  # the FutureWarning of deprecated names: pure Python, below everything
     "_extras": 0,  # optional dependencies and the error naming their extra: pure Python, below everything
+    "shipped_recipes": 0,  # finds the recipes shipped in the package: pure Python, below everything
     "_native": 0,  # C kernels compiled on first use (ctypes) and their bindings: torch only
     "nn": 0,
     "flows": 0,
