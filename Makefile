@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo docs test test-ddp test-native-off test-pytorch-lightning test-slow bench install install-core clean
+.PHONY: demo docs test test-ddp test-native-off test-pytorch-lightning test-slow test-wheel bench install install-core clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ test-native-off: install
 		tests/test_native.py tests/test_native_tracing.py
 
 # The documentation site (mkdocs.yml, docs/): a broken link, a missing page or an unrenderable docstring fails it.
+# The package as a user installs it: sdist and wheel built and checked (twine), the wheel installed into a fresh
+# environment, and a shipped recipe, the recipe list and the README's examples run from outside the repository.
+test-wheel: $(BIN)/python
+	$(BIN)/pip install --quiet "build>=1.2" "twine>=5"
+	bash .ci/check_wheel.sh $(BIN)/python
+
 docs: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[docs]"
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
