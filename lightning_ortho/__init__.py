@@ -1,5 +1,6 @@
 """lightning_ortho: auxiliary reflections, online RNN training and fast transforms for PyTorch Lightning."""
 
+from lightning_ortho._deprecation import LightningOrthoDeprecationWarning
 from lightning_ortho.nn import (
     AuxiliaryReflection,
     HouseholderProduct,
@@ -9,10 +10,11 @@ from lightning_ortho.nn import (
     reflect,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "AuxiliaryReflection",
+    "LightningOrthoDeprecationWarning",
     "HouseholderProduct",
     "NewtonInverseError",
     "SVDLinear",

@@ -152,6 +152,8 @@ def test_the_extras_in_pyproject_install_what_the_errors_name():
     assert extras["all"] == ["lightning-ortho[vision,transforms,plots]"]
     assert "lightning-ortho[vision,transforms,plots]" in extras["test"]  # the suite needs every extra
     assert any(d.startswith("lightning>=") for d in extras["test"]) and "docs" in extras
+    # `import lightning as L` users: the extra installs the unified package, at the test extra's pin
+    assert extras["lightning"] == [d for d in extras["test"] if d.startswith("lightning>=")]
     assert not [d for d in project["dependencies"] if d.startswith("torch") and "<" in d]  # no upper pin on torch
 
 

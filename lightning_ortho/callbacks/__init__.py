@@ -30,7 +30,7 @@ _SUBMODULE = {
 
 __all__ = sorted([*_SUBMODULE, "import_all"])
 
-#: Deprecated names, still importable from here (each warns ``FutureWarning`` when used; removed in the next
+#: Deprecated names, still importable from here (each warns ``LightningOrthoDeprecationWarning`` when used; removed in the next
 #: release): name -> its module.
 _DEPRECATED = {"GradientVarianceMonitor": "gradient_variance"}
 

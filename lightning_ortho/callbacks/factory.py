@@ -12,7 +12,7 @@ Environment variables:
     Monitors to add, separated by commas or spaces (case-insensitive), or ``all``: ``orthogonality``
     (:class:`~lightning_ortho.callbacks.orthogonality_monitor.OrthogonalityMonitor`), ``jacobian``
     (``JacobianDeterminantMonitor``), ``invertibility`` (``InvertibilityMonitor``), ``gradient_noise``
-    (``GradientNoiseMonitor``; ``gradient_variance``, its name before, is accepted with a ``FutureWarning``).
+    (``GradientNoiseMonitor``; ``gradient_variance``, its name before, is accepted with a ``LightningOrthoDeprecationWarning``).
 ``LIGHTNING_ORTHO_EVERY_N_STEPS``
     A positive int passed as ``every_n_steps``, the optimizer steps between measurements of every monitor (each
     monitor's default otherwise); raised, with a warning, to the smallest value a monitor accepts
@@ -58,6 +58,8 @@ import sys
 import warnings
 from typing import Any
 
+from lightning_ortho._deprecation import LightningOrthoDeprecationWarning
+
 #: Monitor name -> ``"module:Class"``; imported only when named in ``LIGHTNING_ORTHO_MONITORS``.
 MONITORS: dict[str, str] = {
     "orthogonality": "lightning_ortho.callbacks.orthogonality_monitor:OrthogonalityMonitor",
@@ -66,7 +68,7 @@ MONITORS: dict[str, str] = {
     "gradient_noise": "lightning_ortho.callbacks.gradient_noise:GradientNoiseMonitor",
 }
 
-#: Deprecated monitor names -> their names in :data:`MONITORS` (accepted with a ``FutureWarning``; removed in the
+#: Deprecated monitor names -> their names in :data:`MONITORS` (accepted with a ``LightningOrthoDeprecationWarning``; removed in the
 #: next release).
 RENAMED_MONITORS: dict[str, str] = {"gradient_variance": "gradient_noise"}
 
@@ -94,7 +96,7 @@ def requested_monitors(environ: dict[str, str] | None = None) -> list[str]:
             warnings.warn(
                 f"{MONITORS_VARIABLE}: the monitor name {token!r} is deprecated and will be removed in the next "
                 f"release; use {RENAMED_MONITORS[token]!r}.",
-                FutureWarning,
+                LightningOrthoDeprecationWarning,
                 stacklevel=2,
             )
             token = RENAMED_MONITORS[token]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_ortho._deprecation import warn_deprecated
 from lightning_ortho._lightning import pl, rank_zero_info, rank_zero_warn
 from lightning_ortho.callbacks._gradient_noise_unmeasured import next_window_end, why_unmeasured
 from lightning_ortho.callbacks._gradient_window import GradientWindow, batch_rows, noise_scale
@@ -101,9 +102,13 @@ class GradientNoiseMonitor(Monitor):
         verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
         source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
             :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+        interval: deprecated (removed in the next minor release): ``every_n_steps`` was the window and ``interval``
+            the steps between windows; given, the monitor is ``every_n_steps=interval, window_steps=every_n_steps``,
+            with :class:`~lightning_ortho.LightningOrthoDeprecationWarning`.
 
     Raises:
-        ValueError: ``every_n_steps`` or ``window_steps`` below 2, ``window_steps > every_n_steps``, ``batch_size``
+        ValueError: ``every_n_steps`` or ``window_steps`` below 2, ``window_steps > every_n_steps``, ``interval``
+            with ``window_steps``, ``batch_size``
             not a positive int, ``smoothing`` outside ``[0, 1)``; at setup, a named module that does not exist or
             has no trainable parameters.
     """
@@ -123,8 +128,23 @@ class GradientNoiseMonitor(Monitor):
         prog_bar: bool = False,
         verbose: bool = True,
         source: Source = "user",
+        interval: int | None = None,
     ) -> None:
         owner = type(self).__name__
+        if interval is not None:
+            # Before: every_n_steps was the window and interval the steps between windows.
+            if window_steps is not None:
+                raise ValueError(
+                    f"{owner}: interval= is the deprecated name of every_n_steps and cannot go with window_steps=; "
+                    "give every_n_steps (the steps between measurements) and window_steps (the window)."
+                )
+            warn_deprecated(
+                f"{owner}(every_n_steps={every_n_steps}, interval={interval}) is deprecated and will be removed in the "
+                f"next minor release: every_n_steps is now the interval and window_steps the window; this is "
+                f"{owner}(every_n_steps={interval}, window_steps={every_n_steps}).",
+                stacklevel=2,
+            )
+            every_n_steps, window_steps = interval, every_n_steps
         super().__init__(modules, every_n_steps, 1, plot, prog_bar=prog_bar, verbose=verbose, source=source)
         if every_n_steps < self.min_every_n_steps:
             raise ValueError(

@@ -6,6 +6,7 @@ BPTT against the exact gradient, by repeated draws on a probe sequence)."""
 import warnings
 from typing import Any
 
+from lightning_ortho._deprecation import LightningOrthoDeprecationWarning
 from lightning_ortho.callbacks.gradient_noise import GradientNoiseMonitor
 from lightning_ortho.callbacks.online_estimator_variance import (
     EstimatorVariance,
@@ -15,7 +16,7 @@ from lightning_ortho.callbacks.online_estimator_variance import (
 
 
 class GradientVarianceMonitor(GradientNoiseMonitor):
-    """Deprecated name of :class:`GradientNoiseMonitor` (warns ``FutureWarning``; removed in the next release).
+    """Deprecated name of :class:`GradientNoiseMonitor` (warns ``LightningOrthoDeprecationWarning``; removed in the next release).
 
     The same monitor, arguments and keys. A subclass rather than an alias so that old configs and command lines
     that name it (``--trainer.callbacks+=GradientVarianceMonitor``: jsonargparse finds classes by their own name)
@@ -26,7 +27,7 @@ class GradientVarianceMonitor(GradientNoiseMonitor):
         warnings.warn(
             "GradientVarianceMonitor is deprecated and will be removed in the next release; use GradientNoiseMonitor "
             "(the same monitor, arguments and checkpoint keys).",
-            FutureWarning,
+            LightningOrthoDeprecationWarning,
             stacklevel=2,
         )
         super().__init__(*args, **kwargs)

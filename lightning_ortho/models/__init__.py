@@ -2,6 +2,7 @@
 
 import warnings
 
+from lightning_ortho._deprecation import LightningOrthoDeprecationWarning
 from lightning_ortho.models.classification import ClassifierModule
 from lightning_ortho.models.conv_classifier import ConvClassifier
 from lightning_ortho.models.factorized_checkpoint import RestoresFactorizedLayers
@@ -34,7 +35,7 @@ def __getattr__(name: str):
         new = _RENAMED[name]
         warnings.warn(
             f"lightning_ortho.models.{name} was renamed {new.__name__}; update the import or the config's class_path.",
-            FutureWarning,
+            LightningOrthoDeprecationWarning,
             stacklevel=2,
         )
         return new

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import torch
 
+from lightning_ortho._deprecation import LightningOrthoDeprecationWarning
 from lightning_ortho._lightning import pl
 from lightning_ortho.transforms.blocks import BlockProduct
 from lightning_ortho.transforms.families import FAMILIES, FAMILY_TABLE, describe_families
@@ -50,7 +51,7 @@ _RENAMED_SETTINGS = {"blocks": ("m", 32), "stages": ("q", 8), "sparsity": ("s", 
 
 def _renamed_settings(new: dict[str, int], old: dict[str, int | None]) -> tuple[int, ...]:
     """``(m, q, s)`` from the new names, with any old name given (``blocks``, ``stages``, ``sparsity``) taking its
-    place with a ``FutureWarning``.
+    place with a ``LightningOrthoDeprecationWarning``.
 
     Raises:
         ValueError: an old name and its new name both given, with different values.
@@ -63,7 +64,7 @@ def _renamed_settings(new: dict[str, int], old: dict[str, int | None]) -> tuple[
         warnings.warn(
             f"FastTransformModule: {old_name!r} is deprecated and will be removed in the next release; use {name!r} "
             f"(the vocabulary shared with compress_linear and TransformCompression): {name}={value}.",
-            FutureWarning,
+            LightningOrthoDeprecationWarning,
             stacklevel=4,
         )
         if new[name] not in (default, value):
@@ -126,9 +127,9 @@ class FastTransformModule(pl.LightningModule):
             ``remove_mean``).
         patch_size: side of the square patches for ``features="patches"``.
         remove_mean: remove each patch's mean, for ``features="patches"``.
-        blocks: deprecated name of ``m`` (warns ``FutureWarning``; removed in the next release).
-        stages: deprecated name of ``q`` (warns ``FutureWarning``; removed in the next release).
-        sparsity: deprecated name of ``s`` (warns ``FutureWarning``; removed in the next release).
+        blocks: deprecated name of ``m`` (warns ``LightningOrthoDeprecationWarning``; removed in the next release).
+        stages: deprecated name of ``q`` (warns ``LightningOrthoDeprecationWarning``; removed in the next release).
+        sparsity: deprecated name of ``s`` (warns ``LightningOrthoDeprecationWarning``; removed in the next release).
 
     Logs, for the transform ``D`` the module holds during the epoch (:meth:`transform`, logged before the epoch's
     update replaces it): ``train_error`` (percent, ``100 ||Y - X D^T||^2 / ||Y||^2`` over the epoch's training

@@ -64,7 +64,7 @@ __all__ = [
     "update_base_",
 ]
 
-#: Names exported here before and internal now: still resolved (with a FutureWarning) for one release.
+#: Names exported here before and internal now: still resolved (with a LightningOrthoDeprecationWarning) for one release.
 __getattr__ = moved_attributes(
     __name__,
     {

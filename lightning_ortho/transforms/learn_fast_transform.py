@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lightning_ortho._deprecation import LightningOrthoDeprecationWarning
 from lightning_ortho.transforms import shear_updates as su
 from lightning_ortho.transforms.blocks import BlockProduct
 from lightning_ortho.transforms.costs import OpCount
@@ -345,7 +346,7 @@ def learn_fast_transform(
         tied: ``init="dct"`` only: each 1-D lifting shear keeps one coefficient over the 8 rows (or columns) of
             the patch (a tied group), so the refined shears stay separable (fewer parameters, for data unlike
             the training data); the free slots stay untied.
-        sweeps: deprecated name of ``iterations`` (warns ``FutureWarning``; removed in the next release).
+        sweeps: deprecated name of ``iterations`` (warns ``LightningOrthoDeprecationWarning``; removed in the next release).
 
     Returns:
         :class:`FastTransformResult`; ``op_count().multiplications == 0``.
@@ -363,7 +364,7 @@ def learn_fast_transform(
         warnings.warn(
             "learn_fast_transform: 'sweeps' is deprecated and will be removed in the next release; use 'iterations' "
             f"(the vocabulary of the other learners): iterations={sweeps}.",
-            FutureWarning,
+            LightningOrthoDeprecationWarning,
             stacklevel=2,
         )
         iterations = sweeps

@@ -7,6 +7,7 @@ test_layers.py, parametrised over the same table.)
 import copy
 import pickle
 import typing
+import warnings
 
 import pytest
 import torch
@@ -89,13 +90,25 @@ def test_copies_and_pickles_keep_the_class_and_the_map(kind):
     torch.testing.assert_close(restored(x)[1], layer(x)[1], rtol=0, atol=0)
 
 
-def test_the_base_class_is_not_a_layer_and_says_how_to_build_one():
-    # a plain class: no metaclass turns Invertible1x1Conv(...) into another class's instance
-    assert type(Invertible1x1Conv) is type(torch.nn.Module)
-    with pytest.raises(TypeError, match=r"base class .* invertible_1x1_conv\(channels, kind\) \(kind in plain, lu"):
-        Invertible1x1Conv(4, "lu")
-    with pytest.raises(TypeError, match="LUConv1x1"):
-        Invertible1x1Conv(4)
+def test_the_base_class_called_itself_still_builds_the_kind_with_a_deprecation_warning():
+    # Invertible1x1Conv(channels, kind="lu") built a layer before each kind had a class: kept for one minor release
+    torch.manual_seed(0)
+    with pytest.warns(DeprecationWarning, match=r"invertible_1x1_conv\(channels, 'lu'\) or its class, LUConv1x1"):
+        old = Invertible1x1Conv(4)
+    torch.manual_seed(0)
+    new = invertible_1x1_conv(4, "lu")
+    assert type(old) is type(new) and isinstance(old, Invertible1x1Conv)
+    x = torch.randn(2, 4, 3, 3)
+    torch.testing.assert_close(old(x)[0], new(x)[0], rtol=0, atol=0)  # the same layer, from the same draws
+    with pytest.warns(DeprecationWarning, match="HouseholderConv1x1"):
+        assert type(Invertible1x1Conv(4, kind="householder")).__name__ == "HouseholderConv1x1"
+    with pytest.raises(ValueError, match="got 'givens'"):  # an unknown kind is refused before any layer
+        Invertible1x1Conv(4, "givens")
+    # a kind's own class, its copies and pickles construct without the shim
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer = CONV1X1["aux"](4)
+        assert type(copy.deepcopy(layer)) is type(layer) is type(pickle.loads(pickle.dumps(layer)))
 
 
 def test_unknown_kind_raises_naming_the_choices():

@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 import torch
 
+from lightning_ortho._deprecation import warn_deprecated
 from lightning_ortho.flows.base import FlowLayer, check_images
 from lightning_ortho.nn.newton import NewtonResult
 
@@ -59,7 +60,27 @@ def invertible_1x1_conv(channels: int, kind: Conv1x1Kind = "lu") -> Invertible1x
     return conv1x1_class(kind)(channels)
 
 
-class Invertible1x1Conv(FlowLayer):
+class _BuildsTheKind(type(FlowLayer)):
+    """The metaclass of :class:`Invertible1x1Conv`: calling the base class itself, as ``Invertible1x1Conv(channels,
+    kind="lu")`` built a layer before each kind had a class of its own, still builds the kind's layer, with a
+    deprecation warning; calling a kind's class is an ordinary construction."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is not Invertible1x1Conv:
+            return super().__call__(*args, **kwargs)
+        return _deprecated_construction(*args, **kwargs)
+
+
+def _deprecated_construction(channels: int, kind: Conv1x1Kind = "lu") -> Invertible1x1Conv:
+    warn_deprecated(
+        f"Invertible1x1Conv(channels, kind) is deprecated and will be removed in the next minor release; build the "
+        f"layer with invertible_1x1_conv(channels, {kind!r}) or its class, {conv1x1_class(kind).__name__}(channels).",
+        stacklevel=3,
+    )
+    return invertible_1x1_conv(channels, kind)
+
+
+class Invertible1x1Conv(FlowLayer, metaclass=_BuildsTheKind):
     """``z_{:, i, j} = g(x_{:, i, j})`` for every pixel: an invertible map ``g`` of the ``C`` channels.
 
     The base class of the kinds: ``invertible_1x1_conv(channels, kind="lu")`` builds the class of ``kind`` (see
@@ -81,8 +102,11 @@ class Invertible1x1Conv(FlowLayer):
         channels: ``C``, the channels of the images.
 
     Raises:
-        TypeError: from every method taking images, for a non-floating tensor; when this base class itself is
-            instantiated (it has no map of its own).
+        TypeError: from every method taking images, for a non-floating tensor.
+
+    ``Invertible1x1Conv(channels, kind="lu")``, the base class called itself (before each kind had its own class),
+    still builds the kind's layer and warns
+    :class:`~lightning_ortho.LightningOrthoDeprecationWarning` (removed in the next minor release).
         ValueError: from every method taking images, unless the shape is ``(N, C, H, W)`` with this layer's ``C``.
     """
 
@@ -102,15 +126,6 @@ class Invertible1x1Conv(FlowLayer):
         ordered = sorted(CONV1X1.items(), key=lambda item: CONV1X1_KINDS.index(item[0]))  # the Literal's order
         CONV1X1.clear()
         CONV1X1.update(ordered)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Invertible1x1Conv:
-        if cls is Invertible1x1Conv:
-            raise TypeError(
-                "Invertible1x1Conv is the base class of the 1x1 convolutions and has no map of its own; build one "
-                "with invertible_1x1_conv(channels, kind) (kind in "
-                f"{', '.join(CONV1X1_KINDS)}) or a kind's class such as LUConv1x1(channels)."
-            )
-        return super().__new__(cls)
 
     def __init__(self, channels: int) -> None:
         super().__init__()
