@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo docs test test-ddp test-native-off test-pytorch-lightning test-slow test-wheel bench install install-core clean
+.PHONY: demo docs test test-ddp test-native-off test-pytorch-lightning test-slow test-wheel test-docs-offline bench install install-core clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,15 @@ test-native-off: install
 test-wheel: $(BIN)/python
 	$(BIN)/pip install --quiet "build>=1.2" "twine>=5"
 	bash .ci/check_wheel.sh $(BIN)/python
+
+# The site without network, in headless Chromium (tests/test_docs_offline.py): no remote resource, the math as MathML
+# with no raw TeX on the concept pages, and no code block of Getting started wider than its column. Playwright drives
+# the system's Chromium (Debian's chromium package, installed here when it is missing).
+test-docs-offline: $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[docs,test]" "playwright>=1.40"
+	test -x /usr/bin/chromium || apt-get install -y -q chromium > /dev/null || \
+		(apt-get update -q > /dev/null && apt-get install -y -q chromium > /dev/null)
+	LIGHTNING_ORTHO_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q tests/test_docs_offline.py
 
 docs: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[docs]"

@@ -7,6 +7,10 @@ nothing of them: it drops the two marker lines and shows the figures ``benchmark
 section, copied into the site under ``results/figures/``. A section of a benchmark without results, or a benchmark
 with results that no page shows, fails the build.
 
+The math (``$...$`` and ``$$...$$``, which ``pymdownx.arithmatex`` wraps as ``\\(...\\)`` and ``\\[...\\]``) is
+rendered here, at build time, into MathML, which browsers draw themselves: the site needs no script and no network
+to show an equation. A formula the converter cannot read fails the build, naming the page.
+
 A line ``<!-- api:PACKAGE -->`` in a page is replaced by the package's docstring and one mkdocstrings block per name
 of its ``__all__``, read when the site is built: the reference follows ``__all__`` whatever it holds, including
 names that a package exports lazily (``lightning_ortho.callbacks``). Each name is documented at the module that
@@ -19,6 +23,7 @@ import importlib
 import json
 import re
 import sys
+from html import unescape
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -29,6 +34,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 SECTION = re.compile(r"^<!-- ([\w.-]+):start -->\n(.*?)^<!-- \1:end -->$", re.M | re.S)
 FIGURES = "results/figures"
 API = re.compile(r"^<!-- api:([\w.]+) -->$", re.M)
+
+MATH = re.compile(r'<(span|div) class="arithmatex">(.*?)</\1>', re.S)
 
 _shown: set[str] = set()
 _results: set[str] = set()
@@ -131,6 +138,28 @@ def on_page_markdown(markdown, page, config, files):
 
     markdown = API.sub(lambda match: api_markdown(match.group(1)), markdown)
     return SECTION.sub(replace, markdown)
+
+
+def tex_to_mathml(tex: str, display: bool) -> str:
+    """One formula as MathML (``display``: a block of its own)."""
+    from latex2mathml.converter import convert
+
+    return convert(tex, display="block" if display else "inline")
+
+
+def on_page_content(html, page, config, files):
+    def render(match: re.Match) -> str:
+        display = match.group(1) == "div"
+        tex = unescape(match.group(2)).strip()
+        opening, closing = ("\\[", "\\]") if display else ("\\(", "\\)")
+        if tex.startswith(opening) and tex.endswith(closing):
+            tex = tex[len(opening) : -len(closing)]
+        try:
+            return tex_to_mathml(tex, display)
+        except Exception as error:  # noqa: BLE001 - any converter failure names the formula
+            raise PluginError(f"{page.file.src_path}: cannot render the formula {tex!r}: {error}") from error
+
+    return MATH.sub(render, html)
 
 
 def on_post_build(config):
