@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from benchmarks._transform_rows import orthonormal_error, row
 from lightning_ortho.transforms import learn_fast_transform
 from lightning_ortho.transforms.sparse_codes import omp_codes, representation_error
 
@@ -24,8 +25,6 @@ DCT_OPS = 704
 
 def fast_transform_rows(y: torch.Tensor, s: int, sweeps: int = SWEEPS) -> list[dict]:
     """One row per start: error (OMP codes, as the shear rows), op count, learning time, errors per sweep."""
-    from benchmarks.reproduce_transforms import row  # the script imports this module
-
     rows = []
     for init in INITS:
         start = time.perf_counter()
@@ -52,8 +51,6 @@ def fast_transform_rows(y: torch.Tensor, s: int, sweeps: int = SWEEPS) -> list[d
 
 def generalisation(images: dict[str, torch.Tensor], s: int, dct: torch.Tensor, sweeps: int = SWEEPS) -> list[dict]:
     """Learned on one photograph (init ``"dct"``), evaluated on the other (OMP codes), beside the DCT there."""
-    from benchmarks.reproduce_transforms import orthonormal_error
-
     names = sorted(images)
     out = []
     for train, test in ((names[0], names[1]), (names[1], names[0])):
@@ -65,9 +62,9 @@ def generalisation(images: dict[str, torch.Tensor], s: int, dct: torch.Tensor, s
                 "train": train,
                 "test": test,
                 "train_error": result.errors[-1],
-                "dct_train_error": orthonormal_error(images[train], dct),
+                "dct_train_error": orthonormal_error(images[train], dct, s),
                 "test_error": float(representation_error(y, omp_codes(y, d, s), d)),
-                "dct_test_error": orthonormal_error(y, dct),
+                "dct_test_error": orthonormal_error(y, dct, s),
                 "total_ops": result.op_count().additions + result.op_count().shifts,
             }
         )

@@ -45,3 +45,13 @@ def import_peer(module: str, requirement: str, target: Path = PEERS) -> tuple[Mo
         return None, f"pip install {requirement} took more than {INSTALL_TIMEOUT} s"
     except Exception as error:  # any failure of a third-party import must not stop the benchmark
         return None, f"{requirement} could not be installed or imported: {type(error).__name__}: {error}"
+
+
+#: The geotorch the orthogonal benchmarks compare with (bench_orthogonal, bench_orthogonal_weights).
+GEOTORCH = "geotorch==0.4.0"
+
+
+def load_geotorch() -> tuple[ModuleType | None, str | None]:
+    """``(geotorch, None)``, installing the pinned :data:`GEOTORCH` into benchmarks/.peers on first use, or
+    ``(None, reason)``."""
+    return import_peer("geotorch", GEOTORCH)

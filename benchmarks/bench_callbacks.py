@@ -65,7 +65,7 @@ from pathlib import Path
 
 import torch
 
-import lightning_ortho.callbacks._monitor as monitor_module
+import lightning_ortho.callbacks.monitors.base as monitor_module
 from benchmarks._common import (
     benchmark_parser,
     configured,
@@ -255,7 +255,7 @@ class LoopTimer(pl.Callback):
 def instrument(callback: pl.Callback) -> tuple[dict[str, float], Callable[[], None]]:
     """Wrap every Lightning hook that ``callback``'s class overrides so that its time is added to the returned
     ``hook name -> seconds`` dict (instance attributes: Lightning calls ``getattr(callback, hook)``), and
-    the monitors' logging (``lightning_ortho.callbacks._monitor.log_values``: every logger, ``callback_metrics``,
+    the monitors' logging (``lightning_ortho.callbacks.monitors.base.log_values``: every logger, ``callback_metrics``,
     the progress bar) so that its time inside those hooks is added under ``"log"``; and the function that puts the
     monitors' logging back."""
     seconds: dict[str, float] = {"log": 0.0}

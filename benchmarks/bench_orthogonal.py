@@ -52,11 +52,10 @@ from benchmarks._common import (
     synchronizer,
     write_result,
 )
-from benchmarks._peers import import_peer
+from benchmarks._peers import GEOTORCH, load_geotorch
 from benchmarks.bench_orthogonal_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
 from lightning_ortho.nn import AuxiliaryReflection, HouseholderProduct, ParametrizedOrthogonal, SVDLinear
 
-GEOTORCH = "geotorch==0.4.0"
 #: method -> geotorch.orthogonal's ``triv`` (its default is "expm").
 GEOTORCH_METHODS = {"geotorch": "expm", "geotorch_cayley": "cayley"}
 METHODS = (
@@ -85,11 +84,6 @@ QUICK_DIMS, QUICK_BATCHES = (64, 256), (32, 1024)
 SLOW_METHOD_BUDGET = 30.0
 #: Autograd keeps one (B, d) activation per sequential reflection; above this the run would swap or die.
 SEQUENTIAL_MEMORY_LIMIT = 4 * 2**30
-
-
-def load_geotorch() -> tuple[ModuleType | None, str | None]:
-    """``(geotorch, None)``, installing the pinned GEOTORCH into benchmarks/.peers on first use, or ``(None, reason)``."""
-    return import_peer("geotorch", GEOTORCH)
 
 
 def build(method: str, d: int, geotorch: ModuleType | None = None) -> nn.Module:

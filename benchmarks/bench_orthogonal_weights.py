@@ -13,7 +13,7 @@ nothing else. Per row, the median over interleaved rounds of the seconds per ste
 chooses). For a tall ``n x k`` weight torch's and geotorch's Cayley and exponential maps pad it to ``n x n``, and
 torch's Householder map forms ``n x n`` matrices in its backward: from ``n >= 2048`` on those are timed once (one
 step is seconds), their exponentials not at all (minutes a step; their Cayley map, cheaper, stands for them), and
-where the ``n x n`` matrices would need more than half the machine's memory they are not run either. geotorch is pinned (``GEOTORCH`` of bench_orthogonal) and installed into
+where the ``n x n`` matrices would need more than half the machine's memory they are not run either. geotorch is pinned (``GEOTORCH`` of benchmarks/_peers.py) and installed into
 benchmarks/.peers on first use; without it its columns say why.
 
 Claim: ours (the fastest of its maps) at most 1.0x the fastest peer in every row where a peer runs.
@@ -40,7 +40,7 @@ from benchmarks._common import (
     print_claims,
     write_result,
 )
-from benchmarks.bench_orthogonal import GEOTORCH, load_geotorch
+from benchmarks._peers import GEOTORCH, load_geotorch
 from lightning_ortho.nn import orthogonal
 
 #: name -> (rows, columns)

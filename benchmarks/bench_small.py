@@ -56,8 +56,8 @@ from benchmarks._common import (
     synchronizer,
     write_result,
 )
+from benchmarks._online_problem import Problem, Runner
 from benchmarks._render import claims_table
-from benchmarks.bench_online import Problem, Runner
 from benchmarks.bench_small_processes import measure_compress, measure_online_recipe
 from lightning_ortho.nn import AuxiliaryReflection, OrthogonalRNN, OrthogonalRNNCell
 from lightning_ortho.online import UORO, TanhRNNCell

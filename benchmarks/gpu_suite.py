@@ -81,7 +81,7 @@ from benchmarks._common import (
     synchronize,
     synchronizer,
 )
-from benchmarks.bench_online import TBPTT_K
+from benchmarks._online_problem import TBPTT_K
 from lightning_ortho.online import (
     KFRTRL,
     RFLO,

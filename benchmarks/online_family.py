@@ -66,8 +66,8 @@ from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.online_estimator_variance import measure_estimator
 from lightning_ortho.datamodules import AddingTaskDataModule, CharacterStreamDataModule, CopyTaskDataModule
 from lightning_ortho.models import OnlineRNNModule
-from lightning_ortho.models.online_estimators import initial_state
-from lightning_ortho.models.online_readout import read_chunk
+from lightning_ortho.models.online.estimators import initial_state
+from lightning_ortho.models.online.readout import read_chunk
 from lightning_ortho.online import LinearRecurrentUnit, TanhRNNCell
 
 HIDDEN, LRU_HIDDEN, STREAMS, PROBE_STREAMS = 32, 64, 32, 4

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from benchmarks import _fast_transform_rows as fast_rows
+from benchmarks import _transform_rows as shared_rows
 from benchmarks._common import (
     benchmark_parser,
     configured,
@@ -63,6 +64,7 @@ from benchmarks._common import (
     write_result,
 )
 from benchmarks._peers import import_peer
+from benchmarks._transform_rows import row
 from benchmarks.reproduce_transforms_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
 from lightning_ortho.datamodules import ImagePatchesDataModule
 from lightning_ortho.transforms import (
@@ -183,8 +185,8 @@ def wht_as_b_transform(n: int = 64) -> BinaryBlockProduct:
 
 
 def orthonormal_error(y: torch.Tensor, dictionary: torch.Tensor) -> float:
-    """Error (%) of the exact s-sparse codes ``T_s(Y D)`` of an orthonormal ``D``."""
-    return float(representation_error(y, keep_largest(y @ dictionary, S), dictionary))
+    """Error (%) of the exact s-sparse codes ``T_s(Y D)`` of an orthonormal ``D``, at the paper's ``s``."""
+    return shared_rows.orthonormal_error(y, dictionary, S)
 
 
 def omp_error(y: torch.Tensor, dictionary: torch.Tensor) -> tuple[float, int]:
@@ -259,21 +261,6 @@ def b4x4_rows(y: torch.Tensor, sizes: tuple[int, ...]) -> list[dict]:
             flush=True,
         )
     return rows
-
-
-def row(family: str, label: str, error: float, ops: OpCount, *, coding: str, seconds: float = 0.0, **extra) -> dict:
-    return {
-        "family": family,
-        "label": label,
-        "error": error,
-        "additions": ops.additions,
-        "multiplications": ops.multiplications,
-        "shifts": ops.shifts,
-        "total_ops": ops.additions + ops.multiplications + ops.shifts,
-        "coding": coding,
-        "seconds": round(seconds, 3),
-        **extra,
-    }
 
 
 def faust_cost(faust) -> OpCount:

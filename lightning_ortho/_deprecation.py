@@ -63,3 +63,20 @@ def moved_attributes(package: str, moved: dict[str, str]) -> Callable[[str], Any
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def moved_module(old: str, new: str) -> Callable[[str], Any]:
+    """The ``__getattr__`` of a module left at its old path ``old`` when its contents moved to ``new``: each name
+    is taken from ``new`` (imported on first use), with a :class:`LightningOrthoDeprecationWarning` that names the
+    new path; a name ``new`` lacks raises ``AttributeError``."""
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(new), name)  # AttributeError for a name new lacks
+        warn_deprecated(
+            f"{old} moved to {new} and the old path will be removed in the next minor release; import {name} from {new}."
+        )
+        return value
+
+    return __getattr__

@@ -26,15 +26,16 @@ def main(args: list[str] | None = None) -> None:
     if args[:1] == ["recipes"]:
         print_recipes()
         return
-    try:
-        args = resolve_config_arguments(args)
-    except RecipeNotFoundError as error:
-        print(f"Recipe not found. {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    # The Lightning package first: without one, no recipe could run.
     try:
         from lightning_ortho.cli import main as run
     except LightningChoiceError as error:
         print(f"Lightning package not available. {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        args = resolve_config_arguments(args)
+    except RecipeNotFoundError as error:
+        print(f"Recipe not found. {error}", file=sys.stderr)
         raise SystemExit(2) from None
     run(args)
 

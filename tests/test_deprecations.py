@@ -49,3 +49,15 @@ def test_gradient_noise_monitor_interval_maps_to_the_new_arguments():
         GradientNoiseMonitor(every_n_steps=20, window_steps=10, interval=100)
     with pytest.deprecated_call(), pytest.raises(ValueError, match="window_steps=20 is longer than every_n_steps=10"):
         GradientNoiseMonitor(every_n_steps=20, interval=10)  # the old check (interval >= window) in the new words
+
+
+def test_the_old_module_path_of_transform_compression_still_loads_a_saved_config():
+    import importlib
+
+    from lightning_ortho.callbacks import TransformCompression
+
+    old = importlib.import_module("lightning_ortho.callbacks.transform_compression")
+    with pytest.deprecated_call(match="moved to lightning_ortho.callbacks.compression.transform_compression"):
+        assert old.TransformCompression is TransformCompression
+    with pytest.raises(AttributeError):
+        old.NoSuchName  # noqa: B018

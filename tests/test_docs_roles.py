@@ -206,7 +206,7 @@ def lightning_ortho():
             "lightning_ortho.datamodules.image_patches.ImagePatchesDataModule.setup",
         ),
         # a name lightning_ortho.callbacks exports lazily (``__getattr__``)
-        ("callbacks", "lightning_ortho.callbacks.Monitor", "class", "lightning_ortho.callbacks._monitor.Monitor"),
+        ("callbacks", "lightning_ortho.callbacks.Monitor", "class", "lightning_ortho.callbacks.monitors.base.Monitor"),
         # the function a package imports under its module's name, and that module
         ("transforms", "lightning_ortho.transforms.sopot", "func", "lightning_ortho.transforms.sopot.sopot"),
         ("transforms.b_dla", "binary_cores", "mod", "lightning_ortho.transforms.binary_cores"),

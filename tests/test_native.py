@@ -325,7 +325,7 @@ import torch
 from torch import nn
 from lightning_ortho._native import native_kernels
 from lightning_ortho._native.readout import linear_readout_kernel
-from lightning_ortho.models.online_readout_step import readout_step
+from lightning_ortho.models.online.readout_step import readout_step
 assert linear_readout_kernel(torch.zeros(1, 1)) is not None
 for dtype in (torch.float32, torch.float64):
     for streams, hidden, outputs in ((3, 6, 0), (3, 0, 4), (0, 6, 4), (0, 0, 0)):

@@ -12,7 +12,7 @@ import lightning_ortho._native as native
 from lightning_ortho._native.readout import linear_readout_kernel
 from lightning_ortho._native.reflection_rows import row_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
-from lightning_ortho.models.online_readout_step import readout_step
+from lightning_ortho.models.online.readout_step import readout_step
 from lightning_ortho.online import UORO, TanhRNNCell, uoro_fused
 
 needs_kernels = pytest.mark.skipif(

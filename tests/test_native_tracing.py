@@ -33,7 +33,7 @@ from lightning_ortho._native.rtrl import rtrl_gradient_kernel, rtrl_tanh_kernels
 from lightning_ortho._native.tanh_cell import TanhCellForward
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
-from lightning_ortho.models.online_readout_step import readout_step
+from lightning_ortho.models.online.readout_step import readout_step
 from lightning_ortho.nn import AuxiliaryReflection
 from lightning_ortho.online import RTRL, UORO, DiagonalRTRL, GRUCell, LinearRecurrentUnit, TanhRNNCell, TruncatedBPTT
 from tests.helpers import auxiliary_reference
@@ -75,7 +75,7 @@ from lightning_ortho._native.kf_rtrl import kf_rtrl_kernels
 from lightning_ortho._native.lru import lru_kernels
 from lightning_ortho._native.tbptt import tbptt_tanh_kernels
 from lightning_ortho._native.uoro import uoro_gradient_kernel, uoro_tanh_kernels
-from lightning_ortho.models.online_readout_step import readout_step
+from lightning_ortho.models.online.readout_step import readout_step
 from lightning_ortho.nn import AuxiliaryReflection
 from lightning_ortho.online import RTRL, UORO, DiagonalRTRL, GRUCell, LinearRecurrentUnit, TanhRNNCell, TruncatedBPTT
 

@@ -130,7 +130,7 @@ def test_fast_transform_module_takes_the_family_vocabulary_and_the_old_names_wit
 def test_the_same_vocabulary_in_the_three_users_of_the_family_table():
     import inspect
 
-    from lightning_ortho.callbacks.transform_compression import TransformCompression
+    from lightning_ortho.callbacks.compression.transform_compression import TransformCompression
     from lightning_ortho.models import FastTransformModule
     from lightning_ortho.transforms import compress_linear
 

@@ -1,5 +1,5 @@
 """Python binding of ``readout.c``: one online step of a linear readout, its loss and its gradients, for float32 and
-float64 CPU tensors (:func:`lightning_ortho.models.online_readout_step.readout_step` computes the same with PyTorch
+float64 CPU tensors (:func:`lightning_ortho.models.online.readout_step.readout_step` computes the same with PyTorch
 ops elsewhere)."""
 
 from __future__ import annotations

@@ -13,19 +13,19 @@ import importlib
 from typing import Any
 
 _SUBMODULE = {
-    "EstimatorVariance": "gradient_variance",
+    "EstimatorVariance": "online_estimator_variance",
     "GlowImageGrids": "glow_images",
     "GlowInvertibilityCheck": "glow_invertibility",
-    "GradientNoiseMonitor": "gradient_variance",
+    "GradientNoiseMonitor": "gradient_noise",
     "InvertibilityMonitor": "invertibility_monitor",
     "JacobianDeterminantMonitor": "jacobian_monitor",
-    "Measurement": "_monitor",
-    "Monitor": "_monitor",
-    "OnlineEstimatorVarianceMonitor": "gradient_variance",
+    "Measurement": "monitors.base",
+    "Monitor": "monitors.base",
+    "OnlineEstimatorVarianceMonitor": "online_estimator_variance",
     "OrthogonalityMonitor": "orthogonality_monitor",
     "PredictionWriter": "prediction_writer",
-    "TransformCompression": "transform_compression",
-    "measure_estimator": "gradient_variance",
+    "TransformCompression": "compression.transform_compression",
+    "measure_estimator": "online_estimator_variance",
 }
 
 __all__ = sorted([*_SUBMODULE, "import_all"])
@@ -44,6 +44,8 @@ def import_all() -> list[type]:
     """
     from lightning_ortho._lightning import Callback
 
+    for module in _DEPRECATED.values():  # deprecated classes keep resolving by their short names too
+        importlib.import_module(f"{__name__}.{module}")
     found = {getattr(importlib.import_module(f"{__name__}.{module}"), name) for name, module in _SUBMODULE.items()}
     return sorted((v for v in found if isinstance(v, type) and issubclass(v, Callback)), key=lambda v: v.__name__)
 

@@ -227,7 +227,7 @@ _VARIABLES = {"every_n_steps": EVERY_N_STEPS_VARIABLE, "probe_size": PROBE_SIZE_
 
 
 def _build(cls: type, kwargs: dict[str, Any]) -> Any:
-    """``cls(**kwargs)`` with ``source="environment"`` (see :class:`~lightning_ortho.callbacks._monitor.Monitor`),
+    """``cls(**kwargs)`` with ``source="environment"`` (see :class:`~lightning_ortho.callbacks.monitors.base.Monitor`),
     where the constructor accepts the settings; a setting it refuses never breaks the Trainer (the switch promises
     that): ``every_n_steps`` below the monitor's ``min_every_n_steps`` is raised to it, and a setting the constructor
     still refuses (``ValueError``, or ``ImportError`` for ``LIGHTNING_ORTHO_PLOT=1`` without matplotlib) is dropped

@@ -33,8 +33,8 @@ from lightning_ortho._deprecation import warn_deprecated
 from lightning_ortho._lightning import pl, rank_zero_info, rank_zero_warn
 from lightning_ortho.callbacks._gradient_noise_unmeasured import next_window_end, why_unmeasured
 from lightning_ortho.callbacks._gradient_window import GradientWindow, batch_rows, noise_scale
-from lightning_ortho.callbacks._monitor import Measurement, ModuleSpec, Monitor, Source
 from lightning_ortho.callbacks._watched_parameters import WatchedParameters, some
+from lightning_ortho.callbacks.monitors.base import Measurement, ModuleSpec, Monitor, Source
 
 
 class GradientNoiseMonitor(Monitor):
@@ -101,7 +101,7 @@ class GradientNoiseMonitor(Monitor):
         prog_bar: also show the logged values in the progress bar.
         verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
         source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
-            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks.monitors.base.Monitor`.
         interval: deprecated (removed in the next minor release): ``every_n_steps`` was the window and ``interval``
             the steps between windows; given, the monitor is ``every_n_steps=interval, window_steps=every_n_steps``,
             with :class:`~lightning_ortho.LightningOrthoDeprecationWarning`.

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import Measurement, ModuleSpec, Monitor, Source, outermost_modules
 from lightning_ortho.callbacks.jacobian_monitor import is_flow_output, module_device
+from lightning_ortho.callbacks.monitors.base import Measurement, ModuleSpec, Monitor, Source, outermost_modules
 from lightning_ortho.nn.capabilities import (
     HasInverse,
     HasInverseWithResult,
@@ -115,7 +115,7 @@ class InvertibilityMonitor(Monitor):
 
     Args:
         modules: which submodules to watch: ``None`` (chosen automatically, see above), or a list of names
-            (``"encoder.0"``) and/or module classes (see :class:`~lightning_ortho.callbacks._monitor.Monitor`).
+            (``"encoder.0"``) and/or module classes (see :class:`~lightning_ortho.callbacks.monitors.base.Monitor`).
         every_n_steps: measure at the end of the first training batch at or past each multiple of
             ``every_n_steps`` optimizer steps, and of the last batch of fit.
         probe_size: rows of the probe batch (the first rows of each module's first input in a training step).
@@ -125,7 +125,7 @@ class InvertibilityMonitor(Monitor):
         prog_bar: also show the logged values in the progress bar.
         verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
         source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
-            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks.monitors.base.Monitor`.
 
     Raises:
         ValueError: bad arguments (in ``__init__``); at setup, no module with an inverse, a name that does not

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import (
+from lightning_ortho.callbacks.monitors.base import (
     Measurement,
     ModuleSpec,
     Monitor,
@@ -168,7 +168,7 @@ class JacobianDeterminantMonitor(Monitor):
 
     Args:
         modules: which submodules to watch: ``None`` (chosen automatically, see above), or a list of names
-            (``"encoder.0"``) and/or module classes (see :class:`~lightning_ortho.callbacks._monitor.Monitor`).
+            (``"encoder.0"``) and/or module classes (see :class:`~lightning_ortho.callbacks.monitors.base.Monitor`).
         every_n_steps: measure at the end of the first training batch at or past each multiple of
             ``every_n_steps`` optimizer steps, and of the last batch of fit.
         probe_size: rows of the probe batch (the first rows of each module's first input in a training step).
@@ -179,7 +179,7 @@ class JacobianDeterminantMonitor(Monitor):
         prog_bar: also show the logged values in the progress bar.
         verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
         source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
-            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks.monitors.base.Monitor`.
 
     Raises:
         ValueError: bad arguments (in ``__init__``). At setup: no module to measure, a name that does not exist,

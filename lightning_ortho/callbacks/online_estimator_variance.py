@@ -36,7 +36,7 @@ from torch import nn
 from torch.func import functional_call
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import Measurement, Monitor, Source
+from lightning_ortho.callbacks.monitors.base import Measurement, Monitor, Source
 from lightning_ortho.online import OnlineGradientEstimator
 from lightning_ortho.online.losses import masked_loss_sum
 
@@ -252,7 +252,7 @@ class OnlineEstimatorVarianceMonitor(Monitor):
         prog_bar: also show the logged values in the progress bar.
         verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
         source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
-            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks.monitors.base.Monitor`.
 
     Raises:
         ValueError: bad arguments; at setup, a model that is not trained online (no estimator, cell, readout).

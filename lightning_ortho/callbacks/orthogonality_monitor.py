@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import Measurement, ModuleSpec, Monitor, Source
+from lightning_ortho.callbacks.monitors.base import Measurement, ModuleSpec, Monitor, Source
 from lightning_ortho.nn import AuxiliaryReflection, OrthogonalMap, OrthogonalWeight, SVDLinear
 from lightning_ortho.nn.capabilities import HasMatrix
 
@@ -143,13 +143,13 @@ class OrthogonalityMonitor(Monitor):
         modules: ``None`` (every orthogonal map and ``SVDLinear`` found), or names and/or classes of submodules.
         every_n_steps: measure at the end of the first training batch at or past each multiple of
             ``every_n_steps`` optimizer steps, and of the last batch of fit (the rule of every monitor:
-            :class:`~lightning_ortho.callbacks._monitor.Monitor`).
+            :class:`~lightning_ortho.callbacks.monitors.base.Monitor`).
         plot: at the end of fit, write ``<Class>.png`` of the history into the first logger's directory (needs
             matplotlib: ``pip install "lightning-ortho[plots]"``).
         prog_bar: also show the logged values in the progress bar.
         verbose: print a table of each statistic's last, smallest and largest value at the end of fit.
         source: ``"user"`` (constructed in code or a config) or ``"environment"`` (by the environment switch of
-            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks._monitor.Monitor`.
+            :mod:`~lightning_ortho.callbacks.factory`), as in :class:`~lightning_ortho.callbacks.monitors.base.Monitor`.
 
     Raises:
         ValueError: bad arguments; at setup, no orthogonal map or ``SVDLinear`` in the model, or a named module

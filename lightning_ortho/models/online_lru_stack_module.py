@@ -9,10 +9,10 @@ from typing import Literal
 
 import torch
 
-from lightning_ortho.models.online_carry import OnlineCarry
-from lightning_ortho.models.online_readout import Readout
+from lightning_ortho.models.online.carry import OnlineCarry
+from lightning_ortho.models.online.readout import Readout
+from lightning_ortho.models.online.stage_threads import StageThreads, check_num_threads
 from lightning_ortho.models.online_rnn_module import OnlineRNNModule, _check_arguments, _no_autocast
-from lightning_ortho.models.online_threads import StageThreads, check_num_threads
 from lightning_ortho.online.lru_stack import LRUStack, LRUStackState, OnlineLRUStack
 
 

@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 from lightning_ortho._lightning import pl, rank_zero_warn
-from lightning_ortho.models.online_carry import OnlineCarry
-from lightning_ortho.models.online_chunk import _NOTHING, CompiledSteps, GradientPlan, block_length, run_steps
-from lightning_ortho.models.online_chunk import no_autocast as _no_autocast
-from lightning_ortho.models.online_estimators import ESTIMATORS, build_estimator, differing_options, initial_state
-from lightning_ortho.models.online_evaluation import OnlineEvaluation
-from lightning_ortho.models.online_readout import (
+from lightning_ortho.models.online.carry import OnlineCarry
+from lightning_ortho.models.online.chunk import _NOTHING, CompiledSteps, GradientPlan, block_length, run_steps
+from lightning_ortho.models.online.chunk import no_autocast as _no_autocast
+from lightning_ortho.models.online.estimators import ESTIMATORS, build_estimator, differing_options, initial_state
+from lightning_ortho.models.online.evaluation import OnlineEvaluation
+from lightning_ortho.models.online.readout import (
     LOSSES,
     Chunk,
     Readout,
@@ -24,8 +24,8 @@ from lightning_ortho.models.online_readout import (
     explain_nonfinite_grad_h,
     read_chunk,
 )
-from lightning_ortho.models.online_readout_step import readout_step
-from lightning_ortho.models.online_threads import StageThreads, check_num_threads
+from lightning_ortho.models.online.readout_step import readout_step
+from lightning_ortho.models.online.stage_threads import StageThreads, check_num_threads
 from lightning_ortho.models.optimizers import build_optimizer
 from lightning_ortho.online import OnlineState
 from lightning_ortho.online.health import GRADIENT, read_failure
@@ -39,7 +39,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
 
     Every training chunk ``(b streams, T steps)`` continues the streams of the previous one. For each step ``t``
     the estimator advances (``h_t, state = estimator.step(x_t, state)``), the readout's loss ``L_t`` gives
-    ``dL_t/dh_t`` in closed form (:func:`~lightning_ortho.models.online_readout_step.readout_step`, equal to
+    ``dL_t/dh_t`` in closed form (:func:`~lightning_ortho.models.online.readout_step.readout_step`, equal to
     autograd's), and ``estimator.gradient(state, dL_t/dh_t)`` (the cell's parameters) plus the
     readout's exact gradient are added to a per-parameter buffer. Every ``update_every`` steps (a window may span
     chunks) the buffer ``g`` reaches the parameters through one ``manual_backward`` of the surrogate
@@ -79,7 +79,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
     ``test_loss`` (and ``*_bits``); a pass whose masks score no entry logs NaN (a mean over nothing) and warns
     first. ``predict`` runs the same way over the predict streams and returns each chunk's ``outputs``,
     ``targets`` and ``mask`` (``lightning-ortho predict`` saves them joined along time; see
-    :class:`~lightning_ortho.models.online_evaluation.OnlineEvaluation`).
+    :class:`~lightning_ortho.models.online.evaluation.OnlineEvaluation`).
 
     Args:
         cell: a recurrent cell ``cell(x (b, I), h (b, H)) -> (b, H)`` with a ``hidden_size`` attribute (and
@@ -110,12 +110,12 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
             test, predict; given back at the end, also after an error): ``"auto"`` runs on one thread for cells
             with ``hidden_size <= 256`` on the CPU, whose tiny per-step operations a thread pool slows down (many
             times over on a busy machine, where the pool's threads wait for cores;
-            :mod:`~lightning_ortho.models.online_threads`) and leaves torch's count otherwise; an ``int`` sets
+            :mod:`~lightning_ortho.models.online.stage_threads`) and leaves torch's count otherwise; an ``int`` sets
             that many; ``None`` leaves torch's count.
         compile: run the steps of each chunk (estimator step, readout step, gradient accumulation) as one compiled
             region, ``torch.compile(fullgraph=True)``, called once per piece of a chunk between two updates (a
             window that ends inside a chunk splits it there; the updates, ``optimizer.step``, run outside). Every
-            call has the same number of steps (:func:`~lightning_ortho.models.online_chunk.block_length`), so the
+            call has the same number of steps (:func:`~lightning_ortho.models.online.chunk.block_length`), so the
             chunks after the first compile nothing. Worth it on a GPU and with many streams, where each step's
             kernel launches cost more than their arithmetic; on a CPU at one stream the first chunk pays the
             compile time and each call a fixed overhead (see the online guide). Equal to the eager module to
@@ -240,7 +240,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         The chunk's steps read nothing on the host: the mask enters as a tensor, the estimator records NaN/inf
         (``check_every = None``) and :meth:`_update` reads the record once per update window. The chunk is split
         where a window ends; each piece runs eagerly or, with ``compile=True``, as compiled calls of
-        :func:`~lightning_ortho.models.online_chunk.block_length` steps."""
+        :func:`~lightning_ortho.models.online.chunk.block_length` steps."""
         chunk = self._read(batch, check_classes=False)  # out-of-range classes: recorded, read with the window
         carry = self.carry
         self._begin_chunk(chunk)
@@ -343,7 +343,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
         """The window's one host read: the record of out-of-range class targets and the estimator's NaN/inf record,
         read together. A bad class raises (naming the values if it is in this chunk); an estimator failure raises
         ``estimator.check``'s error, or, for a non-finite ``dL/dh`` at a step of this chunk, the module's cause
-        (:func:`~lightning_ortho.models.online_readout.explain_nonfinite_grad_h`) where it finds one."""
+        (:func:`~lightning_ortho.models.online.readout.explain_nonfinite_grad_h`) where it finds one."""
         state = self.carry.state
         records = [r for r in (self._bad_chunk, state.health) if r is not None]
         values = torch.cat(records).tolist() if records else []
@@ -486,7 +486,7 @@ class OnlineRNNModule(OnlineEvaluation, pl.LightningModule):
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the carry (:class:`~lightning_ortho.models.online_carry.OnlineCarry`): every process's part."""
+        """Save the carry (:class:`~lightning_ortho.models.online.carry.OnlineCarry`): every process's part."""
         checkpoint[_CHECKPOINT_KEY] = self.carry.checkpoint(*self._rank_and_world())
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

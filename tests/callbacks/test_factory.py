@@ -254,8 +254,8 @@ def test_a_users_own_monitor_wins_over_the_environment(monkeypatch, tiny_trainer
 
 
 def test_standing_aside_names_the_users_monitor_by_its_own_class(monkeypatch, tiny_trainer):
-    from lightning_ortho.callbacks import _monitor_source
     from lightning_ortho.callbacks.gradient_variance import GradientNoiseMonitor, GradientVarianceMonitor
+    from lightning_ortho.callbacks.monitors import source as _monitor_source
 
     said = []
     monkeypatch.setattr(_monitor_source, "rank_zero_info", said.append)
@@ -337,7 +337,7 @@ def test_a_setting_a_monitors_constructor_refuses_falls_back_to_its_default_with
 def test_a_fit_too_short_for_a_monitor_from_the_environment_is_said_at_info_level(monkeypatch, tiny_trainer):
     # GradientNoiseMonitor at its defaults needs 20 steps; this fit has 4. Turned on for every run, it must not
     # warn on each short one; the message is still there, at info level.
-    import lightning_ortho.callbacks._monitor_report as monitor_module
+    import lightning_ortho.callbacks.monitors.report as monitor_module
 
     monkeypatch.setenv("LIGHTNING_ORTHO_MONITORS", "gradient_noise")
     trainer = tiny_trainer(max_epochs=1)

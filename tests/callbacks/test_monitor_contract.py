@@ -30,8 +30,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_ortho.callbacks
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks._monitor import Measurement, Monitor
-from lightning_ortho.callbacks._monitor_values import reduce_measurement
 from lightning_ortho.callbacks.gradient_variance import (
     GradientNoiseMonitor,
     GradientVarianceMonitor,
@@ -39,6 +37,8 @@ from lightning_ortho.callbacks.gradient_variance import (
 )
 from lightning_ortho.callbacks.invertibility_monitor import InvertibilityMonitor
 from lightning_ortho.callbacks.jacobian_monitor import JacobianDeterminantMonitor
+from lightning_ortho.callbacks.monitors.base import Measurement, Monitor
+from lightning_ortho.callbacks.monitors.values import reduce_measurement
 from lightning_ortho.callbacks.orthogonality_monitor import OrthogonalityMonitor
 from lightning_ortho.models import OnlineRNNModule
 from lightning_ortho.nn import AuxiliaryReflection

@@ -111,7 +111,7 @@ def test_the_figure_goes_to_tensorboard(tmp_path):
 def test_plotting_leaves_the_users_backend_alone_and_draws_against_the_logged_steps(tmp_path):
     import matplotlib
 
-    from lightning_ortho.callbacks._monitor_report import history_figure
+    from lightning_ortho.callbacks.monitors.report import history_figure
 
     before = matplotlib.get_backend()
     matplotlib.use("svg")  # a user's choice (a notebook's inline backend, say)

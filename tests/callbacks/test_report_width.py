@@ -1,8 +1,8 @@
 """End-of-fit tables print whole when output is not a terminal (a pipe, a log file, pytest's capture), where rich
 would otherwise assume 80 columns and wrap or cut cells."""
 
-from lightning_ortho.callbacks._compression_report import print_report
-from lightning_ortho.callbacks._monitor_report import print_table
+from lightning_ortho.callbacks.compression.report import print_report
+from lightning_ortho.callbacks.monitors.report import print_table
 
 LONG = "encoder.blocks.11.attention.output_projection.linear_layer_with_a_long_name"
 

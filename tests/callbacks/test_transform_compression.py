@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks.transform_compression import TransformCompression
+from lightning_ortho.callbacks.compression.transform_compression import TransformCompression
 from lightning_ortho.nn import SVDLinear
 from lightning_ortho.transforms.compression import FactorizedLinear, restore_factorized
 
@@ -240,7 +240,7 @@ def test_bad_configuration_fails_before_training(tiny_trainer, kwargs, match):
 def test_progress_of_compress_linear_stays_off_under_lightnings_rich_bar(
     tiny_trainer, monkeypatch, progress, rich_bar, expected
 ):
-    from lightning_ortho.callbacks import transform_compression
+    from lightning_ortho.callbacks.compression import transform_compression
 
     seen, original = [], transform_compression.compress_linear
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks.transform_compression import TransformCompression
+from lightning_ortho.callbacks.compression.transform_compression import TransformCompression
 from lightning_ortho.cli import run_cli
 from lightning_ortho.models import OrthogonalClassifier
 from lightning_ortho.models.factorized_checkpoint import RestoresFactorizedLayers

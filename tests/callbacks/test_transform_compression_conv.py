@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks.transform_compression import TransformCompression
+from lightning_ortho.callbacks.compression.transform_compression import TransformCompression
 from lightning_ortho.transforms import FactorizedConv, FactorizedLinear
 from lightning_ortho.transforms.factorized_linear import restore_factorized
 

@@ -6,7 +6,7 @@ import warnings
 import pytest
 from torch import nn
 
-from lightning_ortho.callbacks.transform_compression import TransformCompression
+from lightning_ortho.callbacks.compression.transform_compression import TransformCompression
 from lightning_ortho.transforms import FactorizedLinear, compress_linear
 from tests.callbacks.test_transform_compression import UserMLP, make_data
 from tests.callbacks.test_transform_compression_metric import GRURegressor, sequences

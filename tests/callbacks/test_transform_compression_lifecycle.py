@@ -10,7 +10,7 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks.transform_compression import TransformCompression
+from lightning_ortho.callbacks.compression.transform_compression import TransformCompression
 from lightning_ortho.transforms import FactorizedLinear
 from tests.callbacks.test_transform_compression import UserMLP, make_data
 from tests.callbacks.test_transform_compression_checkpoints import UserMLPThatRestores

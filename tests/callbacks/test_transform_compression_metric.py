@@ -12,7 +12,7 @@ from torchmetrics import MeanSquaredError
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks.transform_compression import TransformCompression
+from lightning_ortho.callbacks.compression.transform_compression import TransformCompression
 from lightning_ortho.transforms import FactorizedLinear
 from tests.callbacks.test_transform_compression import UserMLP, accuracy, make_data
 from tests.conftest import free_port, make_tiny_trainer

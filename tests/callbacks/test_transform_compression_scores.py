@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks.transform_compression import TransformCompression
+from lightning_ortho.callbacks.compression.transform_compression import TransformCompression
 from lightning_ortho.transforms.compression import FactorizedLinear
 from tests.callbacks.test_transform_compression import UserMLP, make_data
 from tests.conftest import make_tiny_trainer

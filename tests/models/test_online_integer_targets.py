@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_ortho.models.online_readout import read_chunk
+from lightning_ortho.models.online.readout import read_chunk
 from lightning_ortho.online.losses import masked_loss_sum
 from tests.models.test_online_rnn_module import TinyStreams, model, trainer
 

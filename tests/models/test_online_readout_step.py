@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch import nn
 
-import lightning_ortho.models.online_readout_step as online_readout_step
+import lightning_ortho.models.online.readout_step as online_readout_step
 import lightning_ortho.models.online_rnn_module as online_rnn_module
 from lightning_ortho._native import native_kernels
 from lightning_ortho._native.readout import LARGEST_PRODUCT, linear_readout_kernel
-from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout
-from lightning_ortho.models.online_readout_step import readout_step
+from lightning_ortho.models.online.readout import IGNORE_INDEX, Readout
+from lightning_ortho.models.online.readout_step import readout_step
 from lightning_ortho.online.losses import masked_loss_sum
 from tests.models.test_online_rnn_module import TinyStreams, model, trainer
 

@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 from lightning_ortho._lightning import pl
 from lightning_ortho._native import native_kernels
 from lightning_ortho.models import OnlineRNNModule
-from lightning_ortho.models.online_chunk import run_steps
+from lightning_ortho.models.online.chunk import run_steps
 from lightning_ortho.online import LinearRecurrentUnit, TanhRNNCell
 from tests.models.test_online_rnn_module import TinyStreams, assert_same_tree, carried, trainer
 from tests.online.test_devices import noise_from_the_cpu

@@ -6,7 +6,7 @@ import warnings
 import pytest
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.models import online_estimators
+from lightning_ortho.models.online import estimators as online_estimators
 from tests.models.test_online_rnn_module import TinyStreams, model, trainer
 
 OTHER_OPTIONS = "the checkpoint was trained with"

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ortho._lightning import pl
-from lightning_ortho.callbacks.transform_compression import TransformCompression
+from lightning_ortho.callbacks.compression.transform_compression import TransformCompression
 from lightning_ortho.models.fast_transform_module import FastTransformModule
 from lightning_ortho.transforms.b4_dla import learn_b4x4_transform
 from lightning_ortho.transforms.compression import compress_linear, default_hyperparameters

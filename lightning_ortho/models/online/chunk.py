@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from lightning_ortho.models.online_readout_step import readout_step
+from lightning_ortho.models.online.readout_step import readout_step
 from lightning_ortho.online import OnlineGradientEstimator, OnlineState
 
 __all__ = ["CompiledSteps", "GradientPlan", "block_length", "run_steps"]

@@ -6,19 +6,19 @@ A monitor subclass says which modules it watches (:meth:`Monitor.candidates`) an
 and its probe (:meth:`Monitor.measure`, returning :class:`Measurement` values with their reduction across
 processes); the base does the rest. Probes are the first ``probe_size`` rows of the first input each monitored
 module receives in a training step (a forward hook, removed once it has fired: see
-:mod:`~lightning_ortho.callbacks._monitor_probes`, also for the modules probed in eval mode), so a monitor never asks
+:mod:`~lightning_ortho.callbacks.monitors.probes`, also for the modules probed in eval mode), so a monitor never asks
 the model for data and works on models it has never seen.
 
 When a monitor measures: at the end of the first training batch at or past each multiple of ``every_n_steps``
 optimizer steps, and at the end of the last batch of the fit (the rule in full:
-:mod:`~lightning_ortho.callbacks._monitor_schedule`). A monitor that measured nothing, or never measured
+:mod:`~lightning_ortho.callbacks.monitors.schedule`). A monitor that measured nothing, or never measured
 some watched module, in a fit says so in one warning at the end of fit, with the reason and what to change (at info
 level for a monitor from the environment switch when the fit was only too short). Each process keeps its own probe
 (its own shard of the data); statistics are reduced across processes as the measurement declares (``"mean"``
 weighted by probe rows, ``"sum"``, ``"min"``, ``"max"``), so a DDP run logs what one process logs on the union of the
 probes.
 
-Logging: see :mod:`~lightning_ortho.callbacks._monitor_values` (at the step of the batch's ``self.log`` values,
+Logging: see :mod:`~lightning_ortho.callbacks.monitors.values` (at the step of the batch's ``self.log`` values,
 under ``<name>/<module>/<statistic>``, with ``name`` the monitor's short name :attr:`Monitor.prefix`).
 """
 
@@ -33,17 +33,17 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from lightning_ortho._lightning import Callback, pl
-from lightning_ortho.callbacks._monitor_probes import hook_watched_modules, missing_probe_reason
-from lightning_ortho.callbacks._monitor_report import check_plotting, report_at_fit_end, warn_unmeasured
-from lightning_ortho.callbacks._monitor_schedule import crossed_a_multiple, last_batch_of_fit
-from lightning_ortho.callbacks._monitor_selection import outermost_modules, select_modules
-from lightning_ortho.callbacks._monitor_source import (
+from lightning_ortho.callbacks.monitors.probes import hook_watched_modules, missing_probe_reason
+from lightning_ortho.callbacks.monitors.report import check_plotting, report_at_fit_end, warn_unmeasured
+from lightning_ortho.callbacks.monitors.schedule import crossed_a_multiple, last_batch_of_fit
+from lightning_ortho.callbacks.monitors.selection import outermost_modules, select_modules
+from lightning_ortho.callbacks.monitors.source import (
     Source,
     gate_hooks,
     select_or_stand_aside,
     stands_aside_for_a_users_monitor,
 )
-from lightning_ortho.callbacks._monitor_values import (
+from lightning_ortho.callbacks.monitors.values import (
     Measurement,
     Reduction,
     log_values,
@@ -268,7 +268,7 @@ class Monitor(Callback):
     def crossed_a_multiple(self, trainer: pl.Trainer) -> bool:
         """Called once at the end of every training batch: whether the optimizer steps of the batch that just
         ended reached or passed a multiple of ``every_n_steps`` (the measuring rule of
-        :mod:`~lightning_ortho.callbacks._monitor_schedule`). It also keeps that batch's logging step, for a
+        :mod:`~lightning_ortho.callbacks.monitors.schedule`). It also keeps that batch's logging step, for a
         measurement after the loop (:meth:`measure_last_step`)."""
         step, before = trainer.global_step, self._batch_end_step
         self._batch_end_step, self._batch_log_step = step, logging_step(trainer)

@@ -9,7 +9,7 @@ import torch
 import torchmetrics
 
 from lightning_ortho._lightning import rank_zero_warn
-from lightning_ortho.models.online_readout import Chunk
+from lightning_ortho.models.online.readout import Chunk
 from lightning_ortho.online.losses import masked_loss_sum
 
 #: The evaluation stages and the name of their pass in messages.

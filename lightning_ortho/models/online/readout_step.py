@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lightning_ortho._native.readout import LARGEST_PRODUCT, linear_readout, linear_readout_kernel
-from lightning_ortho.models.online_readout import IGNORE_INDEX, Readout, real_features
+from lightning_ortho.models.online.readout import IGNORE_INDEX, Readout, real_features
 
 __all__ = ["readout_step"]
 
@@ -28,7 +28,7 @@ def readout_step(
     """The step's masked loss sum, ``dL/dh`` and the readout's parameter gradients, with ``L = loss_sum / streams``.
 
     ``readout`` the module's :class:`Readout` or an ``nn.Linear(H, O)``; ``h`` ``(b, H)`` (complex: the readout
-    reads :func:`~lightning_ortho.models.online_readout.real_features`, and ``dL/dh = dL/dRe h + i dL/dIm h``, as
+    reads :func:`~lightning_ortho.models.online.readout.real_features`, and ``dL/dh = dL/dRe h + i dL/dIm h``, as
     autograd gives it); ``y`` ``(b,)`` int64
     class indices, or ``(b, O)`` float (probabilities for ``"cross_entropy"``, real targets for ``"mse"``); ``mask``
     ``(b,)`` bool, or ``None`` when every stream scores (the same result, without the masking kernels, for a
