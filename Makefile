@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo docs test test-ddp test-native-off test-pytorch-lightning test-slow test-wheel test-docs-offline bench install install-core clean
+.PHONY: demo docs test test-ddp test-native-off test-pytorch-lightning test-slow test-wheel test-docs-offline test-api bench install install-core clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ test-docs-offline: $(BIN)/python
 	test -x /usr/bin/chromium || apt-get install -y -q chromium > /dev/null || \
 		(apt-get update -q > /dev/null && apt-get install -y -q chromium > /dev/null)
 	LIGHTNING_ORTHO_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q tests/test_docs_offline.py
+
+# The public API against the last release (v0.1.0, by its commit): every break listed in .ci/api_changes.txt.
+test-api: install
+	$(BIN)/python .ci/check_api.py
 
 docs: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[docs]"

@@ -55,6 +55,12 @@ class FactorizedLinear(nn.Module):
         ValueError: shapes disagree, or ``codes``/``bias`` hold NaN or inf.
     """
 
+    # Registered by register_sparse_codes (shared with FactorizedConv); declared here so that readers of the class,
+    # and tools that read it without running it, see them.
+    codes: nn.Parameter
+    bias: nn.Parameter | None
+    mask: torch.Tensor
+
     def __init__(
         self,
         transform: BlockProduct,
