@@ -33,7 +33,11 @@ def test_the_quick_run_scores_every_stage_and_counts_the_operations(quick):
         assert row["ops_compressible_layers"]["before"] == sum(layer["ops_before"] for layer in compressible)
         assert row["ops_compressible_layers"]["after"] == sum(layer["ops_after"] for layer in compressible)
         assert row["compressed_layers"] == [layer["name"] for layer in row["layers"] if layer["compressed"]]
-        assert row["drop_standard_error"] >= 0
+        # the paired standard error of the drop over the --quick run's 200 test images: differences in {-1, 0, 1}
+        # have a sample deviation of at most sqrt(n / (n - 1)), and a nonzero drop needs disagreements, so spread
+        error, drop = row["drop_standard_error"], row["drop_points_after_finetuning"]
+        assert error <= 100 / (200 - 1) ** 0.5 + 1e-9
+        assert (error > 0) if abs(drop) > 1e-9 else (error >= 0)
         assert row["ops_all_candidates"]["before"] == sum(layer["ops_before"] for layer in row["layers"])
     cnn = quick["rows"][0]
     first = next(layer for layer in cnn["layers"] if layer["name"] == "features.0")
