@@ -4,7 +4,8 @@ Every script is a module of this package, run from the repository root as ``pyth
 options of :func:`benchmark_parser` (``--quick``, ``--rounds``, ``--threads``, ``--device``, ``--output``,
 ``--output-suffix``) and its own, and writes ``OUTPUT/NAME-HARDWARE.json`` with the shape
 ``{"benchmark", "hardware", "torch", "date", "command", "rows": [...], "claims": [...]}``. Its markdown table is
-its ``render(data) -> str``, which ``python -m benchmarks.report`` finds by the benchmark's name.
+``render(data) -> str`` of ``benchmarks/NAME_render.py``, which ``python -m benchmarks.report`` finds by the
+benchmark's name.
 
 Timing: :func:`interleave` is the one timing loop of every script (the training-time reproductions measure whole
 runs through Lightning callbacks instead).

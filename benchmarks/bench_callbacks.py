@@ -78,7 +78,6 @@ from benchmarks._common import (
     result_path,
     write_result,
 )
-from benchmarks.bench_callbacks_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
 from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks import (
     GradientNoiseMonitor,

@@ -1,5 +1,5 @@
 """Results-page tables of benchmarks/bench_callbacks.py (the monitors' overhead, log-determinants):
-``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.bench_callbacks.render``."""
+``render(data)`` of its result JSON (``python -m benchmarks.report`` finds it by the script's name)."""
 
 from __future__ import annotations
 

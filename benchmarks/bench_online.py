@@ -96,7 +96,6 @@ from benchmarks._online_problem import (  # noqa: F401  (the problem and the met
     Runner,
     make_estimator,
 )
-from benchmarks.bench_online_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
 
 FULL_TIME_HIDDEN, FULL_MEMORY_HIDDEN, FULL_LENGTHS = (32, 64, 128, 512), (32, 128, 512), (100, 1000, 10000)
 QUICK_TIME_HIDDEN, QUICK_MEMORY_HIDDEN, QUICK_LENGTHS = (8, 16), (8,), (20, 200)

@@ -1,5 +1,5 @@
 """Results-page tables of benchmarks/bench_online.py (time per step and peak memory of the online estimators):
-``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.bench_online.render``."""
+``render(data)`` of its result JSON (``python -m benchmarks.report`` finds it by the script's name)."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ from benchmarks._common import (  # noqa: E402
     reject,
     write_result,
 )
-from benchmarks.bench_online_steps_render import LABELS, render  # noqa: E402, F401  (the report finds render here)
+from benchmarks.bench_online_steps_render import LABELS  # noqa: E402
 from lightning_ortho.online import (  # noqa: E402
     KFRTRL,
     RFLO,

@@ -1,6 +1,6 @@
 """Results-page table of benchmarks/bench_online_steps.py (one stream, one thread, ours against plain NumPy):
-``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as
-``benchmarks.bench_online_steps.render``. No torch import."""
+``render(data)`` of its result JSON (``python -m benchmarks.report`` finds it by the script's name). No torch
+import."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Results-page tables of benchmarks/bench_orthogonal.py (one orthogonal map beside nn.Linear, the FCNN epoch):
-``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.bench_orthogonal.render``."""
+``render(data)`` of its result JSON (``python -m benchmarks.report`` finds it by the script's name)."""
 
 from __future__ import annotations
 

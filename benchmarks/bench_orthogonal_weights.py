@@ -150,36 +150,6 @@ def claims_from(rows: list[dict]) -> list[dict]:
     return [claim(text, round(worst, 3), worst <= 1.0)]
 
 
-def render(data: dict) -> str:
-    """The results-page table: milliseconds per step of every implementation, per shape."""
-    rows = data["rows"]
-    names = [*OURS, *TORCH, *GEOTORCH_TRIV]
-    lines = [
-        f"**{data['hardware']}** ({data['hardware_description']}), torch {data['torch']}, {data['date']}:"
-        f" `{data['command']}`. Milliseconds per training step (the weight, `(W * G).sum()`, backward), median of"
-        f" interleaved rounds; ratio: ours (its fastest map) over the fastest peer.",
-        "",
-        "| shape | " + " | ".join(names) + " | ours / fastest peer |",
-        "|---|" + "---:|" * (len(names) + 1),
-    ]
-    for row in rows:
-        cells = []
-        for name in names:
-            if name in row["seconds"]:
-                cells.append(f"{1e3 * row['seconds'][name]:.3g}")
-            else:
-                cells.append("not run")
-        ratio = f"{row['ratio']:.2f}x ({row['fastest_peer']})" if "ratio" in row else "no peer runs"
-        lines.append(f"| {row['shape']} | " + " | ".join(cells) + f" | {ratio} |")
-    once = sorted({f"{name} ({row['shape']})" for row in rows for name in row.get("timed_once", [])})
-    if once:
-        lines += ["", "Timed once (one step takes seconds to minutes): " + ", ".join(once) + "."]
-    reasons = sorted({f"{name}: {reason}" for row in rows for name, reason in row["not_run"].items()})
-    if reasons:
-        lines += ["", "Not run: " + "; ".join(reasons) + "."]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> Path:
     parser = benchmark_parser("bench_orthogonal_weights", __doc__)
     args = parse_args(parser, argv)

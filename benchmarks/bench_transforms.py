@@ -62,7 +62,6 @@ from benchmarks._common import (
     result_path,
     write_result,
 )
-from benchmarks.bench_transforms_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
 from lightning_ortho.transforms import (
     BinaryBlockProduct,
     OpCount,

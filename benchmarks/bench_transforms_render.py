@@ -1,5 +1,5 @@
 """Results-page tables of benchmarks/bench_transforms.py (learning, applying and compressing with fast transforms):
-``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.bench_transforms.render``."""
+``render(data)`` of its result JSON (``python -m benchmarks.report`` finds it by the script's name)."""
 
 from __future__ import annotations
 

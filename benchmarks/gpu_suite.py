@@ -8,12 +8,13 @@ GPU), ready to run when one is available; on the CPU ``--quick`` makes it a smok
 Sections, in this order (``--sections`` picks some):
 
 1. ``small``: the rows of benchmarks/bench_small.py that time the library's calls (``aux_linear``, ``uoro_bptt``,
-   ``uoro_bptt_orthogonal``, ``orthogonal_rnn``, ``uoro_bandwidth``: its own functions, at its sizes, on the
-   device); its ``compress`` (a CPU algorithm in a child process) and ``online_recipe`` (CPU thread counts) rows
-   do not apply to a device and are listed as not run, with the reason.
-2. ``orthogonal``: benchmarks/bench_orthogonal.py's grid of orthogonal maps beside ``nn.Linear`` (its ``measure``,
-   one ``(d, B)`` at a time) and the FCNN epochs (its ``measure_fcnn``) on random data of MNIST's shape (the suite
-   downloads nothing; geotorch's columns only where benchmarks/.peers already holds the pinned version).
+   ``uoro_bptt_orthogonal``, ``orthogonal_rnn``, ``uoro_bandwidth``: the same functions of benchmarks/_small_rows.py,
+   at its sizes, on the device); its ``compress`` (a CPU algorithm in a child process) and ``online_recipe`` (CPU
+   thread counts) rows do not apply to a device and are listed as not run, with the reason.
+2. ``orthogonal``: benchmarks/bench_orthogonal.py's grid of orthogonal maps beside ``nn.Linear`` (``measure`` of
+   benchmarks/_orthogonal_rows.py, one ``(d, B)`` at a time) and the FCNN epochs (its ``measure_fcnn``) on random
+   data of MNIST's shape (the suite downloads nothing; geotorch's columns only where benchmarks/.peers already
+   holds the pinned version).
 3. ``online_steps``: one step + gradient (``est.step(x, state)`` then ``est.gradient(state, grad_h)`` with a fixed
    ``grad_h``) of every estimator: UORO (its defaults), KF-RTRL, RFLO (``tau = 2``), RTRL, SnAp-1, truncated BPTT
    (``k = 10``) on ``TanhRNNCell(32, H)``, and DiagonalRTRL on ``LinearRecurrentUnit(32, H)`` (the shipped cell it
@@ -33,7 +34,7 @@ Sections, in this order (``--sections`` picks some):
    than two GPUs the section says it is not available; ``gloo`` on the CPU) for a few chunks: milliseconds per time
    step on each rank, that both ranks finished, and that their parameters agree.
 
-Sections 4 and 5 run in child processes (benchmarks/gpu_suite_children.py), stopped at their share of the budget,
+Sections 4 and 5 run in child processes (benchmarks/_gpu_suite_children.py), stopped at their share of the budget,
 so that a crash or a hang there cannot take the suite down.
 
 Budget: ``--budget-s`` seconds for the whole run. Before each section the time left is shared among the sections
@@ -70,7 +71,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import bench_orthogonal, bench_small
+from benchmarks import _orthogonal_rows as orthogonal_rows
+from benchmarks import _small_rows as small_rows
 from benchmarks._common import (
     benchmark_parser,
     configured,
@@ -82,6 +84,7 @@ from benchmarks._common import (
     synchronizer,
 )
 from benchmarks._online_problem import TBPTT_K
+from benchmarks.bench_small_render import measured
 from lightning_ortho.online import (
     KFRTRL,
     RFLO,
@@ -118,11 +121,11 @@ SMALL_NOT_RUN = {
     "online_recipe": "compares CPU thread counts: not a device row",
 }
 ORTHOGONAL_GRID = (
-    (bench_orthogonal.FULL_DIMS, bench_orthogonal.FULL_BATCHES),
+    (orthogonal_rows.FULL_DIMS, orthogonal_rows.FULL_BATCHES),
     ((16, 32), (8, 64)),
 )
 ORTHOGONAL_MIN_TIME = (0.05, 0.002)
-FCNN_SIZE = (bench_orthogonal.FCNN_FULL, (16, 256))
+FCNN_SIZE = (orthogonal_rows.FCNN_FULL, (16, 256))
 FCNN_ROUNDS = (2, 1)
 #: streams, hidden sizes and input size of the online steps
 STREAMS = ((1, 64, 1024), (1, 8))
@@ -213,22 +216,20 @@ def run_small(device: torch.device, quick: bool, deadline: Deadline, rounds: int
     """bench_small's device rows at its sizes (``quick``: its quick sizes), each started only while the deadline
     allows; rows that would start after it are recorded as skipped."""
     q = int(quick)
-    min_time = bench_small.MIN_TIME[q]
+    min_time = small_rows.MIN_TIME[q]
     measures: dict[str, Callable[[], list[dict]]] = {
-        "aux_linear": lambda: bench_small.measure_aux_linear(
-            bench_small.AUX_DIMS[q], bench_small.AUX_INFO_DIMS[q], bench_small.AUX_BATCH[q], rounds, min_time, device
+        "aux_linear": lambda: small_rows.measure_aux_linear(
+            small_rows.AUX_DIMS[q], small_rows.AUX_INFO_DIMS[q], small_rows.AUX_BATCH[q], rounds, min_time, device
         ),
-        "uoro_bptt": lambda: bench_small.measure_uoro_bptt(
-            bench_small.UORO_HIDDEN[q], bench_small.STEPS[q], rounds, device
+        "uoro_bptt": lambda: small_rows.measure_uoro_bptt(
+            small_rows.UORO_HIDDEN[q], small_rows.STEPS[q], rounds, device
         ),
-        "uoro_bptt_orthogonal": lambda: bench_small.measure_uoro_bptt_orthogonal(
-            bench_small.ORTHOGONAL_HIDDEN[q], bench_small.STEPS[q], rounds, device
+        "uoro_bptt_orthogonal": lambda: small_rows.measure_uoro_bptt_orthogonal(
+            small_rows.ORTHOGONAL_HIDDEN[q], small_rows.STEPS[q], rounds, device
         ),
-        "orthogonal_rnn": lambda: bench_small.measure_orthogonal_rnn(
-            *bench_small.RNN_SHAPE[q], rounds, min_time, device
-        ),
-        "uoro_bandwidth": lambda: bench_small.measure_uoro_bandwidth(
-            bench_small.BANDWIDTH_HIDDEN[q], rounds, min_time, device
+        "orthogonal_rnn": lambda: small_rows.measure_orthogonal_rnn(*small_rows.RNN_SHAPE[q], rounds, min_time, device),
+        "uoro_bandwidth": lambda: small_rows.measure_uoro_bandwidth(
+            small_rows.BANDWIDTH_HIDDEN[q], rounds, min_time, device
         ),
     }
     rows: list[dict] = []
@@ -238,7 +239,7 @@ def run_small(device: torch.device, quick: bool, deadline: Deadline, rounds: int
             continue
         for row in measures[section]():
             rows.append(row)
-            print(f"  small: {row['what']}: {bench_small._measured(row)}", flush=True)
+            print(f"  small: {row['what']}: {measured(row)}", flush=True)
     return {"status": _partial(rows), "rows": rows, "not_run": dict(SMALL_NOT_RUN), "rounds": rounds}
 
 
@@ -247,12 +248,12 @@ def _geotorch() -> tuple[object | None, str | None]:
     """geotorch where benchmarks/.peers already holds the pinned version (the suite installs nothing), else why not."""
     from benchmarks import _peers
 
-    if not _peers._installed(bench_orthogonal.GEOTORCH, _peers.PEERS):
+    if not _peers._installed(orthogonal_rows.GEOTORCH, _peers.PEERS):
         return None, (
-            f"{bench_orthogonal.GEOTORCH} is not in benchmarks/.peers (the GPU suite installs nothing: "
+            f"{orthogonal_rows.GEOTORCH} is not in benchmarks/.peers (the GPU suite installs nothing: "
             "python -m benchmarks.bench_orthogonal --quick installs it where the registry can be reached)"
         )
-    return bench_orthogonal.load_geotorch()
+    return orthogonal_rows.load_geotorch()
 
 
 def run_orthogonal(device: torch.device, quick: bool, deadline: Deadline, rounds: int) -> dict:
@@ -267,10 +268,10 @@ def run_orthogonal(device: torch.device, quick: bool, deadline: Deadline, rounds
             if deadline.left() <= 0:
                 rows += [
                     {"d": d, "batch": batch, "method": m, "skipped": "budget: the section's share was spent"}
-                    for m in bench_orthogonal.METHODS
+                    for m in orthogonal_rows.METHODS
                 ]
                 continue
-            rows += bench_orthogonal.measure(
+            rows += orthogonal_rows.measure(
                 (d,), (batch,), rounds, ORTHOGONAL_MIN_TIME[q], device, geotorch=geotorch, geotorch_missing=missing
             )
             _free_memory(device)
@@ -278,25 +279,25 @@ def run_orthogonal(device: torch.device, quick: bool, deadline: Deadline, rounds
     generator = torch.Generator().manual_seed(0)
     data = (
         torch.rand(images, d, generator=generator),
-        torch.randint(0, bench_orthogonal.FCNN_CLASSES, (images,), generator=generator),
+        torch.randint(0, orthogonal_rows.FCNN_CLASSES, (images,), generator=generator),
         "random uniform pixels and labels (the GPU suite downloads nothing)",
     )
     fcnn: dict = {"d": d, "images": images, "rounds": fcnn_rounds, "data": data[2]}
     if deadline.left() <= 0:
         fcnn["skipped"] = "budget: the section's share was spent"
-        base = {"section": "fcnn_epoch", "d": d, "batch": bench_orthogonal.FCNN_BATCH, "images": images}
-        rows += [base | {"method": m, "skipped": fcnn["skipped"]} for m in bench_orthogonal.FCNN_METHODS]
+        base = {"section": "fcnn_epoch", "d": d, "batch": orthogonal_rows.FCNN_BATCH, "images": images}
+        rows += [base | {"method": m, "skipped": fcnn["skipped"]} for m in orthogonal_rows.FCNN_METHODS]
     else:
-        fcnn_rows, _ = bench_orthogonal.measure_fcnn(
+        fcnn_rows, _ = orthogonal_rows.measure_fcnn(
             d, images, fcnn_rounds, device, geotorch=geotorch, geotorch_missing=missing, data=data
         )
         rows += fcnn_rows
-    peer = {"requirement": bench_orthogonal.GEOTORCH, "triv": bench_orthogonal.GEOTORCH_METHODS}
+    peer = {"requirement": orthogonal_rows.GEOTORCH, "triv": orthogonal_rows.GEOTORCH_METHODS}
     peer.update({"skipped": missing} if missing else {"version": geotorch.__version__})
     return {
         "status": _partial(rows),
         "rows": rows,
-        "claims": bench_orthogonal.claims_from(rows),
+        "claims": orthogonal_rows.claims_from(rows),
         "fcnn": fcnn,
         "peers": {"geotorch": peer},
         "rounds": rounds,
@@ -515,10 +516,10 @@ def free_port() -> int:
 
 
 def run_child(section: str, device: torch.device, quick: bool, out: Path, seconds: float) -> dict:
-    """``python -m benchmarks.gpu_suite_children SECTION`` in a session of its own (so that the processes it starts
+    """``python -m benchmarks._gpu_suite_children SECTION`` in a session of its own (so that the processes it starts
     can be stopped with it), stopped after ``seconds``. Returns ``{"returncode", "seconds", "output"}`` (the last
     lines of its output) and ``"stopped"`` when it was stopped."""
-    command = [sys.executable, "-m", "benchmarks.gpu_suite_children", section, "--device", str(device)]
+    command = [sys.executable, "-m", "benchmarks._gpu_suite_children", section, "--device", str(device)]
     command += ["--out", str(out), *(["--quick"] if quick else [])]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -578,7 +579,7 @@ def run_compiled_chunk(device: torch.device, quick: bool, deadline: Deadline) ->
 
 
 def run_ddp(device: torch.device, quick: bool, deadline: Deadline) -> dict:
-    from benchmarks.gpu_suite_children import SIZES, backend
+    from benchmarks._gpu_suite_children import SIZES, backend
 
     missing = unavailable("ddp", device)
     if missing:
@@ -739,91 +740,6 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"[{result['status']}] {name}")
     print(f"wrote {path} ({payload['total_seconds']} s)")
     return path
-
-
-# -- the results page ----------------------------------------------------------------------------------------------
-def _online_cell(row: dict | None) -> str:
-    if row is None:
-        return ""
-    if "ms_per_step" in row:
-        memory = f" ({row['peak_memory_mb']:.0f} MB)" if row.get("peak_memory_mb") is not None else ""
-        return f"{row['ms_per_step']:.3g}{memory}"
-    if "failed" in row:
-        return "failed"
-    return "skipped (" + str(row.get("skipped", "")).split(":")[0] + ")"
-
-
-def render(data: dict) -> str:
-    """The results-page section of a suite run: the sections' statuses, then each section's table."""
-    sections = data["sections"]
-    lines = [
-        f"**{data['device_name']}**, torch {data['torch']}"
-        + (f" (CUDA {data['cuda']})" if data.get("cuda") else "")
-        + f", {data['date']}: `{data['command']}` ({data['total_seconds']} s of a {data['budget_s']:g} s budget).",
-        "",
-        "| section | status | seconds |",
-        "|---|---|---:|",
-    ]
-    for name, result in sections.items():
-        lines.append(f"| {name} | {result['status']} | {result.get('seconds', 0):.1f} |")
-    small = sections.get("small", {})
-    if small.get("rows"):
-        lines += ["", "| what | measured | goal (CPU) | details |", "|---|---:|---|---|"]
-        for row in small["rows"]:
-            if "what" not in row:
-                lines.append(f"| {row['section']} | skipped: {row['skipped']} | | |")
-                continue
-            lines.append(
-                f"| {row['what']} | {bench_small._measured(row)} | {row['goal'] or ''} | {bench_small._details(row)} |"
-            )
-    orthogonal = sections.get("orthogonal", {})
-    if orthogonal.get("rows"):
-        spent = [r for r in orthogonal["rows"] if str(r.get("skipped", "")).startswith("budget")]
-        measured = [r for r in orthogonal["rows"] if r not in spent]
-        if measured:
-            lines += ["", bench_orthogonal.render({**data, **orthogonal, "rows": measured})]
-        skipped = [
-            f"(d, B) = ({d}, {b})" for d, b in sorted({(r["d"], r["batch"]) for r in spent if "section" not in r})
-        ]
-        skipped += ["the FCNN epochs"] if any("section" in r for r in spent) else []
-        if skipped:
-            lines += ["", "Skipped for the budget: " + ", ".join(skipped) + "."]
-    online = sections.get("online_steps", {})
-    if online.get("rows"):
-        rows = online["rows"]
-        streams = sorted({r["B"] for r in rows})
-        index = {(r["estimator"], r["H"], r["B"]): r for r in rows}
-        lines += [
-            "",
-            "Online steps, milliseconds per step + gradient (median of rounds; CUDA: peak memory in MB):",
-            "",
-            "| estimator | H | " + " | ".join(f"B = {b}" for b in streams) + " |",
-            "|---|---:|" + "---:|" * len(streams),
-        ]
-        labels = {r["estimator"]: r["label"] for r in rows}
-        for key in labels:
-            for hidden in sorted({r["H"] for r in rows if r["estimator"] == key}):
-                cells = [_online_cell(index.get((key, hidden, b))) for b in streams]
-                lines.append(f"| {labels[key]} | {hidden} | " + " | ".join(cells) + " |")
-    compiled = sections.get("compiled_chunk", {})
-    if "compiled_over_eager" in compiled:
-        lines += [
-            "",
-            f"Compiled chunk: {compiled['compiled']['ms_per_step']:.3g} ms per time step against "
-            f"{compiled['eager']['ms_per_step']:.3g} eager ({compiled['compiled_over_eager']:.2f}x; the first, "
-            f"compiling chunk {compiled['compiled']['first_chunk_s']:.1f} s); parameters after the fit differ by "
-            f"{compiled['max_abs_parameter_difference']:.2g} at most; graph breaks: "
-            f"{compiled['compiled'].get('graph_breaks')}.",
-        ]
-    ddp = sections.get("ddp", {})
-    if "ms_per_step" in ddp:
-        lines += [
-            "",
-            f"DDP ({ddp['backend']}, 2 processes, {ddp['recipe']}): {ddp['ms_per_step']:.3g} ms per time step (the "
-            f"slower rank); both ranks finished: {ddp['both_ranks_finished']}; parameters equal across ranks: "
-            f"{ddp.get('parameters_equal_across_ranks')}.",
-        ]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

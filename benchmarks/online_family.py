@@ -61,7 +61,7 @@ from benchmarks._common import (
     write_result,
 )
 from benchmarks._reproduce import quiet_trainer, scratch_folder
-from benchmarks.online_family_render import LEARNED_FRACTION, claims, plot, render  # noqa: F401  (report finds render)
+from benchmarks.online_family_render import LEARNED_FRACTION, claims, plot
 from lightning_ortho._lightning import pl
 from lightning_ortho.callbacks.online_estimator_variance import measure_estimator
 from lightning_ortho.datamodules import AddingTaskDataModule, CharacterStreamDataModule, CopyTaskDataModule

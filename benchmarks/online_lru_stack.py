@@ -50,13 +50,12 @@ from benchmarks._common import (
     reject,
     write_result,
 )
-from benchmarks.online_lru_stack_render import (  # noqa: F401  (the report finds render here)
+from benchmarks.online_lru_stack_render import (
     LEARNED_FRACTION,
     SINGLE_LRU,
     STACK,
     UORO_TANH,
     claims,
-    render,
 )
 from lightning_ortho.datamodules import CopyTaskDataModule
 from lightning_ortho.online.lru_stack import LRUStack, OnlineLRUStack

@@ -23,7 +23,6 @@ import torch
 
 from benchmarks._common import benchmark_parser, configured, parse_args, reject, write_result
 from benchmarks._peers import import_peer
-from benchmarks._render import render_reproduction as render  # noqa: F401  (python -m benchmarks.report finds it)
 from benchmarks._reproduce import aggregate
 from lightning_ortho.datamodules import DigitsDataModule
 from lightning_ortho.flows import bits_per_dim, dequantize

@@ -11,9 +11,10 @@ only adds the figures). Files ending in ``-quick.json`` (smoke runs) are ignored
 its markers on exactly one results page, and every pair of markers needs results: otherwise :class:`ReportError`
 says which, and nothing is written.
 
-The table of benchmark NAME is ``render(data)`` of the script that writes it: benchmarks/NAME.py, or for a variant
-the script whose name NAME extends (``reproduce_rnn_mnist5k``: benchmarks/reproduce_rnn.py run with
-``--data mnist5k``). A new benchmark brings its renderer with it; this file lists none.
+The table of benchmark NAME is ``render(data)`` of benchmarks/SCRIPT_render.py, where SCRIPT is the script that
+writes it: benchmarks/NAME.py, or for a variant the script whose name NAME extends (``reproduce_rnn_mnist5k``:
+benchmarks/reproduce_rnn.py run with ``--data mnist5k``). The report imports renderers only, never the scripts that
+measure. A new benchmark brings its renderer with it; this file lists none.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ __all__ = [
     "ReportError",
     "claims_table",
     "renderer",
+    "is_script",
+    "TOOLS",
     "sections",
     "marked",
     "render_pages",
@@ -45,30 +48,48 @@ __all__ = [
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PAGES = ROOT / "docs" / "results"
+#: the modules of benchmarks/ that are commands but write no results: the results pages, and the MNIST data
+TOOLS = ("report", "mnist5k")
 _MARKED = re.compile(r"^<!-- ([\w.-]+):(?:start|end) -->$", re.M)
 
 
 def renderer(benchmark: str) -> Callable[[dict], str]:
-    """``render`` of the script that writes ``benchmark``'s results (the longest script name that ``benchmark``
-    equals or extends by ``_...``).
+    """``render`` of benchmarks/SCRIPT_render.py, where SCRIPT is the script that writes ``benchmark``'s results (the
+    longest script name that ``benchmark`` equals or extends by ``_...``).
 
     Raises:
-        ReportError: no such script, or it has no ``render``.
+        ReportError: no such script, or it has no renderer module with a ``render``.
     """
     parts = benchmark.split("_")
     for end in range(len(parts), 0, -1):
         script = "_".join(parts[:end])
-        if script.startswith("_") or not (ROOT / "benchmarks" / f"{script}.py").is_file():
+        if not is_script(ROOT / "benchmarks" / f"{script}.py"):
             continue
-        render = getattr(importlib.import_module(f"benchmarks.{script}"), "render", None)
+        module = ROOT / "benchmarks" / f"{script}_render.py"
+        render = (
+            getattr(importlib.import_module(f"benchmarks.{module.stem}"), "render", None) if module.is_file() else None
+        )
         if render is None:
             raise ReportError(
-                f"benchmark {benchmark!r} has no renderer: add render(data) -> str to benchmarks/{script}.py"
+                f"benchmark {benchmark!r} has no renderer: add render(data) -> str to benchmarks/{module.name}"
             )
         return render
     raise ReportError(
         f"benchmark {benchmark!r} has no renderer: no script benchmarks/{benchmark}.py (or one whose name it extends) "
-        "with a render(data) -> str"
+        "with a benchmarks/SCRIPT_render.py"
+    )
+
+
+def is_script(path: Path) -> bool:
+    """Whether ``path`` is a benchmark script: a module of benchmarks/ that writes results, named neither
+    ``_helper.py`` (helpers), ``NAME_render.py`` (renderers) nor after a tool (``report``, ``mnist5k``)."""
+    return (
+        path.suffix == ".py"
+        and path.parent.name == "benchmarks"
+        and path.is_file()
+        and not path.stem.startswith("_")
+        and not path.stem.endswith("_render")
+        and path.stem not in TOOLS
     )
 
 

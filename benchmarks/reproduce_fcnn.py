@@ -26,7 +26,6 @@ import json
 from pathlib import Path
 
 from benchmarks._common import benchmark_parser, configured, parse_args, print_claims, reject, result_path, write_result
-from benchmarks._render import render_reproduction as render  # noqa: F401  (python -m benchmarks.report finds it)
 from benchmarks._reproduce import aggregate, final_means, plot_curves, train_once
 from benchmarks.mnist5k import prepare as prepare_mnist5k
 from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule

@@ -31,7 +31,6 @@ from benchmarks._common import (
     result_path,
     write_result,
 )
-from benchmarks._render import render_reproduction as render  # noqa: F401  (python -m benchmarks.report finds it)
 from benchmarks._reproduce import aggregate, final_means, plot_curves, train_once
 from lightning_ortho.datamodules import DigitsDataModule
 from lightning_ortho.flows import CONV1X1_KINDS, dequantize, diagnostics

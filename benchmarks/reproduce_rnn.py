@@ -35,14 +35,14 @@ import re
 from pathlib import Path
 
 from benchmarks._common import benchmark_parser, configured, parse_args, print_claims, reject, result_path, write_result
-from benchmarks._render import render_reproduction
 from benchmarks._reproduce import aggregate, final_means, plot_curves, train_once
 from benchmarks.mnist5k import prepare as prepare_mnist5k
+from benchmarks.reproduce_rnn_render import AUX
 from lightning_ortho.datamodules import DigitsDataModule, MNISTDataModule, SequentialImageDataModule
 from lightning_ortho.models import OrthogonalRNNClassifier
 
 TRANSITIONS = {
-    "aux (1 auxiliary reflection)": {"transition": "aux"},
+    AUX: {"transition": "aux"},
     "1 normal reflection": {"transition": "householder", "reflections": 1},
     "H normal reflections": {"transition": "householder"},
     "cayley": {"transition": "cayley"},
@@ -163,32 +163,6 @@ def claims_from(curves: dict[str, list[dict]]) -> list[dict]:
             "holds": one - full >= 10.0,
         },
     ]
-
-
-def render(data: dict) -> str:
-    """The results-page table of a result: the reproduction's (final validation error, seconds per epoch, claims), or
-    for a tagged timing run the seconds per training epoch of each transition."""
-    if "tag" not in data:
-        return render_reproduction(data)
-    setup = ", ".join(f"{k} {v}" for k, v in data.get("setup", {}).items())
-    lines = [
-        f"Time per epoch (timing run `{data['tag']}`): **{data['hardware']}**, torch {data['torch']}, {data['date']}: "
-        f"`{data['command']}` ({setup}). Seconds per training epoch, validation excluded: the mean over seeds and "
-        "epochs, and the fastest epoch.",
-        "",
-        "| transition | seeds x epochs | seconds per epoch, mean | fastest | mean vs aux |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    by_method: dict[str, list[float]] = {}
-    for row in data["rows"]:
-        by_method.setdefault(row["method"], []).append(row["epoch_seconds"])
-    aux = by_method.get(SHORT_NAMES["aux"])
-    for method, seconds in by_method.items():
-        mean = sum(seconds) / len(seconds)
-        ratio = f"{mean / (sum(aux) / len(aux)):.2f}x" if aux else ""
-        seeds = len({r["seed"] for r in data["rows"] if r["method"] == method})
-        lines.append(f"| {method} | {seeds} x {len(seconds) // seeds} | {mean:.3g} | {min(seconds):.3g} | {ratio} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

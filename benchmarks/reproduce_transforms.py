@@ -65,7 +65,6 @@ from benchmarks._common import (
 )
 from benchmarks._peers import import_peer
 from benchmarks._transform_rows import row
-from benchmarks.reproduce_transforms_render import render  # noqa: F401  (python -m benchmarks.report finds it here)
 from lightning_ortho.datamodules import ImagePatchesDataModule
 from lightning_ortho.transforms import (
     BinaryBlockProduct,

@@ -1,5 +1,5 @@
 """Results-page tables of benchmarks/reproduce_transforms.py (representation error against operations):
-``render(data)`` of its result JSON, which ``python -m benchmarks.report`` finds as ``benchmarks.reproduce_transforms.render``."""
+``render(data)`` of its result JSON (``python -m benchmarks.report`` finds it by the script's name)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from benchmarks._common import benchmark_parser, configured, parse_args, reject, write_result
-from benchmarks._render import claims_table
 from benchmarks.mnist5k import prepare as prepare_mnist5k
 from lightning_ortho.datamodules import MNISTDataModule, SequentialImageDataModule
 from lightning_ortho.models import OrthogonalRNNClassifier
@@ -98,22 +97,6 @@ def _run(args, device) -> Path:
     )
     setup = {"data": "first training batches of the 5,000 real MNIST images", "batch_size": 128, "batches": batches}
     return write_result("rnn_initial_loss", device, rows, claims, args, extra={"setup": setup})
-
-
-def render(data: dict) -> str:
-    lines = [
-        f"**{data['hardware']}**, torch {data['torch']}, {data['date']}: `{data['command']}` "
-        f"(mean over the first {data['setup']['batches']} training batches of {data['setup']['batch_size']}).",
-        "",
-        "| input scaling | transition | initial training loss | mean ‖h_T‖ | logit std |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for row in data["rows"]:
-        lines.append(
-            f"| {row['scaling']} | {row['transition']} | {row['initial_loss']:.2f} | {row['final_state_norm']:.1f} "
-            f"| {row['logit_std']:.2f} |"
-        )
-    return "\n".join(lines + claims_table(data["claims"]))
 
 
 if __name__ == "__main__":

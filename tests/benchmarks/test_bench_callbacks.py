@@ -13,6 +13,7 @@ from lightning_ortho.nn import AuxiliaryReflection
 from tests.benchmarks.helpers import load
 
 bench = load("bench_callbacks")
+renderer = load("bench_callbacks_render")
 report = load("report")
 
 
@@ -90,7 +91,7 @@ def test_logdet_rows_agree_with_an_autograd_jacobian_computed_here(quick):
 
 def test_report_renders_the_quick_result(quick):
     data, _ = quick
-    text = bench.render(data)
+    text = renderer.render(data)
     assert text.startswith("Reproduce: `python -m benchmarks.bench_callbacks`")
     assert (
         "| fcnn | OrthogonalityMonitor | 50 |" in text and "| glow | OrthogonalityMonitor | | | | skipped | | |" in text

@@ -10,6 +10,7 @@ import pytest
 from tests.benchmarks.helpers import load
 
 bench = load("bench_online")
+renderer = load("bench_online_render")
 
 
 def quick_run(tmp_path, *argv):
@@ -61,7 +62,7 @@ def test_quick_benchmark_writes_schema(tmp_path):
     assert f"BPTT peak memory grows with T: T={high} >= 10x T={low}, H={hidden}" in claims
     assert (tmp_path / f"bench_online-{data['hardware']}-quick.png").exists() == _has_matplotlib()
 
-    text = bench.render(data)
+    text = renderer.render(data)
     assert "| method | H = 8 | H = 16 |" in text and "| 8 | BPTT (full) |" in text
     assert "| UORO (state) peak memory at T=200 <= 1.1x T=20, H=8 |" in text
 
@@ -152,7 +153,7 @@ def test_report_renders_times_memory_and_skips():
         ],
         "claims": [{"claim": "c", "figure": 1.5, "holds": False}],
     }
-    text = bench.render(data)
+    text = renderer.render(data)
     assert "| method | H = 32 | H = 512 |" in text
     assert "| forward step (no_grad) | 0.05 ms |  |" in text
     assert "| UORO (state) | 1 ms (20.0x) |  |" in text and "| TruncatedBPTT (k=10) | 5 ms (100.0x) |  |" in text

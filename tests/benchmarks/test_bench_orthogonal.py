@@ -6,6 +6,8 @@ from pathlib import Path
 
 from tests.benchmarks.helpers import load, results_section
 
+measures = load("_orthogonal_rows")
+
 
 def quick_run(tmp_path, monkeypatch, bench, *argv):
     monkeypatch.setattr(bench, "QUICK_DIMS", (16,))
@@ -21,15 +23,18 @@ def test_quick_benchmark_writes_schema(tmp_path, monkeypatch):
     assert data["benchmark"] == "bench_orthogonal" and data["hardware"].startswith("cpu")
     assert {"torch", "date", "command", "rows", "claims", "peers", "fcnn"} <= set(data)
     maps = [row for row in data["rows"] if "section" not in row]
-    assert {row["method"] for row in maps} == set(bench.METHODS)
+    assert {row["method"] for row in maps} == set(measures.METHODS)
     assert {(row["d"], row["batch"]) for row in maps} == {(16, 8), (16, 300)}
     peer = data["peers"]["geotorch"]
-    assert peer["requirement"] == bench.GEOTORCH and peer["triv"] == {"geotorch": "expm", "geotorch_cayley": "cayley"}
+    assert peer["requirement"] == measures.GEOTORCH and peer["triv"] == {
+        "geotorch": "expm",
+        "geotorch_cayley": "cayley",
+    }
     geotorch_installed = "version" in peer
     if not geotorch_installed:  # no network: the rows say so instead of the run crashing
         assert peer["skipped"]
     for row in maps:
-        if row["method"] in bench.GEOTORCH_METHODS and not geotorch_installed:
+        if row["method"] in measures.GEOTORCH_METHODS and not geotorch_installed:
             assert row["skipped"].startswith("geotorch not available")
             continue
         assert "skipped" not in row, row
@@ -38,12 +43,12 @@ def test_quick_benchmark_writes_schema(tmp_path, monkeypatch):
             assert row["both_ratio_to_linear"] == 1.0
 
     fcnn = [row for row in data["rows"] if row.get("section") == "fcnn_epoch"]
-    assert [row["method"] for row in fcnn] == list(bench.FCNN_METHODS)
+    assert [row["method"] for row in fcnn] == list(measures.FCNN_METHODS)
     assert data["fcnn"]["d"] == 16 and data["fcnn"]["rounds"] == 1 and data["fcnn"]["batch_size"] == 128
     assert data["fcnn"]["data"].startswith(("mnist5k: 256 of the 4,000 real MNIST", "random uniform pixels"))
     for row in fcnn:
         assert row["d"] == 16 and row["images"] == 256
-        if row["method"] in bench.GEOTORCH_METHODS and not geotorch_installed:
+        if row["method"] in measures.GEOTORCH_METHODS and not geotorch_installed:
             assert row["skipped"].startswith("geotorch not available")
             continue
         assert row["batches"] == 2 and row["rounds"] == 1 and row["epoch_s"] > 0
@@ -58,17 +63,17 @@ def test_quick_benchmark_writes_schema(tmp_path, monkeypatch):
 def test_geotorch_unavailable_is_recorded_not_raised(tmp_path, monkeypatch):
     bench = load("bench_orthogonal")
     monkeypatch.setattr(bench, "load_geotorch", lambda: (None, "pip install geotorch==0.4.0 failed: offline"))
-    monkeypatch.setattr(bench, "FCNN_METHODS", {"aux": "aux", "cayley": "cayley", "geotorch": "aux"})
+    monkeypatch.setattr(measures, "FCNN_METHODS", {"aux": "aux", "cayley": "cayley", "geotorch": "aux"})
     data = quick_run(tmp_path, monkeypatch, bench)
     assert data["peers"]["geotorch"]["skipped"] == "pip install geotorch==0.4.0 failed: offline"
-    skipped = [row for row in data["rows"] if row["method"] in bench.GEOTORCH_METHODS]
+    skipped = [row for row in data["rows"] if row["method"] in measures.GEOTORCH_METHODS]
     assert len(skipped) == 2 * 2 + 1  # both trivializations at two batch sizes, and the FCNN row
     assert all(
         row["skipped"] == "geotorch not available: pip install geotorch==0.4.0 failed: offline" for row in skipped
     )
     assert all("epoch_s" in row for row in data["rows"] if row.get("section") and row["method"] != "geotorch")
     assert not any("geotorch" in c["claim"] for c in data["claims"])
-    text = bench.render(data)
+    text = load("bench_orthogonal_render").render(data)
     assert "| 16 | 8 |" in text and "geotorch (expm, default) | geotorch (cayley) |" in text
     assert "| geotorch (expm, default) | skipped |" in text and "(not available)" in text
     assert "Skipped: geotorch not available: pip install geotorch==0.4.0 failed: offline." in text
@@ -86,7 +91,6 @@ def fcnn_row(method, seconds):
 
 
 def test_claims_are_computed_from_rows():
-    bench = load("bench_orthogonal")
     rows = [
         {
             "d": 784,
@@ -110,7 +114,7 @@ def test_claims_are_computed_from_rows():
         {"d": 784, "batch": 1024, "method": "householder_wy", "forward_ms": 20, "both_ms": 100},
         {"d": 784, "batch": 1024, "method": "cayley", "forward_ms": 20, "both_ms": 84},
     ]
-    claims = {c["claim"].split(" (")[0].split(" at ")[0]: c for c in bench.claims_from(rows)}
+    claims = {c["claim"].split(" (")[0].split(" at ")[0]: c for c in measures.claims_from(rows)}
     aux = claims["aux forward+backward <= 1.3x nn.Linear"]
     assert aux["figure"] == 1.4 and aux["holds"] is False
     wy = claims["householder wy >= 5x faster than sequential"]
@@ -121,7 +125,6 @@ def test_claims_are_computed_from_rows():
 
 
 def test_geotorch_and_fcnn_claims_are_computed_from_rows():
-    bench = load("bench_orthogonal")
     maps = [
         map_row(784, 1024, "linear", 30, linear=30),
         map_row(784, 1024, "aux", 42, linear=30),
@@ -147,7 +150,7 @@ def test_geotorch_and_fcnn_claims_are_computed_from_rows():
         fcnn_row("geotorch", 40.0),
         {**fcnn_row("geotorch_cayley", 0), "skipped": "geotorch not available: offline"},
     ]
-    claims = {c["claim"]: c for c in bench.claims_from(maps + fcnn)}
+    claims = {c["claim"]: c for c in measures.claims_from(maps + fcnn)}
     expected = {
         "aux faster than the fastest other orthogonal map (geotorch_cayley) at d=784, B=1024": (0.83, False),
         "aux faster than geotorch's faster trivialization (geotorch_cayley) at d=784, B=1024": (0.83, False),
@@ -165,14 +168,14 @@ def test_geotorch_and_fcnn_claims_are_computed_from_rows():
         assert (claims[text]["figure"], claims[text]["holds"]) == (figure, holds), text
     assert len(claims) == len(expected) + 2  # and aux <= 1.3x nn.Linear (forward+backward, forward)
     # FCNN rows never enter the map claims, nor map rows the FCNN claims
-    map_only = {c["claim"]: c for c in bench.claims_from(maps)}
+    map_only = {c["claim"]: c for c in measures.claims_from(maps)}
     assert map_only == {k: v for k, v in claims.items() if "FCNN" not in k}
-    fcnn_only = bench.claims_from(fcnn)
+    fcnn_only = measures.claims_from(fcnn)
     assert [c["claim"] for c in fcnn_only] == [k for k in claims if "FCNN" in k]
 
 
 def test_report_renders_geotorch_columns_and_fcnn_table_only_when_present():
-    render = load("bench_orthogonal").render
+    render = load("bench_orthogonal_render").render
     base = {"hardware": "cpu2", "torch": "2.14.1", "date": "2026-12-01", "command": "python b.py", "claims": []}
     maps = [map_row(784, 1024, "linear", 30, linear=30), map_row(784, 1024, "aux", 42, linear=30)]
     without = render({**base, "rows": maps})

@@ -10,7 +10,9 @@ import torch
 from tests.benchmarks.helpers import load
 
 bench = load("bench_small")
-processes = load("bench_small_processes")
+small_rows = load("_small_rows")
+renderer = load("bench_small_render")
+processes = load("_small_processes")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def test_quick_run_writes_every_row(quick):
     assert recipe["spinners"] == 1 and recipe["default_threads_s"] > 0 and recipe["one_thread_s"] > 0
     for online in (r for r in data["rows"] if r["section"].startswith("uoro_bptt")):  # the breakdown is there
         assert 0 < online["estimator_ms_per_step"] and online["estimator_over_bptt"] > 0
-        assert "the estimator's own step + gradient" in bench._details(online)
+        assert "the estimator's own step + gradient" in renderer.details(online)
     bandwidth = next(r for r in data["rows"] if r["section"] == "uoro_bandwidth")
     assert bandwidth["parameters"] == 64 * 64 + 64 * 32 + 64  # w_tilde holds one row of P per stream
     assert bandwidth["w_tilde_mb"] == pytest.approx(8 * bandwidth["parameters"] * 4 / 2**20)
@@ -65,7 +67,7 @@ def test_claims_are_the_rows_with_a_goal(quick):
 
 
 def test_goals_and_claims_from_rows():
-    row = bench._row
+    row = small_rows.table_row
     assert row("aux_linear", "a", 1.4)["holds"] is True and row("aux_linear", "a", 1.6)["holds"] is False
     assert row("uoro_bandwidth", "b", 0.6)["holds"] is True and row("uoro_bandwidth", "b", 0.4)["holds"] is False
     assert row("uoro_bandwidth", "b", 0.4)["goal"] == ">= 0.5"
@@ -82,14 +84,14 @@ def test_goals_and_claims_from_rows():
 
 
 def test_render_shows_every_row():
-    row = bench._row
+    row = small_rows.table_row
     rows = [
         row("aux_linear", "aux 64", 1.234, d=64, aux_ms=0.2, linear_ms=0.1, ratio_of_best=1.2),
         row("compress", "compress 784", None, goal=120.0, budget_s=300.0, skipped="over budget: not done after 300 s"),
     ]
     data = {"hardware": "cpu1", "torch": "2", "date": "d", "command": "c", "rows": rows}
     data["claims"] = bench.claims_from(rows)
-    lines = bench.render(data).splitlines()
+    lines = renderer.render(data).splitlines()
     assert lines[2] == "| what | measured | goal | holds | details |"
     assert lines[4] == "| aux 64 | 1.23x | <= 1.5x | yes | 0.2 / 0.1 ms; best rounds 1.20x |"
     assert lines[5] == "| compress 784 | skipped: over budget: not done after 300 s | <= 120s | **no** |  |"
@@ -115,15 +117,15 @@ def test_the_recipe_is_built_as_the_cli_builds_it():
 
 def test_online_rows_take_the_readout_in_closed_form_with_the_autograd_gradients():
     """Runner(readout="closed_form") (the uoro rows' protocol) accumulates the gradients of readout="autograd"."""
-    problem = bench.Problem(6, batch=3)
+    problem = small_rows.Problem(6, batch=3)
     runners = []
     for readout in ("autograd", "closed_form"):
         torch.manual_seed(0)
-        runner = bench.Runner("uoro_state", problem, estimator=bench.UORO(problem.cell), readout=readout)
+        runner = small_rows.Runner("uoro_state", problem, estimator=small_rows.UORO(problem.cell), readout=readout)
         runner.run(5)
         runners.append(runner)
     for a, b in zip(runners[0].grads, runners[1].grads, strict=True):
         assert a.abs().max() > 0
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="readout must be 'autograd' or 'closed_form'"):
-        bench.Runner("uoro_state", problem, readout="manual")
+        small_rows.Runner("uoro_state", problem, readout="manual")

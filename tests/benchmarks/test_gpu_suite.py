@@ -18,8 +18,9 @@ from lightning_ortho.models import OnlineRNNModule
 from tests.benchmarks.helpers import RESULTS_PAGES, ROOT, load
 
 suite = load("gpu_suite")
-children = load("gpu_suite_children")
-processes = load("bench_small_processes")
+renderer = load("gpu_suite_render")
+children = load("_gpu_suite_children")
+processes = load("_small_processes")
 
 
 def run_suite(folder: Path, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -69,7 +70,7 @@ def test_quick_run_times_the_small_and_orthogonal_rows_on_the_device(quick):
     dims, batches = suite.ORTHOGONAL_GRID[1]
     assert {(r["d"], r["batch"]) for r in maps} == {(d, b) for d in dims for b in batches}
     for row in maps:
-        if row["method"] in load("bench_orthogonal").GEOTORCH_METHODS and "skipped" in row:
+        if row["method"] in load("_orthogonal_rows").GEOTORCH_METHODS and "skipped" in row:
             assert row["skipped"].startswith("geotorch not available")
             continue
         assert row["both_ms"] > 0 and "skipped" not in row
@@ -116,13 +117,13 @@ def test_quick_run_compiles_a_chunk_where_the_module_can(quick):
 
 
 def test_the_results_page_renders_a_run(quick):
-    text = suite.render(quick)
+    text = renderer.render(quick)
     assert f"**{quick['device_name']}**" in text and "`python -m benchmarks.gpu_suite --device cpu --quick" in text
     for name, section in quick["sections"].items():
         assert f"| {name} | {section['status']} |" in text
     assert "| UORO (state projection, GIR) | 8 |" in text and "| DiagonalRTRL | 16 |" in text
     assert "DDP (gloo, 2 processes" in text
-    assert load("report").renderer("gpu_suite") is suite.render  # python -m benchmarks.report finds it
+    assert load("report").renderer("gpu_suite") is renderer.render  # python -m benchmarks.report finds it
 
 
 def test_the_results_page_renders_a_run_cut_short_by_the_budget(quick):
@@ -140,7 +141,7 @@ def test_the_results_page_renders_a_run_cut_short_by_the_budget(quick):
         },
         "ddp": {"status": "skipped: budget: stopped after 9 s"},
     }
-    text = suite.render({**quick, "sections": sections})
+    text = renderer.render({**quick, "sections": sections})
     assert "Compiled chunk: 0.5 ms per time step against 2 eager (0.25x; the first, compiling chunk 30.0 s)" in text
     assert "| orthogonal | partial: " in text and "| ddp | skipped: budget: stopped after 9 s |" in text
     assert "| uoro_bandwidth | skipped: budget: the section's share was spent | | |" in text

@@ -50,7 +50,7 @@ def test_quick_claim_is_computed_from_its_rows_and_renders(quick):
     assert data["claims"] == json.loads(json.dumps(script.claims(data["rows"])))
     # the quick run's delay (10) is not online_family's (100): the claim cannot hold on it
     assert len(data["claims"]) == 1 and data["claims"][0]["holds"] is False
-    table = script.render(data)
+    table = load("online_lru_stack_render").render(data)
     assert table.count("\n| ") >= len(data["rows"]) + len(data["claims"]) + 1
 
 

@@ -178,11 +178,18 @@ def test_reproduction_table_from_aggregated_rows():
     assert lines[-1] == "| c | 1 | **no** |"
 
 
-def test_each_benchmark_is_rendered_by_its_script():
-    assert report.renderer("bench_online") is load("bench_online").render
-    assert report.renderer("reproduce_rnn_mnist5k") is load("reproduce_rnn").render  # a variant of reproduce_rnn
-    assert report.renderer("reproduce_fcnn_mnist5k") is load("reproduce_fcnn").render
+def test_each_benchmark_is_rendered_by_its_scripts_renderer(tmp_path, monkeypatch):
+    assert report.renderer("bench_online") is load("bench_online_render").render
+    assert report.renderer("reproduce_rnn_mnist5k") is load("reproduce_rnn_render").render  # a variant of reproduce_rnn
+    assert report.renderer("reproduce_fcnn_mnist5k") is load("reproduce_fcnn_render").render
     with pytest.raises(report.ReportError, match="'mystery' has no renderer: no script benchmarks/mystery.py"):
         report.renderer("mystery")
-    with pytest.raises(report.ReportError, match=r"add render\(data\) -> str to benchmarks/mnist5k.py"):
-        report.renderer("mnist5k")  # a helper module, not a benchmark
+    with pytest.raises(report.ReportError, match="'mnist5k' has no renderer: no script benchmarks/mnist5k.py"):
+        report.renderer("mnist5k")  # a tool that writes no results, not a benchmark
+    with pytest.raises(report.ReportError, match="'_online_problem' has no renderer: no script"):
+        report.renderer("_online_problem")  # a helper
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "bench_new.py").write_text("")
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    with pytest.raises(report.ReportError, match=r"add render\(data\) -> str to benchmarks/bench_new_render.py"):
+        report.renderer("bench_new_cpu")

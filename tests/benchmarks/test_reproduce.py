@@ -174,7 +174,7 @@ def test_tagged_timing_run_writes_its_own_file_and_renders_below_the_full_result
     )  # the full result is left alone
     data = json.loads(path.read_text())
     assert data["benchmark"] == "reproduce_rnn" and data["tag"] == "timing" and data["claims"] == []
-    assert {r["method"] for r in data["rows"]} == {rnn.SHORT_NAMES["aux"], "cayley"}
+    assert {r["method"] for r in data["rows"]} == {rnn.AUX, "cayley"}
     assert all(r["epoch_seconds"] > 0 for r in data["rows"])
     # in the results-page section of reproduce_rnn, after the full result's table (file names sort "-" before "_")
     results = tmp_path / "results"
@@ -183,7 +183,7 @@ def test_tagged_timing_run_writes_its_own_file_and_renders_below_the_full_result
     (results / "reproduce_rnn-cpu2.json").write_text((ROOT / "benchmarks/results/reproduce_rnn-cpu2.json").read_text())
     body = load("report").sections(results)["reproduce_rnn"]
     full, timing = body.split("\n\nTime per epoch (timing run `timing`): ")
-    assert full == rnn.render(json.loads((results / "reproduce_rnn-cpu2.json").read_text()))
+    assert full == load("reproduce_rnn_render").render(json.loads((results / "reproduce_rnn-cpu2.json").read_text()))
     lines = timing.splitlines()
     assert lines[2] == "| transition | seeds x epochs | seconds per epoch, mean | fastest | mean vs aux |"
     assert lines[4].startswith("| aux (1 auxiliary reflection) | 1 x 1 |") and lines[4].endswith("| 1.00x |")
@@ -191,7 +191,6 @@ def test_tagged_timing_run_writes_its_own_file_and_renders_below_the_full_result
 
 
 def test_timing_table_means_over_seeds_and_epochs():
-    rnn = load("reproduce_rnn")
     rows = [
         {"method": m, "seed": s, "epoch": e, "epoch_seconds": t}
         for m, s, e, t in [
@@ -202,7 +201,7 @@ def test_timing_table_means_over_seeds_and_epochs():
         ]
     ]
     data = {"tag": "timing", "hardware": "cpu1", "torch": "2", "date": "d", "command": "c", "rows": rows}
-    lines = rnn.render(data).splitlines()
+    lines = load("reproduce_rnn_render").render(data).splitlines()
     assert lines[4:] == [
         "| aux (1 auxiliary reflection) | 1 x 2 | 9 | 8 | 1.00x |",
         "| cayley | 1 x 2 | 27 | 24 | 3.00x |",

@@ -1,12 +1,12 @@
 """The sections of benchmarks/gpu_suite.py that run in processes of their own, so that a crash there (a DDP
 rendezvous that fails, a compiler that takes the interpreter down) cannot stop the suite:
 
-    python -m benchmarks.gpu_suite_children ddp --device cuda --out FOLDER        # two-process DDP fit
-    python -m benchmarks.gpu_suite_children compiled --device cuda --out FOLDER   # compiled chunk against eager
+    python -m benchmarks._gpu_suite_children ddp --device cuda --out FOLDER        # two-process DDP fit
+    python -m benchmarks._gpu_suite_children compiled --device cuda --out FOLDER   # compiled chunk against eager
 
 Both fit recipes/online_adding.yaml (``OnlineRNNModule``, ``TanhRNNCell(1, 32)``, UORO, one Adam update per time
 step) at a small size, built as the CLI builds it (seeded, then
-:func:`benchmarks.bench_small_processes.build_recipe`), and write what they measured as JSON files into ``--out``;
+:func:`benchmarks._small_processes.build_recipe`), and write what they measured as JSON files into ``--out``;
 the suite reads them.
 
 * ``ddp``: ``Trainer(strategy=DDPStrategy(process_group_backend=...), devices=2)`` with ``nccl`` on CUDA and
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from benchmarks import bench_small_processes
+from benchmarks import _small_processes
 from benchmarks._common import synchronize
 from lightning_ortho._lightning import pl
 
@@ -121,9 +121,9 @@ def _quiet():
 def build(sizes: dict, **model_overrides):
     """``(model, data)`` of the recipe at ``sizes``, built after seeding with the recipe's ``seed_everything`` (as
     the CLI does): the same initial weights in every build."""
-    recipe = yaml.safe_load(bench_small_processes.RECIPE.read_text())
+    recipe = yaml.safe_load(_small_processes.RECIPE.read_text())
     pl.seed_everything(recipe.get("seed_everything", 0), verbose=False)
-    model, data, _, _ = bench_small_processes.build_recipe(sizes, **model_overrides)
+    model, data, _, _ = _small_processes.build_recipe(sizes, **model_overrides)
     return model, data
 
 
@@ -221,7 +221,7 @@ def compiled(device: torch.device, quick: bool, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_suite_children", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks._gpu_suite_children", description=__doc__)
     parser.add_argument("section", choices=("ddp", "compiled"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true")

@@ -73,7 +73,7 @@ def measure_compress(sizes, budget: float, threads: int | None) -> list[tuple[in
     out = []
     for n in sizes:
         what = f"compress_linear(nn.Linear({n}, {n})) at its defaults, seconds"
-        code = f"from benchmarks.bench_small_processes import compress_child; compress_child({n}, {threads}, {budget})"
+        code = f"from benchmarks._small_processes import compress_child; compress_child({n}, {threads}, {budget})"
         fields: dict = {"n": n, "budget_s": budget}
         try:
             done = subprocess.run(
