@@ -94,3 +94,23 @@ def test_the_console_script_runs_a_recipe_by_name_outside_the_repository(tmp_pat
     assert "validation accuracy:" in result.stdout
     # the recipe's relative paths are relative to the directory the command runs in
     assert list((tmp_path / "lightning_logs" / "fcnn_digits").glob("**/checkpoints/*.ckpt"))
+
+
+def test_a_recipes_data_root_is_taken_from_the_directory_the_command_runs_in(tmp_path):
+    """fcnn_mnist's ``root: data`` is ``./data`` of the working directory, wherever the recipe itself lives."""
+    from tests.datasets_on_disk import write_mnist
+
+    script = shutil.which("lightning-ortho", path=str(Path(sys.executable).parent)) or shutil.which("lightning-ortho")
+    assert script, "the lightning-ortho console script is not installed (pip install -e .)"
+    command = [script, "fit", "--config", "fcnn_mnist", "--trainer.fast_dev_run=true"]
+    env = {**os.environ, "COLUMNS": "200"}
+    empty, with_data = tmp_path / "empty", tmp_path / "with_data"
+    empty.mkdir()
+    write_mnist(with_data / "data")
+    missing = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=empty, env=env)
+    assert missing.returncode != 0
+    assert f"MNIST was not found in {empty / 'data' / 'MNIST' / 'raw'}" in missing.stderr + missing.stdout
+    assert "A relative root is taken from the directory the command runs in" in missing.stderr + missing.stdout
+    found = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=with_data, env=env)
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert "validation accuracy:" in found.stdout

@@ -157,10 +157,16 @@ def missing_dataset_message(name: str, folder: str, files: Sequence[str], root: 
     """
     below = Path(folder).relative_to(root).as_posix() if root is not None and Path(folder).is_relative_to(root) else ""
     layout = f" (the files go in DIR/{below})" if below else ""
+    # A recipe's default root is relative ("data"): name the folder it became, which is under the directory the
+    # command ran in, not under the recipe's.
+    relative = (
+        "" if Path(folder).is_absolute() else "  - A relative root is taken from the directory the command runs in.\n"
+    )
     return (
-        f"{name} was not found in {folder} (expected {', '.join(files)}).\n"
+        f"{name} was not found in {Path(folder).absolute()} (expected {', '.join(files)}).\n"
+        f"{relative}"
         f"  - Files elsewhere? Point the recipe at their folder: --data.root=DIR{layout}.\n"
         f"  - On a machine with internet: add --data.download=true (torchvision downloads the files into root).\n"
         f"  - No network? Run the same model on the embedded handwritten digits instead (bundled with\n"
-        f"    scikit-learn, no download): lightning-ortho fit --config recipes/fcnn_digits.yaml (or rnn_digits.yaml)."
+        f"    scikit-learn, no download): lightning-ortho fit --config fcnn_digits (or rnn_digits)."
     )
