@@ -12,10 +12,7 @@ import torch
 from torch import nn
 
 from benchmarks._common import interleave, synchronizer
-from benchmarks._peers import GEOTORCH, load_geotorch
 from lightning_ortho.nn import AuxiliaryReflection, HouseholderProduct, ParametrizedOrthogonal, SVDLinear
-
-__all__ = ["GEOTORCH", "load_geotorch"]  # re-exported: the suite and the script name the peer through this module
 
 #: method -> geotorch.orthogonal's ``triv`` (its default is "expm").
 GEOTORCH_METHODS = {"geotorch": "expm", "geotorch_cayley": "cayley"}

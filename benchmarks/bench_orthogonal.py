@@ -54,16 +54,15 @@ from benchmarks._orthogonal_rows import (
     FCNN_QUICK,
     FULL_BATCHES,
     FULL_DIMS,
-    GEOTORCH,
     GEOTORCH_METHODS,
     METHODS,
     QUICK_BATCHES,
     QUICK_DIMS,
     claims_from,
-    load_geotorch,
     measure,
     measure_fcnn,
 )
+from benchmarks._peers import GEOTORCH, load_geotorch
 
 
 def plot(rows: list[dict], path: Path) -> None:

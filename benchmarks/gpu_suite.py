@@ -72,6 +72,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import _orthogonal_rows as orthogonal_rows
+from benchmarks import _peers
 from benchmarks import _small_rows as small_rows
 from benchmarks._common import (
     benchmark_parser,
@@ -246,14 +247,12 @@ def run_small(device: torch.device, quick: bool, deadline: Deadline, rounds: int
 # -- section 2: bench_orthogonal's rows ----------------------------------------------------------------------------
 def _geotorch() -> tuple[object | None, str | None]:
     """geotorch where benchmarks/.peers already holds the pinned version (the suite installs nothing), else why not."""
-    from benchmarks import _peers
-
-    if not _peers._installed(orthogonal_rows.GEOTORCH, _peers.PEERS):
+    if not _peers._installed(_peers.GEOTORCH, _peers.PEERS):
         return None, (
-            f"{orthogonal_rows.GEOTORCH} is not in benchmarks/.peers (the GPU suite installs nothing: "
+            f"{_peers.GEOTORCH} is not in benchmarks/.peers (the GPU suite installs nothing: "
             "python -m benchmarks.bench_orthogonal --quick installs it where the registry can be reached)"
         )
-    return orthogonal_rows.load_geotorch()
+    return _peers.load_geotorch()
 
 
 def run_orthogonal(device: torch.device, quick: bool, deadline: Deadline, rounds: int) -> dict:
@@ -292,7 +291,7 @@ def run_orthogonal(device: torch.device, quick: bool, deadline: Deadline, rounds
             d, images, fcnn_rounds, device, geotorch=geotorch, geotorch_missing=missing, data=data
         )
         rows += fcnn_rows
-    peer = {"requirement": orthogonal_rows.GEOTORCH, "triv": orthogonal_rows.GEOTORCH_METHODS}
+    peer = {"requirement": _peers.GEOTORCH, "triv": orthogonal_rows.GEOTORCH_METHODS}
     peer.update({"skipped": missing} if missing else {"version": geotorch.__version__})
     return {
         "status": _partial(rows),
